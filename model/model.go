@@ -1,0 +1,49 @@
+// Package model holds the domain types shared by every part of taskrun: tasks,
+// task runs and the status values a run moves through.
+package model
+
+// RunStatus is the state of a task run as the control plane records it.
+type RunStatus string
+
+// The run statuses. A run starts RUNNING and ends in exactly one of the others.
+const (
+	StatusRunning   RunStatus = "RUNNING"
+	StatusSucceeded RunStatus = "SUCCEEDED"
+	StatusFailed    RunStatus = "FAILED"
+	StatusCancelled RunStatus = "CANCELLED"
+)
+
+// Terminal reports whether s is a final status.
+func (s RunStatus) Terminal() bool {
+	switch s {
+	case StatusSucceeded, StatusFailed, StatusCancelled:
+		return true
+	}
+	return false
+}
+
+// Task is one piece of work a user asked an agent to do.
+type Task struct {
+	// ID identifies the task.
+	ID string `json:"id"`
+	// UserID owns the task; it is the tenant for isolation and storage.
+	UserID string `json:"user_id"`
+	// ConversationID groups the user's tasks.
+	ConversationID string `json:"conversation_id"`
+	// Prompt is the instruction given to the agent.
+	Prompt string `json:"prompt"`
+	// WorkspaceDir, when set, is a host directory copied into the run's home.
+	WorkspaceDir string `json:"workspace_dir,omitempty"`
+}
+
+// TaskRun is one execution of an agent on a task.
+type TaskRun struct {
+	// ID identifies the run.
+	ID string `json:"id"`
+	// TaskID is the task this run executes.
+	TaskID string `json:"task_id"`
+	// PreviousRunID, when set, names the run whose session state this run resumes.
+	PreviousRunID string `json:"previous_run_id,omitempty"`
+	// Status is the run's last known status.
+	Status RunStatus `json:"status"`
+}

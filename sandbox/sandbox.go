@@ -1,0 +1,110 @@
+// Package sandbox defines the contract between taskrun and a container backend:
+// what to run (Spec), how tightly to confine it (Policy) and what happened (Result).
+//
+// A Backend is used in this order for each run:
+//
+//  1. Start creates the container with the Spec and Policy applied, attaches to
+//     its output streams *before* starting it, and starts it. On error nothing is
+//     left behind.
+//  2. Handle.Inspect may be called any number of times while the run is live.
+//  3. Handle.Wait blocks until the container exits, the Spec's timeout passes or
+//     ctx is cancelled. On timeout or cancellation it stops the container (SIGTERM,
+//     then SIGKILL after the grace period). It returns only after both output
+//     streams are fully drained into the Streams writers.
+//  4. Handle.Close removes the container. It must always be called, also after a
+//     failed Wait, and it uses a context that is not cancelled with the run's.
+//
+// A Backend is safe for concurrent use by many runs; a Handle belongs to one run
+// and its methods must not be called concurrently with each other, except
+// Inspect, which may race with Wait.
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"time"
+)
+
+// Backend runs containers.
+type Backend interface {
+	// Start creates, attaches and starts a container for spec under policy.
+	Start(ctx context.Context, spec Spec, policy Policy, streams Streams) (Handle, error)
+}
+
+// Handle is one running container.
+type Handle interface {
+	// ID is the backend's identifier for the container.
+	ID() string
+	// Inspect returns the backend's own description of the live container
+	// (for Docker: the `docker inspect` document). Audits read it.
+	Inspect(ctx context.Context) (json.RawMessage, error)
+	// Wait blocks until the run ends and returns how it ended.
+	Wait(ctx context.Context) Result
+	// Close removes the container and releases everything the handle holds.
+	Close(ctx context.Context) error
+}
+
+// Streams receive the container's demultiplexed output. Writers are called from
+// one goroutine each and should not block for long: pass a spool, not a network
+// connection.
+type Streams struct {
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// Mount is a host directory made visible inside the container.
+type Mount struct {
+	// Source is the absolute host path.
+	Source string `json:"source"`
+	// Target is the absolute path inside the container.
+	Target string `json:"target"`
+	// ReadOnly mounts it read-only.
+	ReadOnly bool `json:"read_only,omitempty"`
+}
+
+// Spec says what to run.
+type Spec struct {
+	// Name is an optional container name.
+	Name string `json:"name,omitempty"`
+	// Image is the image reference; it must already exist locally.
+	Image string `json:"image"`
+	// Cmd replaces the image's default command when non-empty.
+	Cmd []string `json:"cmd,omitempty"`
+	// Entrypoint replaces the image's entrypoint when non-empty.
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	// Env is a list of KEY=VALUE pairs.
+	Env []string `json:"env,omitempty"`
+	// WorkingDir is the process's working directory inside the container.
+	WorkingDir string `json:"working_dir,omitempty"`
+	// Mounts are the bind mounts. Only the run's own directories belong here.
+	Mounts []Mount `json:"mounts,omitempty"`
+	// Labels are added to the container next to the dev.taskrun.* labels.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Timeout bounds the run's wall time; 0 means no timeout.
+	Timeout time.Duration `json:"timeout,omitempty"`
+	// StopGrace is how long a stopped container gets between SIGTERM and SIGKILL.
+	StopGrace time.Duration `json:"stop_grace,omitempty"`
+}
+
+// Result is how a run ended.
+type Result struct {
+	// ExitCode is the main process's exit status (-1 when unknown).
+	ExitCode int `json:"exit_code"`
+	// OOMKilled is set when the kernel killed the container for exceeding its memory limit.
+	OOMKilled bool `json:"oom_killed"`
+	// TimedOut is set when the Spec's timeout stopped the container.
+	TimedOut bool `json:"timed_out"`
+	// Cancelled is set when the caller's context stopped the container.
+	Cancelled bool `json:"cancelled"`
+	// StartedAt and FinishedAt are the container's own start and end times.
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+	// Err is set when the backend failed to run or observe the container.
+	Err error `json:"-"`
+}
+
+// Succeeded reports whether the run exited 0 on its own.
+func (r Result) Succeeded() bool {
+	return r.Err == nil && r.ExitCode == 0 && !r.OOMKilled && !r.TimedOut && !r.Cancelled
+}
