@@ -1,0 +1,114 @@
+// Package agentmd builds and writes the AGENTS.md file that tells an agent
+// where it is running: the run-directory section comes first, then the
+// workspace's own AGENTS.md, if it has one.
+package agentmd
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// FileName is the name of the agent instructions file, both in the workspace
+// and at the root of the run directory.
+const FileName = "AGENTS.md"
+
+// MaxWorkspaceBytes caps how much of the workspace's own AGENTS.md is included.
+// The workspace is user content; a huge file must not balloon every run.
+const MaxWorkspaceBytes = 256 << 10
+
+// ErrUnsafeWorkspaceFile reports a workspace AGENTS.md that is not a plain file
+// of reasonable size; it is refused rather than followed or truncated.
+var ErrUnsafeWorkspaceFile = errors.New("unsafe workspace AGENTS.md")
+
+// RunDirSection is the run-directory section: the in-container contract as the
+// agent sees it.
+const RunDirSection = `# Run directory
+
+You are running inside a sandboxed task run. The run directory is mounted at /taskrun:
+
+| path | use |
+|---|---|
+| /taskrun/AGENTS.md | this file: run context (read-only in intent) |
+| /taskrun/home | your HOME and working directory: the task's workspace; it is saved as session state |
+| /taskrun/artifacts | put files you deliver here; only regular files are collected |
+| /taskrun/global | run-global storage; traces go to /taskrun/global/traces/<session>/ |
+| /taskrun/output | write your final answer to /taskrun/output/result.md |
+
+The task's prompt is in the file named by $TASKRUN_PROMPT_FILE. Your run is identified by
+$TASKRUN_RUN_ID, $TASKRUN_TASK_ID and $TASKRUN_SESSION_ID. The network is off; when a model is
+configured it is reachable through the unix socket named by $TASKRUN_MODEL_SOCKET. The root
+filesystem is read-only; /tmp is a small scratch space that is not kept.
+`
+
+// BuildRunAgentsMdContent returns the content of the run's AGENTS.md: the
+// run-directory section first, then runHome/AGENTS.md if present.
+func BuildRunAgentsMdContent(runHome string) (string, error) {
+	var b strings.Builder
+	b.WriteString(RunDirSection)
+	own, err := readWorkspaceAgentsMd(runHome)
+	if err != nil {
+		return "", err
+	}
+	if own != "" {
+		b.WriteString("\n# Workspace instructions\n\n")
+		b.WriteString(own)
+		if !strings.HasSuffix(own, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	return b.String(), nil
+}
+
+// WriteRunAgentsMd writes BuildRunAgentsMdContent(runHome) to runDir/AGENTS.md.
+func WriteRunAgentsMd(runDir, runHome string) error {
+	content, err := BuildRunAgentsMdContent(runHome)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(runDir, FileName)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// readWorkspaceAgentsMd reads runHome/AGENTS.md without following a symlink
+// (the workspace may come from an earlier, untrusted run) and caps its size.
+func readWorkspaceAgentsMd(runHome string) (string, error) {
+	root, err := os.OpenRoot(runHome)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("open run home %s: %w", runHome, err)
+	}
+	defer root.Close()
+	info, err := root.Lstat(FileName)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("stat workspace %s: %w", FileName, err)
+	}
+	if !info.Mode().IsRegular() {
+		return "", fmt.Errorf("%w: %s is not a regular file (mode %s); replace it with a plain file", ErrUnsafeWorkspaceFile, FileName, info.Mode())
+	}
+	f, err := root.Open(FileName)
+	if err != nil {
+		return "", fmt.Errorf("open workspace %s: %w", FileName, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxWorkspaceBytes+1))
+	if err != nil {
+		return "", fmt.Errorf("read workspace %s: %w", FileName, err)
+	}
+	if len(data) > MaxWorkspaceBytes {
+		return "", fmt.Errorf("%w: %s is larger than %d bytes; shorten it", ErrUnsafeWorkspaceFile, FileName, MaxWorkspaceBytes)
+	}
+	return string(data), nil
+}
