@@ -1,0 +1,78 @@
+package images
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/docker/docker/api/types/image"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestWriteContextHasDockerfileAndInputs(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "tool")
+	require.NoError(t, os.WriteFile(bin, []byte("#!binary"), 0o755))
+	def := Definition{Ref: "x:y", Dockerfile: "agent/Dockerfile", Files: map[string]string{"taskrun-agent": bin}}
+
+	var buf bytes.Buffer
+	require.NoError(t, WriteContext(def, &buf))
+
+	got := map[string]string{}
+	tr := tar.NewReader(&buf)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		data, err := io.ReadAll(tr)
+		require.NoError(t, err)
+		got[h.Name] = string(data)
+	}
+	assert.Contains(t, got["Dockerfile"], "FROM scratch")
+	assert.Equal(t, "#!binary", got["taskrun-agent"])
+}
+
+func TestAgentRefusesDynamicOrMissingBinary(t *testing.T) {
+	_, err := Agent(t.TempDir())
+	require.ErrorIs(t, err, ErrMissingInput)
+
+	dir := t.TempDir()
+	// /bin/ls on Debian is dynamically linked: it would not run on scratch.
+	data, err := os.ReadFile("/bin/ls")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "taskrun-agent"), data, 0o755))
+	_, err = Agent(dir)
+	require.ErrorIs(t, err, ErrMissingInput)
+}
+
+func TestEveryImageStartsFromScratch(t *testing.T) {
+	for _, name := range []string{"agent/Dockerfile", "testbox/Dockerfile"} {
+		data, err := dockerfiles.ReadFile(name)
+		require.NoError(t, err)
+		assert.Regexp(t, `(?m)^FROM scratch$`, string(data), name)
+	}
+}
+
+func TestBuildTestboxWithRealDocker(t *testing.T) {
+	def, err := Testbox()
+	if err != nil {
+		t.Skipf("no static busybox on this host: %v", err)
+	}
+	cli, err := NewDockerClient()
+	require.NoError(t, err)
+	defer cli.Close()
+	def.Ref = "taskrun/testbox:images-test"
+	var out bytes.Buffer
+	require.NoError(t, NewBuilder(cli, &out).Build(context.Background(), def))
+	t.Cleanup(func() { _, _ = cli.ImageRemove(context.Background(), def.Ref, image.RemoveOptions{PruneChildren: true}) })
+
+	insp, err := cli.ImageInspect(context.Background(), def.Ref)
+	require.NoError(t, err)
+	assert.Equal(t, "testbox", insp.Config.Labels["dev.taskrun.image"])
+}
