@@ -70,7 +70,9 @@ func TestBuildTestboxWithRealDocker(t *testing.T) {
 	def.Ref = "taskrun/testbox:images-test"
 	var out bytes.Buffer
 	require.NoError(t, NewBuilder(cli, &out).Build(context.Background(), def))
-	t.Cleanup(func() { _, _ = cli.ImageRemove(context.Background(), def.Ref, image.RemoveOptions{PruneChildren: true}) })
+	t.Cleanup(func() {
+		_, _ = cli.ImageRemove(context.Background(), def.Ref, image.RemoveOptions{PruneChildren: true})
+	})
 
 	insp, err := cli.ImageInspect(context.Background(), def.Ref)
 	require.NoError(t, err)
