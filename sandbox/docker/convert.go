@@ -1,0 +1,177 @@
+package docker
+
+import (
+	"fmt"
+	"maps"
+	"strconv"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/network"
+
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+// Labels every container created by the backend carries.
+const (
+	// LabelManaged marks a container as taskrun's; its value is "true".
+	LabelManaged = "dev.taskrun.managed"
+	// LabelTenant holds Spec.TenantID.
+	LabelTenant = "dev.taskrun.tenant"
+	// LabelTask holds Spec.TaskID.
+	LabelTask = "dev.taskrun.task"
+	// LabelRun holds Spec.RunID.
+	LabelRun = "dev.taskrun.run"
+	// LabelCreated is the creation time (RFC 3339, UTC).
+	LabelCreated = "dev.taskrun.created"
+	// LabelExpires is the time (RFC 3339, UTC) after which no live run can own
+	// the container: created + timeout + stop grace + slack. It is absent when
+	// the Spec has no timeout.
+	LabelExpires = "dev.taskrun.expires"
+)
+
+// TmpfsPath is where the size-capped writable tmpfs is mounted.
+//
+// It is mounted nosuid and nodev but not noexec: agents build and run test
+// binaries and install tools under /tmp, and noexec would buy little because
+// the bind-mounted run directory (/taskrun) is writable and executable anyway.
+// The root filesystem stays read-only, no capability is kept and
+// no-new-privileges is set, so an executable in /tmp gains nothing a script
+// could not do.
+const TmpfsPath = "/tmp"
+
+// createConfig is everything ContainerCreate needs.
+type createConfig struct {
+	Name    string
+	Config  *container.Config
+	Host    *container.HostConfig
+	Network *network.NetworkingConfig
+}
+
+// convert maps a Spec and Policy to the Docker create request. It is pure:
+// created is the creation time recorded in the labels and slack is the margin
+// added to the expiry label. spec.StopGrace must already hold the effective
+// grace period.
+func convert(spec sandbox.Spec, pol sandbox.Policy, created time.Time, slack time.Duration) createConfig {
+	stopSeconds := graceSeconds(spec.StopGrace)
+	cfg := &container.Config{
+		User:         pol.User,
+		Env:          spec.Env,
+		Cmd:          spec.Cmd,
+		Entrypoint:   spec.Entrypoint,
+		Image:        spec.Image,
+		WorkingDir:   spec.WorkingDir,
+		Labels:       labels(spec, created, slack),
+		AttachStdout: true,
+		AttachStderr: true,
+		StopTimeout:  &stopSeconds,
+	}
+	init := true
+	pids := pol.PidsLimit
+	host := &container.HostConfig{
+		NetworkMode:     container.NetworkMode(pol.NetworkMode),
+		RestartPolicy:   container.RestartPolicy{Name: container.RestartPolicyDisabled},
+		AutoRemove:      false,
+		CapDrop:         []string{"ALL"},
+		IpcMode:         container.IPCModePrivate,
+		Privileged:      false,
+		PublishAllPorts: false,
+		ReadonlyRootfs:  pol.ReadOnlyRootfs,
+		SecurityOpt:     []string{"no-new-privileges"},
+		Tmpfs:           map[string]string{TmpfsPath: tmpfsOptions(pol.TmpfsSizeBytes)},
+		Runtime:         pol.Runtime,
+		Init:            &init,
+		Mounts:          mounts(spec.Mounts),
+		LogConfig:       logConfig(pol),
+		Resources: container.Resources{
+			Memory:     pol.MemoryBytes,
+			MemorySwap: pol.MemoryBytes,
+			NanoCPUs:   pol.NanoCPUs,
+			PidsLimit:  &pids,
+			Ulimits: []*container.Ulimit{
+				{Name: "nofile", Soft: pol.NoFile, Hard: pol.NoFile},
+				{Name: "core", Soft: 0, Hard: 0},
+			},
+		},
+	}
+	return createConfig{
+		Name:    spec.Name,
+		Config:  cfg,
+		Host:    host,
+		Network: &network.NetworkingConfig{},
+	}
+}
+
+// labels merges the Spec's labels with the dev.taskrun.* labels, which win.
+func labels(spec sandbox.Spec, created time.Time, slack time.Duration) map[string]string {
+	out := make(map[string]string, len(spec.Labels)+6)
+	maps.Copy(out, spec.Labels)
+	out[LabelManaged] = "true"
+	out[LabelTenant] = spec.TenantID
+	out[LabelTask] = spec.TaskID
+	out[LabelRun] = spec.RunID
+	out[LabelCreated] = created.UTC().Format(time.RFC3339)
+	if spec.Timeout > 0 {
+		expires := created.Add(spec.Timeout + spec.StopGrace + slack)
+		out[LabelExpires] = expires.UTC().Format(time.RFC3339)
+	}
+	return out
+}
+
+// tmpfsOptions are the mount options of the /tmp tmpfs (see TmpfsPath).
+func tmpfsOptions(size int64) string {
+	return fmt.Sprintf("rw,nosuid,nodev,size=%d", size)
+}
+
+// mounts turns the Spec's mounts into bind mounts with private propagation, so
+// that no mount made on either side later shows up on the other.
+func mounts(ms []sandbox.Mount) []mount.Mount {
+	if len(ms) == 0 {
+		return nil
+	}
+	out := make([]mount.Mount, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, mount.Mount{
+			Type:        mount.TypeBind,
+			Source:      m.Source,
+			Target:      m.Target,
+			ReadOnly:    m.ReadOnly,
+			BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate},
+		})
+	}
+	return out
+}
+
+// logConfig caps the json-file log the engine keeps next to the attach stream.
+func logConfig(pol sandbox.Policy) container.LogConfig {
+	return container.LogConfig{
+		Type: "json-file",
+		Config: map[string]string{
+			"max-size": pol.LogMaxSize,
+			"max-file": strconv.Itoa(pol.LogMaxFile),
+		},
+	}
+}
+
+// graceSeconds rounds a grace period up to whole seconds, at least one.
+func graceSeconds(d time.Duration) int {
+	s := int((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// validateSpec rejects a Spec the engine would misinterpret.
+func validateSpec(spec sandbox.Spec) error {
+	if spec.Image == "" {
+		return fmt.Errorf("sandbox spec: image is empty; set Spec.Image to a local image such as taskrun/testbox:local")
+	}
+	for _, m := range spec.Mounts {
+		if !isAbs(m.Source) || !isAbs(m.Target) {
+			return fmt.Errorf("sandbox spec: mount %q -> %q: both paths must be absolute", m.Source, m.Target)
+		}
+	}
+	return nil
+}
+
+// isAbs reports whether p is an absolute POSIX path.
+func isAbs(p string) bool { return len(p) > 0 && p[0] == '/' }

@@ -1,0 +1,222 @@
+// Package docker implements sandbox.Backend on the Docker Engine API.
+//
+// Each run is one container created from the Spec and Policy by a pure mapping
+// (see convert.go), attached to before it starts so no output is lost, waited on
+// with a wait registered before start, stopped with a grace period on timeout or
+// cancellation, drained fully and then inspected for its exit code and OOM kill.
+// Containers carry dev.taskrun.* labels so Reap can remove what a crashed
+// executor left behind.
+//
+// The engine is found through DOCKER_HOST, DOCKER_TLS_VERIFY and
+// DOCKER_CERT_PATH, and the API version is negotiated with the daemon.
+package docker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+// Defaults of the backend's options.
+const (
+	// DefaultStopGrace is the SIGTERM-to-SIGKILL grace when a Spec sets none.
+	DefaultStopGrace = 10 * time.Second
+	// DefaultExpirySlack is added to timeout and grace in the expiry label.
+	DefaultExpirySlack = 5 * time.Minute
+	// DefaultDrainIdle is how long Wait waits for output after the container
+	// exited without any byte arriving before it gives up on the streams.
+	DefaultDrainIdle = 30 * time.Second
+	// minAPIVersion is the oldest Engine API with wait conditions (Docker 17.06).
+	minAPIVersion = "1.30"
+	// pingTimeout bounds the reachability check in New.
+	pingTimeout = 10 * time.Second
+	// cleanupTimeout bounds stop, kill, inspect and remove calls made on a
+	// context detached from the caller's.
+	cleanupTimeout = 30 * time.Second
+)
+
+// Backend runs sandbox containers on a Docker Engine. It is safe for
+// concurrent use.
+type Backend struct {
+	api         dockerAPI
+	log         *slog.Logger
+	stopGrace   time.Duration
+	expirySlack time.Duration
+	drainIdle   time.Duration
+	now         func() time.Time
+
+	mu   sync.Mutex
+	live map[string]*handle
+}
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithLogger sets the logger; the default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
+
+// WithStopGrace sets the grace period used when a Spec sets no StopGrace.
+func WithStopGrace(d time.Duration) Option { return func(b *Backend) { b.stopGrace = d } }
+
+// WithExpirySlack sets the margin added to timeout and grace in the
+// dev.taskrun.expires label.
+func WithExpirySlack(d time.Duration) Option { return func(b *Backend) { b.expirySlack = d } }
+
+// WithDrainIdle sets how long Wait keeps reading output after the container
+// exited while no byte arrives (a guard against attach streams that never
+// close, moby #36516).
+func WithDrainIdle(d time.Duration) Option { return func(b *Backend) { b.drainIdle = d } }
+
+// New connects to the Docker Engine named by the environment and checks that it
+// answers. When it does not, the error wraps sandbox.ErrDaemonUnavailable.
+func New(ctx context.Context, opts ...Option) (*Backend, error) {
+	api, err := newDockerAPI()
+	if err != nil {
+		return nil, fmt.Errorf("docker client from environment: %w (check DOCKER_HOST, DOCKER_TLS_VERIFY and DOCKER_CERT_PATH)", err)
+	}
+	b := &Backend{
+		api:         api,
+		log:         slog.Default(),
+		stopGrace:   DefaultStopGrace,
+		expirySlack: DefaultExpirySlack,
+		drainIdle:   DefaultDrainIdle,
+		now:         time.Now,
+		live:        map[string]*handle{},
+	}
+	for _, o := range opts {
+		o(b)
+	}
+	if err := b.ping(ctx); err != nil {
+		_ = api.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// ping checks the daemon answers and speaks a recent enough API.
+func (b *Backend) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	p, err := b.api.Ping(ctx)
+	if err != nil {
+		return fmt.Errorf("%w at %s: %w; start dockerd or set DOCKER_HOST to a reachable engine",
+			sandbox.ErrDaemonUnavailable, b.api.DaemonHost(), err)
+	}
+	negotiate(b.api, p)
+	if versionLess(p.APIVersion, minAPIVersion) {
+		return fmt.Errorf("%w: engine at %s speaks API %s, taskrun needs %s or newer; upgrade Docker",
+			sandbox.ErrDaemonUnavailable, b.api.DaemonHost(), p.APIVersion, minAPIVersion)
+	}
+	return nil
+}
+
+// Close releases the client's connections. Handles must be closed first.
+func (b *Backend) Close() error { return b.api.Close() }
+
+// Start creates the container, attaches to its output, registers a wait for its
+// exit and starts it. On error nothing is left behind.
+func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
+	if err := pol.Validate(); err != nil {
+		return nil, err
+	}
+	if err := validateSpec(spec); err != nil {
+		return nil, err
+	}
+	if spec.StopGrace <= 0 {
+		spec.StopGrace = b.stopGrace
+	}
+	cc := convert(spec, pol, b.now(), b.expirySlack)
+	created, err := b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name)
+	if err != nil {
+		return nil, b.createError(spec, err)
+	}
+	h := newHandle(b, created.ID, spec, streams)
+	if err := h.start(ctx); err != nil {
+		h.discard(ctx)
+		return nil, err
+	}
+	b.register(h)
+	b.log.DebugContext(ctx, "sandbox started", "container", h.id, "run", spec.RunID, "image", spec.Image, "runtime", pol.Runtime)
+	return h, nil
+}
+
+// createError explains a failed ContainerCreate.
+func (b *Backend) createError(spec sandbox.Spec, err error) error {
+	switch {
+	case isNotFound(err):
+		return fmt.Errorf("create container: %w: %q: %w; build it with `taskrun images build` (or `make images`); images are never pulled",
+			sandbox.ErrImageNotFound, spec.Image, err)
+	case isConnectionFailed(err):
+		return fmt.Errorf("create container: %w at %s: %w; start dockerd or set DOCKER_HOST",
+			sandbox.ErrDaemonUnavailable, b.api.DaemonHost(), err)
+	default:
+		return fmt.Errorf("create container from %q: %w", spec.Image, err)
+	}
+}
+
+// register records a live handle; the reaper never touches its container.
+func (b *Backend) register(h *handle) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.live[h.id] = h
+}
+
+// unregister forgets a handle.
+func (b *Backend) unregister(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.live, id)
+}
+
+// isLive reports whether this backend holds a handle for the container.
+func (b *Backend) isLive(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.live[id]
+	return ok
+}
+
+// removeContainer force-removes a container on a context detached from ctx's
+// cancellation. A container that is already gone is not an error.
+func (b *Backend) removeContainer(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	err := b.api.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	if err == nil || isNotFound(err) || isConflict(err) && b.waitGone(ctx, id) {
+		return nil
+	}
+	return fmt.Errorf("remove container %s: %w", shortID(id), err)
+}
+
+// waitGone waits until the container no longer exists (another removal of it is
+// in progress) or ctx ends, and reports whether it is gone.
+func (b *Backend) waitGone(ctx context.Context, id string) bool {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, _, err := b.api.ContainerInspectWithRaw(ctx, id, false); isNotFound(err) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// shortID is the 12-character form of a container ID used in messages.
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
