@@ -1,0 +1,211 @@
+// Package gateway is the per-run model gateway that runs in the executor.
+//
+// An untrusted agent never holds the model API key and its container keeps
+// network mode none. Instead the executor starts a Gateway that listens on a
+// unix socket inside the run directory (bind-mounted into the container). The
+// gateway serves an OpenAI-compatible API (POST /v1/chat/completions, streamed
+// or not, and GET /v1/models), forwards each request to the configured
+// upstream with the key injected host-side, meters tokens from the upstream's
+// usage reports, enforces the run's budgets and appends every exchange to a
+// JSONL trace with the key redacted.
+//
+// Socket access: the socket's directory is created 0755 and owned by the
+// executor, so the container cannot remove or replace the socket. When the
+// executor runs as root the socket is chowned to Config.AgentUID and made
+// 0600; otherwise (a non-root executor cannot chown) it is made 0777, which
+// lets any local user who can traverse the run directory connect: keep run
+// directories 0700-traversable only by the executor and the agent's uid.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/taskrun/taskrun/config"
+)
+
+// DefaultAgentUID is the uid the agent runs as inside the container.
+const DefaultAgentUID = 10001
+
+// ErrBudgetExceeded is wrapped by the error Err returns after the run spent
+// its token or request budget.
+var ErrBudgetExceeded = errors.New("model budget exceeded")
+
+// ErrBadConfig is wrapped by Start's errors for an unusable Config.
+var ErrBadConfig = errors.New("invalid gateway configuration")
+
+// Config configures one run's gateway.
+type Config struct {
+	// SocketPath is the unix socket to listen on, e.g. <runDir>/.gateway/model.sock.
+	// Its directory is created if missing.
+	SocketPath string
+	// Model is the upstream model, its provider, key source and budgets.
+	Model config.ModelEntry
+	// Trace receives one JSON line per exchange, key redacted; nil disables it.
+	Trace io.Writer
+	// Logger logs gateway events; nil uses slog.Default().
+	Logger *slog.Logger
+	// AgentUID owns the socket when the gateway runs as root; 0 means DefaultAgentUID.
+	AgentUID int
+	// HTTPClient sends upstream requests; nil uses a client with sane timeouts.
+	// Ignored by the scripted provider.
+	HTTPClient *http.Client
+	// RequestTimeout bounds one upstream exchange; 0 means 10 minutes.
+	RequestTimeout time.Duration
+}
+
+// Usage is what the run has spent so far.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	Requests         int `json:"requests"`
+}
+
+// TotalTokens is prompt plus completion tokens.
+func (u Usage) TotalTokens() int { return u.PromptTokens + u.CompletionTokens }
+
+// Gateway is a running per-run model gateway.
+type Gateway struct {
+	cfg      Config
+	log      *slog.Logger
+	up       *upstream
+	meter    *meter
+	trace    *traceWriter
+	ln       net.Listener
+	srv      *http.Server
+	served   chan error
+	closeMu  sync.Mutex
+	closed   bool
+	closeErr error
+}
+
+// Start validates cfg, prepares the upstream (reading the API key on the host),
+// listens on cfg.SocketPath and serves until Close or ctx is cancelled.
+func Start(ctx context.Context, cfg Config) (*Gateway, error) {
+	if cfg.SocketPath == "" {
+		return nil, fmt.Errorf("%w: SocketPath is empty: set it to <runDir>/.gateway/model.sock", ErrBadConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.AgentUID == 0 {
+		cfg.AgentUID = DefaultAgentUID
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = 10 * time.Minute
+	}
+	up, err := newUpstream(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := listenSocket(cfg.SocketPath, cfg.AgentUID)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "gateway", "socket", cfg.SocketPath),
+		up:     up,
+		meter:  newMeter(cfg.Model.MaxTokens, cfg.Model.MaxRequests),
+		trace:  newTraceWriter(cfg.Trace, up.key),
+		ln:     ln,
+		served: make(chan error, 1),
+	}
+	g.srv = &http.Server{Handler: g.routes(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { g.served <- g.srv.Serve(ln) }()
+	go func() {
+		<-ctx.Done()
+		_ = g.Close()
+	}()
+	g.log.Info("model gateway started", "provider", cfg.Model.Provider, "model", up.publicName)
+	return g, nil
+}
+
+// listenSocket creates the socket's directory and listens, making the socket
+// reachable for uid (see the package doc for the permission scheme).
+func listenSocket(path string, uid int) (net.Listener, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create gateway socket directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("open gateway socket directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale gateway socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on gateway socket: %w", err)
+	}
+	if err := shareSocket(path, uid); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// shareSocket gives uid access to the socket: by ownership when running as
+// root, by mode otherwise.
+func shareSocket(path string, uid int) error {
+	if os.Geteuid() == 0 {
+		if err := os.Chown(path, uid, uid); err != nil {
+			return fmt.Errorf("chown gateway socket to uid %d: %w", uid, err)
+		}
+		if err := os.Chmod(path, 0o600); err != nil {
+			return fmt.Errorf("chmod gateway socket: %w", err)
+		}
+		return nil
+	}
+	if err := os.Chmod(path, 0o777); err != nil {
+		return fmt.Errorf("chmod gateway socket: %w", err)
+	}
+	return nil
+}
+
+// SocketPath is the socket the gateway listens on.
+func (g *Gateway) SocketPath() string { return g.cfg.SocketPath }
+
+// ModelName is the model name the gateway advertises to the agent
+// (TASKRUN_MODEL): the upstream model's name, or "scripted".
+func (g *Gateway) ModelName() string { return g.up.publicName }
+
+// Usage returns the tokens and requests spent so far.
+func (g *Gateway) Usage() Usage { return g.meter.usage() }
+
+// Err returns nil while the run is within budget, else an error wrapping
+// ErrBudgetExceeded that names the budget.
+func (g *Gateway) Err() error { return g.meter.err() }
+
+// Close stops serving, waits briefly for in-flight exchanges and removes the
+// socket. It is safe to call more than once.
+func (g *Gateway) Close() error {
+	g.closeMu.Lock()
+	defer g.closeMu.Unlock()
+	if g.closed {
+		return g.closeErr
+	}
+	g.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.srv.Shutdown(ctx); err != nil {
+		g.srv.Close()
+	}
+	if err := <-g.served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		g.closeErr = fmt.Errorf("gateway serve: %w", err)
+	}
+	if err := os.Remove(g.cfg.SocketPath); err != nil && !errors.Is(err, os.ErrNotExist) && g.closeErr == nil {
+		g.closeErr = fmt.Errorf("remove gateway socket: %w", err)
+	}
+	g.log.Info("model gateway stopped", "usage", g.Usage())
+	return g.closeErr
+}
