@@ -1,0 +1,117 @@
+package audit
+
+import (
+	"strings"
+
+	"github.com/docker/docker/api/types/system"
+)
+
+// Labels the executor puts on every run container that the audit reads.
+const (
+	// LabelManaged marks containers created by taskrun ("true").
+	LabelManaged = "dev.taskrun.managed"
+	// LabelRun holds the run ID; the run dir's last path element equals it.
+	LabelRun = "dev.taskrun.run"
+	// LabelRunDir holds the absolute host path of the run dir, when recorded.
+	LabelRunDir = "dev.taskrun.run-dir"
+)
+
+// Documented in-container paths.
+const (
+	// RunDirTarget is where the run's own directory is bind-mounted.
+	RunDirTarget = "/taskrun"
+	// HelperTarget is the directory under which read-only helper binaries
+	// (such as taskrun-probe) may be bind-mounted. Their host sources must
+	// not lie in a sensitive tree such as /usr (rule 5.6): keep them in a
+	// dedicated directory such as /var/lib/taskrun/bin.
+	HelperTarget = "/.taskrun/bin"
+)
+
+// HostFacts is what the audit needs to know about the Docker host, taken from
+// `docker info`.
+type HostFacts struct {
+	// AppArmor is true when the daemon reports an AppArmor security option.
+	AppArmor bool `json:"apparmor"`
+	// Seccomp is true when the daemon reports seccomp support.
+	Seccomp bool `json:"seccomp"`
+	// SELinux is true when the daemon runs with SELinux enabled.
+	SELinux bool `json:"selinux"`
+	// Rootless is true for a rootless daemon.
+	Rootless bool `json:"rootless"`
+	// ServerVersion is the engine version.
+	ServerVersion string `json:"server_version,omitempty"`
+}
+
+// HostFactsFromInfo derives HostFacts from `docker info`.
+func HostFactsFromInfo(info system.Info) HostFacts {
+	h := HostFacts{ServerVersion: info.ServerVersion}
+	for _, opt := range info.SecurityOptions {
+		name := opt
+		// Since API 1.26 the entries are "name=seccomp,profile=default".
+		if rest, ok := strings.CutPrefix(opt, "name="); ok {
+			name, _, _ = strings.Cut(rest, ",")
+		}
+		switch name {
+		case "apparmor":
+			h.AppArmor = true
+		case "seccomp":
+			h.Seccomp = true
+		case "selinux":
+			h.SELinux = true
+		case "rootless":
+			h.Rootless = true
+		}
+	}
+	return h
+}
+
+// Options tune the rules that depend on deployment policy. The zero value
+// means the design's defaults (see DefaultOptions).
+type Options struct {
+	// AllowedNetworkModes are the network modes rule 5.10 accepts.
+	// Empty means only "none".
+	AllowedNetworkModes []string `json:"allowed_network_modes,omitempty"`
+	// Mounts is the allowed-mount policy of rule TR:only-run-mount.
+	Mounts MountPolicy `json:"mounts"`
+	// RequireGVisor makes rule TR:gvisor demand the runsc runtime; otherwise
+	// the rule is NOT_APPLICABLE and only records the runtime.
+	RequireGVisor bool `json:"require_gvisor,omitempty"`
+	// RequiredUlimits are the ulimit names rule 5.19 requires.
+	// Empty means nofile and core.
+	RequiredUlimits []string `json:"required_ulimits,omitempty"`
+}
+
+// MountPolicy says which mounts a run container may have: the run's own dir
+// at RunDirTarget, read-only helpers under HelperTarget, and tmpfs mounts.
+// Everything else fails.
+type MountPolicy struct {
+	// RunDir is the exact host path expected at RunDirTarget. When empty it
+	// is derived from the container's labels: LabelRunDir if present,
+	// otherwise the source's last element must equal LabelRun.
+	RunDir string `json:"run_dir,omitempty"`
+	// RunsRoot, when set, is a host directory the run dir must lie under.
+	RunsRoot string `json:"runs_root,omitempty"`
+	// ForbidHelpers rejects the read-only bind mounts under HelperTarget
+	// that are otherwise allowed.
+	ForbidHelpers bool `json:"forbid_helpers,omitempty"`
+}
+
+// DefaultOptions returns the design's policy: network none, helpers allowed,
+// no gVisor requirement, nofile and core ulimits required.
+func DefaultOptions() Options {
+	return Options{
+		AllowedNetworkModes: []string{"none"},
+		RequiredUlimits:     []string{"nofile", "core"},
+	}
+}
+
+func (o Options) withDefaults() Options {
+	d := DefaultOptions()
+	if len(o.AllowedNetworkModes) == 0 {
+		o.AllowedNetworkModes = d.AllowedNetworkModes
+	}
+	if len(o.RequiredUlimits) == 0 {
+		o.RequiredUlimits = d.RequiredUlimits
+	}
+	return o
+}
