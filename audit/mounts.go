@@ -10,10 +10,10 @@ import (
 type mountClass int
 
 const (
-	mountOK        mountClass = iota
-	mountSocket               // rule 5.32
-	mountSensitive            // rule 5.6
-	mountNotAllowed           // rule TR:only-run-mount
+	mountOK         mountClass = iota
+	mountSocket                // rule 5.32
+	mountSensitive             // rule 5.6
+	mountNotAllowed            // rule TR:only-run-mount
 )
 
 // runtimeSockets are the names of container-runtime API sockets.

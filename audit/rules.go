@@ -78,7 +78,9 @@ var rules = []rule{
 
 func pass(format string, args ...any) (Status, string) { return Pass, fmt.Sprintf(format, args...) }
 func fail(format string, args ...any) (Status, string) { return Fail, fmt.Sprintf(format, args...) }
-func na(format string, args ...any) (Status, string)   { return NotApplicable, fmt.Sprintf(format, args...) }
+func na(format string, args ...any) (Status, string) {
+	return NotApplicable, fmt.Sprintf(format, args...)
+}
 
 func checkPrivileged(c checkCtx) (Status, string) {
 	if c.p.Privileged {

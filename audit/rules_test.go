@@ -63,10 +63,12 @@ func TestCompliantPassesEveryRule(t *testing.T) {
 
 func TestEachBreakFailsExactlyItsRule(t *testing.T) {
 	src := func(s string) func(*Posture) {
-		return func(p *Posture) { p.Mounts = append(p.Mounts, Mount{Type: "bind", Source: s, Destination: "/x", RW: true}) }
+		return func(p *Posture) {
+			p.Mounts = append(p.Mounts, Mount{Type: "bind", Source: s, Destination: "/x", RW: true})
+		}
 	}
 	cases := []struct {
-		rule  string
+		rule   string
 		break_ func(*Posture)
 	}{
 		{"5.5", func(p *Posture) { p.Privileged = true }},
