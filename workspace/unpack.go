@@ -182,7 +182,12 @@ func moveIntoPlace(staging, dest string, destInfo fs.FileInfo, owner *Owner) err
 	if err := os.Chmod(staging, perm); err != nil {
 		return err
 	}
-	return os.Rename(staging, dest)
+	// os.Rename refuses to replace a directory; rename(2) atomically replaces
+	// an empty one, and fails with ENOTEMPTY if dest gained content meanwhile.
+	if err := syscall.Rename(staging, dest); err != nil {
+		return &os.LinkError{Op: "rename", Old: staging, New: dest, Err: err}
+	}
+	return nil
 }
 
 func extractArchive(ctx context.Context, r io.Reader, dir string, lim UnpackLimits, owner *Owner) (UnpackStats, error) {
