@@ -44,16 +44,22 @@ func runConformance(t *testing.T, runtime string) {
 // container labelled as a run that started an hour ago with a 10-minute
 // timeout: what an executor killed mid-run leaves behind.
 func plantOrphan(ctx context.Context, b *Backend, labels map[string]string, runtime string) (string, error) {
-	spec := sandbox.Spec{Image: testImage, Cmd: []string{"sleep", "1000"}, Labels: labels,
+	return plantContainer(ctx, b, labels, runtime, time.Now().Add(-time.Hour), "sleep", "1000")
+}
+
+// plantContainer creates and starts a managed container behind the backend's
+// back, labelled as created at created with a 10-minute timeout.
+func plantContainer(ctx context.Context, b *Backend, labels map[string]string, runtime string, created time.Time, cmd ...string) (string, error) {
+	spec := sandbox.Spec{Image: testImage, Cmd: cmd, Labels: labels,
 		RunID: "orphan", Timeout: 10 * time.Minute, StopGrace: time.Second}
 	pol := sandbox.DefaultPolicy()
 	pol.Runtime = runtime
-	cc := convert(spec, pol, time.Now().Add(-time.Hour), time.Minute)
-	created, err := b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, "")
+	cc := convert(spec, pol, created, time.Minute)
+	c, err := b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, "")
 	if err != nil {
 		return "", err
 	}
-	return created.ID, b.api.ContainerStart(ctx, created.ID, container.StartOptions{})
+	return c.ID, b.api.ContainerStart(ctx, c.ID, container.StartOptions{})
 }
 
 func TestPlantOrphanIsExpired(t *testing.T) {

@@ -1,0 +1,110 @@
+package docker
+
+import (
+	"context"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+// exitedOrphan plants a container that ran `true` an hour ago and waits for it to exit.
+func exitedOrphan(t *testing.T, b *Backend, labels map[string]string) string {
+	t.Helper()
+	id, err := plantContainer(t.Context(), b, labels, "", time.Now().Add(-time.Hour), "true")
+	require.NoError(t, err)
+	waitC, errC := b.api.ContainerWait(t.Context(), id, container.WaitConditionNotRunning)
+	select {
+	case <-waitC:
+	case err := <-errC:
+		require.NoError(t, err)
+	}
+	return id
+}
+
+// removedIDs lists the container IDs in a report.
+func removedIDs(rep ReapReport) []string {
+	var ids []string
+	for _, c := range rep.Removed {
+		ids = append(ids, c.ID)
+	}
+	return ids
+}
+
+func TestReapRules(t *testing.T) {
+	b, labels := newTestBackend(t)
+	ctx := t.Context()
+
+	exited := exitedOrphan(t, b, labels)
+	expired, err := plantOrphan(ctx, b, labels, "")
+	require.NoError(t, err)
+	young, err := plantContainer(ctx, b, labels, "", time.Now(), "true")
+	require.NoError(t, err)
+
+	// A run of this backend that has exited but is not closed yet.
+	mine, err := b.Start(ctx, sandbox.Spec{Image: testImage, Cmd: []string{"true"}, Labels: labels}, sandbox.DefaultPolicy(), sandbox.Streams{})
+	require.NoError(t, err)
+	require.NoError(t, mine.Wait(ctx).Err)
+	t.Cleanup(func() { _ = mine.Close(context.Background()) })
+
+	// A running run of another executor, within its expiry.
+	other, _ := newTestBackend(t)
+	theirs, err := other.Start(ctx, sandbox.Spec{Image: testImage, Cmd: []string{"sleep", "1000"}, Labels: labels,
+		Timeout: 10 * time.Minute, StopGrace: time.Second}, sandbox.DefaultPolicy(), sandbox.Streams{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = theirs.Close(context.Background()) })
+
+	dry, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: 30 * time.Second, DryRun: true})
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{exited, expired}, removedIDs(dry))
+	assert.Equal(t, 3, dry.Spared)
+	left, err := b.listLabelled(ctx, labels)
+	require.NoError(t, err)
+	assert.Len(t, left, 5, "a dry run removed something")
+
+	rep, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: 30 * time.Second})
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{exited, expired}, removedIDs(rep))
+	left, err = b.listLabelled(ctx, labels)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{young, mine.ID(), theirs.ID()}, left)
+}
+
+func TestReapNeverTouchesOtherLabels(t *testing.T) {
+	b, labels := newTestBackend(t)
+	_, otherLabels := newTestBackend(t)
+	theirs := exitedOrphan(t, b, otherLabels)
+	rep, err := b.Reap(t.Context(), ReapOptions{Labels: labels, Grace: time.Millisecond})
+	require.NoError(t, err)
+	assert.Empty(t, rep.Removed)
+	left, err := b.listLabelled(t.Context(), otherLabels)
+	require.NoError(t, err)
+	assert.Equal(t, []string{theirs}, left)
+}
+
+func TestReapDanglingNetworks(t *testing.T) {
+	b, labels := newTestBackend(t)
+	name := "taskrun-reap-test-" + labels[labelTest]
+	args := []string{"network", "create", "--internal", "--label", LabelManaged + "=true"}
+	for k, v := range labels {
+		args = append(args, "--label", k+"="+v)
+	}
+	out, err := exec.CommandContext(t.Context(), "docker", append(args, name)...).CombinedOutput()
+	require.NoError(t, err, string(out))
+	t.Cleanup(func() { _ = exec.Command("docker", "network", "rm", name).Run() })
+
+	rep, err := b.Reap(t.Context(), ReapOptions{Labels: labels, Grace: time.Millisecond, DryRun: true})
+	require.NoError(t, err)
+	require.Len(t, rep.Networks, 1)
+	require.NoError(t, exec.CommandContext(t.Context(), "docker", "network", "inspect", name).Run(), "dry run removed the network")
+
+	rep, err = b.Reap(t.Context(), ReapOptions{Labels: labels, Grace: time.Millisecond})
+	require.NoError(t, err)
+	require.Len(t, rep.Networks, 1)
+	require.Error(t, exec.CommandContext(t.Context(), "docker", "network", "inspect", name).Run(), "network survived the reaper")
+}
