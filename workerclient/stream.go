@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 )
 
 // Headers of the stream wire format (see docs/control-plane-api.md).
@@ -58,12 +59,24 @@ func (s *HTTPStreamSender) Send(ctx context.Context, taskRunID string, d Delta) 
 	return nil
 }
 
+// post sends one part, retrying. The transport may go on reading a request
+// body after the response arrived, so each attempt's body is fenced off before
+// post returns: the caller may reuse part at once.
 func (s *HTTPStreamSender) post(ctx context.Context, u string, part []byte, off int64) error {
+	var bodies []*fencedBody
+	defer func() {
+		for _, b := range bodies {
+			b.fence()
+		}
+	}()
 	return s.c.do(ctx, func(ctx context.Context) (*http.Request, error) {
-		r, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(part))
+		body := &fencedBody{r: bytes.NewReader(part)}
+		bodies = append(bodies, body)
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body)
 		if err != nil {
 			return nil, err
 		}
+		r.ContentLength = int64(len(part))
 		r.Header.Set("Content-Type", "application/octet-stream")
 		r.Header.Set(HeaderOffset, strconv.FormatInt(off, 10))
 		return r, nil
@@ -93,4 +106,31 @@ func (s *HTTPStreamSender) End(ctx context.Context, taskRunID string, totalBytes
 		return fmt.Errorf("workerclient: end stream of run %s at %d bytes: %w", taskRunID, totalBytes, err)
 	}
 	return nil
+}
+
+// errBodyFenced is what a request body read after its request finished gets.
+var errBodyFenced = errors.New("workerclient: request body read after the request finished")
+
+// fencedBody is a request body that stops reading the caller's buffer once
+// fenced.
+type fencedBody struct {
+	mu     sync.Mutex
+	r      *bytes.Reader
+	fenced bool
+}
+
+func (b *fencedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.fenced {
+		return 0, errBodyFenced
+	}
+	return b.r.Read(p)
+}
+
+// fence waits for a Read in progress and makes every later Read fail.
+func (b *fencedBody) fence() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fenced = true
 }

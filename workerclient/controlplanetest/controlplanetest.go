@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -270,23 +271,18 @@ func (cp *ControlPlane) middleware(next http.Handler) http.Handler {
 			cp.Restart(fault.Delay)
 			return
 		}
+		if fault != nil && fault.AfterCommit {
+			cp.commitThenFail(w, r, next, *fault)
+			return
+		}
 		if fault != nil && !hold(r.Context(), *fault) {
 			return // the client gave up; drop the request unprocessed
 		}
-		if fault != nil && !fault.AfterCommit && (fault.Reset || fault.Status != 0) {
+		if fault != nil && (fault.Reset || fault.Status != 0) {
 			failAnswer(w, *fault)
 			return
 		}
-		if r.Header.Get("Authorization") != "Bearer "+cp.token {
-			cp.mu.Lock()
-			cp.authFails++
-			cp.mu.Unlock()
-			http.Error(w, "missing or wrong bearer token", http.StatusUnauthorized)
-			return
-		}
-		if fault != nil && fault.AfterCommit {
-			next.ServeHTTP(discardWriter{h: http.Header{}}, r)
-			failAnswer(w, *fault)
+		if !cp.authorized(w, r) {
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -295,6 +291,40 @@ func (cp *ControlPlane) middleware(next http.Handler) http.Handler {
 
 // recordOf describes r. The mux has not routed r yet, so the run ID is taken
 // from the path directly.
+// authorized checks the bearer token, answering 401 when it is wrong.
+func (cp *ControlPlane) authorized(w http.ResponseWriter, r *http.Request) bool {
+	if r.Header.Get("Authorization") == "Bearer "+cp.token {
+		return true
+	}
+	cp.mu.Lock()
+	cp.authFails++
+	cp.mu.Unlock()
+	http.Error(w, "missing or wrong bearer token", http.StatusUnauthorized)
+	return false
+}
+
+// commitThenFail handles r for real, then applies the fault to the answer
+// only: the answer is delayed or held, replaced by an error status or lost in
+// a connection reset.
+func (cp *ControlPlane) commitThenFail(w http.ResponseWriter, r *http.Request, next http.Handler, f Fault) {
+	rec := httptest.NewRecorder()
+	if cp.authorized(rec, r) {
+		next.ServeHTTP(rec, r)
+	}
+	if !hold(r.Context(), f) {
+		return // the client gave up; its answer is lost
+	}
+	if f.Reset || f.Status != 0 {
+		failAnswer(w, f)
+		return
+	}
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(rec.Body.Bytes())
+}
+
 func recordOf(r *http.Request) Request {
 	id, _ := strings.CutPrefix(r.URL.Path, "/v1/task-runs/")
 	id, isStream := strings.CutSuffix(id, "/stream")
@@ -364,13 +394,6 @@ func hold(ctx context.Context, f Fault) bool {
 	}
 	return true
 }
-
-// discardWriter swallows the real answer of a request whose answer is faulted.
-type discardWriter struct{ h http.Header }
-
-func (d discardWriter) Header() http.Header         { return d.h }
-func (d discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (d discardWriter) WriteHeader(int)             {}
 
 func (cp *ControlPlane) handlePatch(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
