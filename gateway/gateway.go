@@ -143,14 +143,44 @@ func listenSocket(path string, uid int) (net.Listener, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale gateway socket: %w", err)
 	}
-	ln, err := net.Listen("unix", path)
+	ln, err := listenUnix(path)
 	if err != nil {
-		return nil, fmt.Errorf("listen on gateway socket: %w", err)
+		return nil, err
 	}
 	if err := shareSocket(path, uid); err != nil {
 		ln.Close()
 		return nil, err
 	}
+	return ln, nil
+}
+
+// maxSocketPath is the longest path bind(2) takes for a unix socket
+// (sun_path is 108 bytes on Linux, including the terminating NUL).
+const maxSocketPath = 107
+
+// listenUnix listens on path. Run directories nest deep enough to exceed the
+// kernel's socket path limit, so a long path is bound through the short
+// /proc/self/fd/N alias of its already opened directory.
+func listenUnix(path string) (net.Listener, error) {
+	if len(path) <= maxSocketPath {
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, fmt.Errorf("listen on gateway socket: %w", err)
+		}
+		return ln, nil
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("open gateway socket directory: %w", err)
+	}
+	defer dir.Close()
+	alias := fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path))
+	ln, err := net.Listen("unix", alias)
+	if err != nil {
+		return nil, fmt.Errorf("listen on gateway socket (path longer than %d bytes, bound via %s): %w", maxSocketPath, alias, err)
+	}
+	// The listener would unlink its bind path on Close; Close removes the real path instead.
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	return ln, nil
 }
 
