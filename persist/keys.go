@@ -1,0 +1,228 @@
+package persist
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"unicode/utf8"
+)
+
+// ErrInvalidName marks an ID, object name or relative path that cannot form a
+// safe, tenant-scoped key. Such input is refused before any I/O.
+var ErrInvalidName = errors.New("persist: invalid name")
+
+const (
+	// maxIDLen is the longest accepted ID.
+	maxIDLen = 128
+	// maxRelPathLen bounds relative paths so keys stay within every
+	// backend's key length limit (S3 and GCS: 1024 bytes).
+	maxRelPathLen = 768
+	// tenantsRoot is the first element of every key the store writes.
+	tenantsRoot = "tenants"
+	// artifactsDir holds a run's artifacts; no run file may use this name.
+	artifactsDir = "artifacts"
+	// digestsDir holds the digest records of streamed uploads (see put.go).
+	digestsDir = "digests"
+)
+
+// objectKey is a validated key split into its tenant and the rest, so the
+// store can derive the tenant-scoped digest record key from it.
+type objectKey struct {
+	userID string
+	rest   string
+}
+
+// String returns the full bucket key.
+func (k objectKey) String() string {
+	return tenantsRoot + "/" + k.userID + "/" + k.rest
+}
+
+// digestKey returns the key of the digest record kept for a streamed upload
+// of k. It lives in the same tenant, in a namespace no builder can reach.
+func (k objectKey) digestKey() string {
+	return tenantsRoot + "/" + k.userID + "/" + digestsDir + "/" + k.rest
+}
+
+// ValidateID checks that id is 1-128 characters from [A-Za-z0-9_-]; kind names
+// the ID in the error (e.g. "user ID").
+func ValidateID(kind, id string) error {
+	if len(id) == 0 || len(id) > maxIDLen {
+		return fmt.Errorf("%w: %s %q: use 1-%d characters from [A-Za-z0-9_-]", ErrInvalidName, kind, id, maxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if !isIDByte(id[i]) {
+			return fmt.Errorf("%w: %s %q has %q at byte %d: use only [A-Za-z0-9_-]", ErrInvalidName, kind, id, id[i], i)
+		}
+	}
+	return nil
+}
+
+func isIDByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// ValidateRelPath checks that p is a clean, relative, slash-separated path
+// with no "." or ".." element, no backslash and no control character.
+func ValidateRelPath(p string) error {
+	switch {
+	case p == "":
+		return fmt.Errorf("%w: empty path: give a relative path such as \"dir/file.txt\"", ErrInvalidName)
+	case len(p) > maxRelPathLen:
+		return fmt.Errorf("%w: path is %d bytes: keep it at most %d", ErrInvalidName, len(p), maxRelPathLen)
+	case !utf8.ValidString(p):
+		return fmt.Errorf("%w: path %q is not valid UTF-8", ErrInvalidName, p)
+	case strings.HasPrefix(p, "/"):
+		return fmt.Errorf("%w: path %q is absolute: drop the leading \"/\"", ErrInvalidName, p)
+	case strings.ContainsRune(p, '\\'):
+		return fmt.Errorf("%w: path %q contains a backslash: separate elements with \"/\"", ErrInvalidName, p)
+	case strings.ContainsFunc(p, isControl):
+		return fmt.Errorf("%w: path %q contains a control character", ErrInvalidName, p)
+	}
+	for _, elem := range strings.Split(p, "/") {
+		if elem == ".." || elem == "." {
+			return fmt.Errorf("%w: path %q has a %q element: name files and directories explicitly", ErrInvalidName, p, elem)
+		}
+	}
+	if path.Clean(p) != p {
+		return fmt.Errorf("%w: path %q is not clean: use %q", ErrInvalidName, p, path.Clean(p))
+	}
+	return nil
+}
+
+func isControl(r rune) bool {
+	return r < 0x20 || r == 0x7f
+}
+
+// validateRunName checks a run file name: one path element (no "/"), and not
+// the artifacts directory, so run files never alias artifacts.
+func validateRunName(name string) error {
+	if err := ValidateRelPath(name); err != nil {
+		return err
+	}
+	if strings.Contains(name, "/") {
+		return fmt.Errorf("%w: run file name %q contains \"/\": use a single name such as \"output.log\"", ErrInvalidName, name)
+	}
+	if name == artifactsDir {
+		return fmt.Errorf("%w: run file name %q is reserved for artifacts: use PutArtifact", ErrInvalidName, name)
+	}
+	return nil
+}
+
+// Validate checks every ID of the run reference.
+func (r RunRef) Validate() error {
+	for _, f := range []struct{ kind, id string }{
+		{"user ID", r.UserID},
+		{"conversation ID", r.ConversationID},
+		{"task ID", r.TaskID},
+		{"run ID", r.RunID},
+	} {
+		if err := ValidateID(f.kind, f.id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runRest is the run's prefix below its tenant, with a trailing slash.
+func (r RunRef) runRest() string {
+	return "conversations/" + r.ConversationID + "/tasks/" + r.TaskID + "/runs/" + r.RunID + "/"
+}
+
+func runKey(ref RunRef, name string) (objectKey, error) {
+	if err := ref.Validate(); err != nil {
+		return objectKey{}, err
+	}
+	if err := validateRunName(name); err != nil {
+		return objectKey{}, err
+	}
+	return objectKey{userID: ref.UserID, rest: ref.runRest() + name}, nil
+}
+
+func artifactKey(ref RunRef, relPath string) (objectKey, error) {
+	if err := ref.Validate(); err != nil {
+		return objectKey{}, err
+	}
+	if err := ValidateRelPath(relPath); err != nil {
+		return objectKey{}, err
+	}
+	return objectKey{userID: ref.UserID, rest: ref.runRest() + artifactsDir + "/" + relPath}, nil
+}
+
+func globalKey(userID, relPath string) (objectKey, error) {
+	if err := ValidateID("user ID", userID); err != nil {
+		return objectKey{}, err
+	}
+	if err := ValidateRelPath(relPath); err != nil {
+		return objectKey{}, err
+	}
+	return objectKey{userID: userID, rest: "global/" + relPath}, nil
+}
+
+// parseKey splits a full key written by this package back into its tenant
+// and rest, validating both.
+func parseKey(key string) (objectKey, error) {
+	parts := strings.SplitN(key, "/", 3)
+	if len(parts) != 3 || parts[0] != tenantsRoot {
+		return objectKey{}, fmt.Errorf("%w: key %q is not of the form \"tenants/<user>/...\": build keys with RunKey, ArtifactKey or GlobalKey", ErrInvalidName, key)
+	}
+	if err := ValidateID("user ID", parts[1]); err != nil {
+		return objectKey{}, err
+	}
+	if err := ValidateRelPath(parts[2]); err != nil {
+		return objectKey{}, err
+	}
+	return objectKey{userID: parts[1], rest: parts[2]}, nil
+}
+
+// RunKey returns the key of a run file:
+// "tenants/<user>/conversations/<c>/tasks/<t>/runs/<r>/<name>".
+// name is a single path element other than "artifacts".
+func RunKey(ref RunRef, name string) (string, error) {
+	k, err := runKey(ref, name)
+	return k.String(), err
+}
+
+// ArtifactKey returns the key of a run artifact:
+// "tenants/<user>/conversations/<c>/tasks/<t>/runs/<r>/artifacts/<relPath>".
+func ArtifactKey(ref RunRef, relPath string) (string, error) {
+	k, err := artifactKey(ref, relPath)
+	return k.String(), err
+}
+
+// GlobalKey returns the key of a tenant's run-global file:
+// "tenants/<user>/global/<relPath>".
+func GlobalKey(userID, relPath string) (string, error) {
+	k, err := globalKey(userID, relPath)
+	return k.String(), err
+}
+
+// RunPrefix returns the key prefix (ending in "/") under which all of a run's
+// files and artifacts live.
+func RunPrefix(ref RunRef) (string, error) {
+	if err := ref.Validate(); err != nil {
+		return "", err
+	}
+	return objectKey{userID: ref.UserID, rest: ref.runRest()}.String(), nil
+}
+
+// TenantPrefix returns the key prefix (ending in "/") of everything stored
+// for userID.
+func TenantPrefix(userID string) (string, error) {
+	if err := ValidateID("user ID", userID); err != nil {
+		return "", err
+	}
+	return tenantsRoot + "/" + userID + "/", nil
+}
+
+// TracePath returns the run-global relative path of an agent run's trace,
+// "traces/<session>/rt_<agentRunID>.jsonl"; pass it to PutGlobalFile.
+func TracePath(sessionID, agentRunID string) (string, error) {
+	if err := ValidateID("session ID", sessionID); err != nil {
+		return "", err
+	}
+	if err := ValidateID("agent run ID", agentRunID); err != nil {
+		return "", err
+	}
+	return "traces/" + sessionID + "/rt_" + agentRunID + ".jsonl", nil
+}

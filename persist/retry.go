@@ -1,0 +1,119 @@
+package persist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"gocloud.dev/gcerrors"
+)
+
+// ErrStoreUnavailable marks a failure that looks transient (network error,
+// 5xx, throttling) and persisted through the store's retries: the store is
+// down or unreachable. Callers keep their local data and retry later.
+var ErrStoreUnavailable = errors.New("persist: blob store unavailable")
+
+// ErrNotFound marks a missing object.
+var ErrNotFound = errors.New("persist: object not found")
+
+// retryPolicy bounds the store's own retries of whole operations.
+type retryPolicy struct {
+	attempts  int
+	baseDelay time.Duration
+	maxDelay  time.Duration
+}
+
+var defaultRetry = retryPolicy{attempts: 3, baseDelay: 100 * time.Millisecond, maxDelay: 2 * time.Second}
+
+// delay returns the pause before retry number attempt (1-based): exponential
+// growth capped at maxDelay, with the upper half jittered.
+func (p retryPolicy) delay(attempt int) time.Duration {
+	d := p.baseDelay << (attempt - 1)
+	if d <= 0 || d > p.maxDelay {
+		d = p.maxDelay
+	}
+	half := d / 2
+	return half + rand.N(half+1)
+}
+
+// sourceError marks a failure reading the caller's upload source: it is never
+// the store's fault, so it is neither retried nor reported as unavailability.
+type sourceError struct{ err error }
+
+func (e *sourceError) Error() string { return "persist: read upload source: " + e.err.Error() }
+func (e *sourceError) Unwrap() error { return e.err }
+
+// statusCoder is implemented by SDK response errors that carry an HTTP status
+// (e.g. the AWS SDK's ResponseError).
+type statusCoder interface{ HTTPStatusCode() int }
+
+// transient reports whether err may go away on retry. A done ctx, a source
+// error and every definite answer from the store (not found, denied, invalid,
+// precondition failed) are not transient.
+func transient(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, ErrSourceChanged) {
+		return false
+	}
+	var se *sourceError
+	if errors.As(err, &se) {
+		return false
+	}
+	// A status of 0 means no response arrived (connection refused, reset).
+	var sc statusCoder
+	if errors.As(err, &sc) && sc.HTTPStatusCode() != 0 {
+		c := sc.HTTPStatusCode()
+		return c >= 500 || c == 429 || c == 408
+	}
+	switch gcerrors.Code(err) {
+	case gcerrors.Unknown, gcerrors.Internal, gcerrors.ResourceExhausted, gcerrors.DeadlineExceeded:
+		return true
+	default:
+		return false
+	}
+}
+
+// classify wraps err from op on key with ErrNotFound, ErrStoreUnavailable or
+// a plain context so callers can test it with errors.Is.
+func classify(ctx context.Context, op, key string, err error) error {
+	switch {
+	case gcerrors.Code(err) == gcerrors.NotFound && !isSource(err):
+		return fmt.Errorf("%w: %s %s: %w", ErrNotFound, op, key, err)
+	case transient(ctx, err):
+		return fmt.Errorf("%w: %s %s: %w", ErrStoreUnavailable, op, key, err)
+	default:
+		return fmt.Errorf("persist: %s %s: %w", op, key, err)
+	}
+}
+
+func isSource(err error) bool {
+	var se *sourceError
+	return errors.As(err, &se)
+}
+
+// do runs f until it succeeds, fails with a non-transient error, or the
+// policy's attempts are used up; the final error is classified.
+func (s *Store) do(ctx context.Context, op, key string, f func(context.Context) error) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = f(ctx); err == nil {
+			return nil
+		}
+		if !transient(ctx, err) || attempt >= s.retry.attempts {
+			break
+		}
+		d := s.retry.delay(attempt)
+		slog.DebugContext(ctx, "persist: retrying after transient error",
+			"op", op, "key", key, "attempt", attempt, "delay", d, "err", err)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("persist: %s %s: %w (last error: %w)", op, key, ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+	return classify(ctx, op, key, err)
+}

@@ -1,0 +1,312 @@
+package persist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"gocloud.dev/blob"
+	// Register the URL schemes Open accepts.
+	_ "gocloud.dev/blob/azureblob"
+	_ "gocloud.dev/blob/fileblob"
+	_ "gocloud.dev/blob/gcsblob"
+	_ "gocloud.dev/blob/memblob"
+	_ "gocloud.dev/blob/s3blob"
+)
+
+// Supported URL schemes, in the order error messages list them.
+var supportedSchemes = []string{"file", "mem", "s3", "gs", "azblob"}
+
+// Store is a tenant-scoped blob store over gocloud.dev/blob. It implements
+// PersistStorage and ArtifactStorage and is safe for concurrent use.
+type Store struct {
+	bucket *blob.Bucket
+	retry  retryPolicy
+	locks  keyLocks
+}
+
+var (
+	_ PersistStorage  = (*Store)(nil)
+	_ ArtifactStorage = (*Store)(nil)
+)
+
+// Option adjusts a Store opened by Open.
+type Option func(*Store)
+
+// WithRetry sets how many times the store tries an operation whose failure
+// looks transient (at least 1) and the delay before the first retry, which
+// doubles for each further retry (capped at 2s, jittered). The default is 3
+// attempts starting at 100ms. Cloud SDKs also retry single requests on their
+// own; these attempts are for whole operations.
+func WithRetry(attempts int, baseDelay time.Duration) Option {
+	return func(s *Store) {
+		s.retry.attempts = max(attempts, 1)
+		s.retry.baseDelay = max(baseDelay, time.Millisecond)
+	}
+}
+
+// Open opens the blob store at rawURL. Accepted schemes:
+//
+//   - file:///abs/dir or file://./rel/dir — a local directory. A relative
+//     path (host ".") is resolved against the process working directory when
+//     Open is called. The directory is created (mode 0700) if missing, and
+//     temporary files are written next to their final path so the final
+//     rename never crosses file systems. The fileblob parameters create_dir,
+//     dir_file_mode and no_tmp_dir may override these defaults;
+//     metadata=skip is refused because the store relies on object metadata.
+//   - mem:// — in-process memory, for tests.
+//   - s3://bucket?region=R&endpoint=http://host:port&use_path_style=true —
+//     Amazon S3 or any S3-compatible server (gocloud's s3blob; credentials come
+//     from the AWS SDK default chain, e.g. AWS_ACCESS_KEY_ID). Other s3blob
+//     parameters (disable_https, ssetype, kmskeyid, profile, anonymous, ...)
+//     pass through.
+//   - gs://bucket — Google Cloud Storage (application default credentials).
+//   - azblob://container — Azure Blob Storage (AZURE_STORAGE_ACCOUNT etc.).
+//
+// Open does no I/O against remote stores; use Ping to check reachability.
+func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("persist: parse store URL: %w", err)
+	}
+	if !isSupportedScheme(u.Scheme) {
+		return nil, fmt.Errorf("persist: unsupported store URL scheme %q in %q: use one of %s",
+			u.Scheme, rawURL, strings.Join(schemeList(), ", "))
+	}
+	if u.Scheme == "file" {
+		if err := fileDefaults(u); err != nil {
+			return nil, err
+		}
+	}
+	bucket, err := blob.OpenBucket(ctx, u.String())
+	if err != nil {
+		return nil, fmt.Errorf("persist: open store %s://%s: %w", u.Scheme, u.Host+u.Path, err)
+	}
+	s := &Store{bucket: bucket, retry: defaultRetry}
+	for _, o := range opts {
+		o(s)
+	}
+	return s, nil
+}
+
+func isSupportedScheme(scheme string) bool {
+	for _, s := range supportedSchemes {
+		if s == scheme {
+			return true
+		}
+	}
+	return false
+}
+
+func schemeList() []string {
+	out := make([]string, len(supportedSchemes))
+	for i, s := range supportedSchemes {
+		out[i] = s + "://"
+	}
+	return out
+}
+
+// fileDefaults fills in the fileblob parameters the store needs and checks
+// the path.
+func fileDefaults(u *url.URL) error {
+	if u.Host != "" && u.Host != "." && u.Host != "localhost" {
+		return fmt.Errorf("persist: file store URL %q has host %q: use file:///abs/dir or file://./rel/dir", u.Redacted(), u.Host)
+	}
+	if strings.Trim(u.Path, "/") == "" {
+		return fmt.Errorf("persist: file store URL %q names no directory: use file:///abs/dir or file://./rel/dir", u.Redacted())
+	}
+	q := u.Query()
+	if q.Get("metadata") == "skip" {
+		return fmt.Errorf("persist: file store URL %q sets metadata=skip: drop it, the store keeps content type and SHA-256 in metadata", u.Redacted())
+	}
+	for k, v := range map[string]string{"create_dir": "true", "no_tmp_dir": "true", "dir_file_mode": "0700"} {
+		if _, ok := q[k]; !ok {
+			q.Set(k, v)
+		}
+	}
+	u.RawQuery = q.Encode()
+	return nil
+}
+
+// Close releases the store's resources.
+func (s *Store) Close() error {
+	return s.bucket.Close()
+}
+
+// Ping checks that the store is reachable and its bucket exists. A transient
+// failure wraps ErrStoreUnavailable.
+func (s *Store) Ping(ctx context.Context) error {
+	return s.do(ctx, "ping", "bucket", func(ctx context.Context) error {
+		ok, err := s.bucket.IsAccessible(ctx)
+		if err == nil && !ok {
+			return errors.New("bucket does not exist or is not accessible: create it or fix the store URL")
+		}
+		return err
+	})
+}
+
+// PutRunFile streams r to the run file name (one path element, e.g.
+// "output.log"). See Store.put for streaming, digest and retry behaviour.
+func (s *Store) PutRunFile(ctx context.Context, ref RunRef, name string, r io.Reader, contentType string) (ObjectInfo, error) {
+	k, err := runKey(ref, name)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	return s.put(ctx, k, r, contentType)
+}
+
+// OpenRunFile opens a run file for reading; a missing one wraps ErrNotFound.
+func (s *Store) OpenRunFile(ctx context.Context, ref RunRef, name string) (io.ReadCloser, error) {
+	k, err := runKey(ref, name)
+	if err != nil {
+		return nil, err
+	}
+	return s.open(ctx, k.String())
+}
+
+// PutGlobalFile streams r to relPath in the tenant's run-global storage.
+func (s *Store) PutGlobalFile(ctx context.Context, userID, relPath string, r io.Reader, contentType string) (ObjectInfo, error) {
+	k, err := globalKey(userID, relPath)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	return s.put(ctx, k, r, contentType)
+}
+
+// OpenGlobalFile opens a run-global file; a missing one wraps ErrNotFound.
+func (s *Store) OpenGlobalFile(ctx context.Context, userID, relPath string) (io.ReadCloser, error) {
+	k, err := globalKey(userID, relPath)
+	if err != nil {
+		return nil, err
+	}
+	return s.open(ctx, k.String())
+}
+
+// PutArtifact streams r to the run's artifact relPath.
+func (s *Store) PutArtifact(ctx context.Context, ref RunRef, relPath string, r io.Reader, contentType string) (ObjectInfo, error) {
+	k, err := artifactKey(ref, relPath)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	return s.put(ctx, k, r, contentType)
+}
+
+// OpenArtifact opens a stored artifact; a missing one wraps ErrNotFound.
+func (s *Store) OpenArtifact(ctx context.Context, ref RunRef, relPath string) (io.ReadCloser, error) {
+	k, err := artifactKey(ref, relPath)
+	if err != nil {
+		return nil, err
+	}
+	return s.open(ctx, k.String())
+}
+
+// open opens key for reading, retrying transient failures.
+func (s *Store) open(ctx context.Context, key string) (io.ReadCloser, error) {
+	var r *blob.Reader
+	err := s.do(ctx, "open", key, func(ctx context.Context) error {
+		var err error
+		r, err = s.bucket.NewReader(ctx, key, nil)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Stat describes the object at key (as returned by RunKey, ArtifactKey or
+// GlobalKey). SHA256 is empty only when the digest of a streamed upload
+// cannot be confirmed, e.g. while another writer is replacing the object.
+func (s *Store) Stat(ctx context.Context, key string) (ObjectInfo, error) {
+	k, err := parseKey(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	var attrs *blob.Attributes
+	err = s.do(ctx, "stat", key, func(ctx context.Context) error {
+		var err error
+		attrs, err = s.bucket.Attributes(ctx, key)
+		return err
+	})
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	info := ObjectInfo{Key: key, Size: attrs.Size, ContentType: attrs.ContentType, SHA256: attrs.Metadata[metaSHA256]}
+	if info.SHA256 == "" && attrs.Metadata[metaDigestID] != "" {
+		info.SHA256, err = s.recordedDigest(ctx, k, attrs.Metadata[metaDigestID])
+		if err != nil {
+			return ObjectInfo{}, err
+		}
+	}
+	return info, nil
+}
+
+// List returns the sorted keys under prefix, e.g. RunPrefix(ref) or
+// TenantPrefix(user). Listing a whole tenant includes its digest records
+// under "tenants/<user>/digests/".
+func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
+	var keys []string
+	err := s.do(ctx, "list", prefix, func(ctx context.Context) error {
+		keys = keys[:0]
+		it := s.bucket.List(&blob.ListOptions{Prefix: prefix})
+		for {
+			obj, err := it.Next(ctx)
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			keys = append(keys, obj.Key)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+// keyLocks serialises writes to the same key within this process, so an
+// object and its metadata (and digest record) always come from one writer.
+// Some drivers (fileblob) write metadata and data in two steps.
+type keyLocks struct {
+	mu sync.Mutex
+	m  map[string]*keyLock
+}
+
+type keyLock struct {
+	sync.Mutex
+	refs int
+}
+
+// lock locks key and returns its unlock function.
+func (l *keyLocks) lock(key string) func() {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = make(map[string]*keyLock)
+	}
+	kl := l.m[key]
+	if kl == nil {
+		kl = &keyLock{}
+		l.m[key] = kl
+	}
+	kl.refs++
+	l.mu.Unlock()
+
+	kl.Lock()
+	return func() {
+		kl.Unlock()
+		l.mu.Lock()
+		if kl.refs--; kl.refs == 0 {
+			delete(l.m, key)
+		}
+		l.mu.Unlock()
+	}
+}
