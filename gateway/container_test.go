@@ -1,0 +1,217 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/config"
+)
+
+// testboxImage is the local busybox image container tests use.
+const testboxImage = "taskrun/testbox:local"
+
+// containerScript runs inside the container, behind taskrun-relay: it dumps
+// everything a process there can see that might hold a key, shows the
+// network interfaces, and talks to the model through the relay.
+const containerScript = `
+echo "== env"; env
+echo "== environ"; for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f"; done
+echo "== netdev"; cat /proc/net/dev
+echo "== models"; wget -q -O - http://127.0.0.1:8411/v1/models
+echo "== chat"; wget -q -O - --header 'Content-Type: application/json' \
+  --post-data '{"model":"any","messages":[{"role":"user","content":"hi"}]}' \
+  http://127.0.0.1:8411/v1/chat/completions
+echo; echo "== end"
+`
+
+// dockerClient returns a client, or skips when no engine or image is here.
+func dockerClient(t *testing.T) *client.Client {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("container test skipped in -short mode")
+	}
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Ping(ctx); err != nil {
+		t.Skipf("no Docker engine: %v", err)
+	}
+	if _, err := cli.ImageInspect(ctx, testboxImage); err != nil {
+		t.Skipf("image %s missing (build images/testbox): %v", testboxImage, err)
+	}
+	return cli
+}
+
+// buildRelay builds taskrun-relay statically into a temp dir.
+func buildRelay(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "taskrun-relay")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/taskrun/taskrun/cmd/taskrun-relay")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "build relay: %s", out)
+	return bin
+}
+
+// agentRunDir is a run dir the agent uid can traverse.
+func agentRunDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
+	require.NoError(t, os.Chmod(dir, 0o755))
+	return dir
+}
+
+func TestContainerReachesModelOnlyThroughRelayAndNeverSeesKey(t *testing.T) {
+	cli := dockerClient(t)
+	info, err := cli.Info(context.Background())
+	require.NoError(t, err)
+	relayBin := buildRelay(t)
+	for _, runtime := range []string{"runc", "runsc"} {
+		t.Run(runtime, func(t *testing.T) {
+			if _, ok := info.Runtimes[runtime]; !ok {
+				t.Skipf("runtime %s is not registered with the engine", runtime)
+			}
+			checkContainerIsolation(t, cli, relayBin, runtime)
+		})
+	}
+}
+
+func checkContainerIsolation(t *testing.T, cli *client.Client, relayBin, runtime string) {
+	t.Setenv("TASKRUN_TEST_CANARY_KEY", testKey)
+	seen := make(chan map[string]any, 8)
+	up := fakeOpenAI(t, seen)
+	runDir := agentRunDir(t)
+	var trace syncBuffer
+	g, err := Start(context.Background(), Config{
+		SocketPath: filepath.Join(runDir, ".gateway", "model.sock"),
+		Model:      config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-test", BaseURL: up.URL + "/v1", APIKeyEnv: "TASKRUN_TEST_CANARY_KEY"},
+		Trace:      &trace,
+		Logger:     quietLogger,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Close() })
+
+	stdout, stderr := runContainer(t, cli, runtime, runDir, relayBin)
+	out := stdout + stderr
+	require.Contains(t, stdout, "== end", "script ran to the end; stderr: %s", stderr)
+
+	// The model answered through relay and gateway: the key was injected host-side.
+	assert.Contains(t, section(stdout, "models"), `"id":"gpt-test"`)
+	assert.Contains(t, section(stdout, "chat"), `"content":"hi"`, "stderr: %s", stderr)
+	assert.Equal(t, "gpt-test", (<-seen)["model"])
+	assert.Equal(t, Usage{PromptTokens: 11, CompletionTokens: 3, Requests: 1}, g.Usage())
+
+	// The only interface is loopback: the relay is the one way out.
+	assert.Equal(t, []string{"lo"}, interfaces(section(stdout, "netdev")))
+
+	// The key is nowhere the agent or the run's records can see it.
+	assert.NotEmpty(t, section(stdout, "environ"))
+	assert.NotContains(t, out, testKey)
+	assert.NotContains(t, trace.String(), testKey)
+	assertNoFileContains(t, runDir, testKey)
+}
+
+// runContainer runs containerScript behind the relay in a hardened container
+// and returns its stdout and stderr.
+func runContainer(t *testing.T, cli *client.Client, runtime, runDir, relayBin string) (string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	testLabel := fmt.Sprintf("gateway-%d", time.Now().UnixNano())
+	created, err := cli.ContainerCreate(ctx, &container.Config{
+		Image:      testboxImage,
+		User:       "10001:10001",
+		Cmd:        []string{"/usr/local/bin/taskrun-relay", "--", "/bin/sh", "-c", containerScript},
+		Env:        []string{"HOME=/taskrun/home", "TASKRUN_MODEL_SOCKET=/taskrun/.gateway/model.sock"},
+		WorkingDir: "/taskrun",
+		Labels:     map[string]string{"dev.taskrun.managed": "true", "dev.taskrun.test": testLabel},
+	}, &container.HostConfig{
+		Runtime:        runtime,
+		NetworkMode:    "none",
+		ReadonlyRootfs: true,
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges"},
+		Tmpfs:          map[string]string{"/tmp": "rw,nosuid,nodev,size=16m"},
+		Mounts: []mount.Mount{
+			{Type: mount.TypeBind, Source: runDir, Target: "/taskrun"},
+			{Type: mount.TypeBind, Source: relayBin, Target: "/usr/local/bin/taskrun-relay", ReadOnly: true},
+		},
+	}, nil, nil, "")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = cli.ContainerRemove(context.Background(), created.ID, container.RemoveOptions{Force: true})
+	})
+	require.NoError(t, cli.ContainerStart(ctx, created.ID, container.StartOptions{}))
+	waitC, errC := cli.ContainerWait(ctx, created.ID, container.WaitConditionNotRunning)
+	select {
+	case err := <-errC:
+		require.NoError(t, err)
+	case w := <-waitC:
+		require.Nil(t, w.Error)
+	}
+	logs, err := cli.ContainerLogs(ctx, created.ID, container.LogsOptions{ShowStdout: true, ShowStderr: true})
+	require.NoError(t, err)
+	defer logs.Close()
+	var stdout, stderr bytes.Buffer
+	_, err = stdcopy.StdCopy(&stdout, &stderr, logs)
+	require.NoError(t, err)
+	return stdout.String(), stderr.String()
+}
+
+// section returns the lines the script printed after "== name".
+func section(out, name string) string {
+	_, rest, ok := strings.Cut(out, "== "+name+"\n")
+	if !ok {
+		return ""
+	}
+	body, _, _ := strings.Cut(rest, "\n== ")
+	return body
+}
+
+// interfaces lists the interface names in /proc/net/dev output.
+func interfaces(netdev string) []string {
+	var names []string
+	for _, line := range strings.Split(netdev, "\n") {
+		name, _, ok := strings.Cut(line, ":")
+		if ok && !strings.Contains(name, "|") {
+			names = append(names, strings.TrimSpace(name))
+		}
+	}
+	return names
+}
+
+// assertNoFileContains fails if any regular file under dir holds secret.
+func assertNoFileContains(t *testing.T, dir, secret string) {
+	t.Helper()
+	require.NoError(t, filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		data, err := io.ReadAll(f)
+		assert.NotContains(t, string(data), secret, path)
+		return err
+	}))
+}
