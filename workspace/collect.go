@@ -72,7 +72,12 @@ type CollectReport struct {
 // sockets, devices, mount points, entries replaced during the walk and files
 // over the caps are skipped and listed in CollectReport.Skipped with the
 // reason. Nothing outside root is ever opened, and no special file can make
-// Collect block. An error from visit stops the walk and is returned.
+// Collect block.
+//
+// An error from visit stops the walk and is returned, except one wrapping
+// ErrFileChanged (the Reader's report that the file changed size while being
+// read): that file is recorded as skipped and the walk goes on, so visit must
+// discard whatever it stored from a Reader that failed.
 func Collect(ctx context.Context, root string, opts CollectOptions, visit func(ctx context.Context, f CollectedFile) error) (CollectReport, error) {
 	top, info, err := openTop(root)
 	if err != nil {
@@ -122,6 +127,10 @@ func (c *collector) file(n node) error {
 	}
 	cf := CollectedFile{RelPath: n.rel, Size: size, Mode: info.Mode(), Reader: &exactReader{r: f, left: size}}
 	if err := c.visit(c.ctx, cf); err != nil {
+		if errors.Is(err, ErrFileChanged) {
+			c.skip(n.rel, errText(err))
+			return nil
+		}
 		return fmt.Errorf("visit %q: %w", n.rel, err)
 	}
 	c.report.Files++

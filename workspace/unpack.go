@@ -234,14 +234,14 @@ func drainTrailer(gz io.Reader) error {
 
 // extractor writes accepted entries under root and remembers what it made.
 type extractor struct {
-	ctx     context.Context
-	root    *os.Root
-	owner   *Owner
-	budget  budget
-	links   map[string]string // symlink path -> target
-	dirs    map[string]dirFix // explicit directory entries
-	made    map[string]bool   // directories known to exist
-	stats   UnpackStats
+	ctx    context.Context
+	root   *os.Root
+	owner  *Owner
+	budget budget
+	links  map[string]string // symlink path -> target
+	dirs   map[string]dirFix // explicit directory entries
+	made   map[string]bool   // directories known to exist
+	stats  UnpackStats
 }
 
 func (x *extractor) run(tr *tar.Reader) error {
