@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"net/http"
@@ -72,6 +73,7 @@ func (c Config) withDefaults() Config {
 func Collect(ctx context.Context, nonce string, cfg Config) Report {
 	cfg = cfg.withDefaults()
 	r := Report{Nonce: nonce, NoNewPrivs: Unknown, Seccomp: Unknown, PidsMax: Unknown, MemoryLimit: Unknown}
+	var err error
 	note := func(err error) {
 		if err != nil {
 			r.Errors = append(r.Errors, err.Error())
@@ -85,6 +87,8 @@ func Collect(ctx context.Context, nonce string, cfg Config) Report {
 	if b, err := os.ReadFile("/proc/self/attr/current"); err == nil {
 		r.AppArmor = strings.TrimSpace(strings.TrimRight(string(b), "\x00"))
 	}
+	r.Interfaces, err = upInterfaces()
+	note(err)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); r.Egress = probeEgress(ctx, cfg) }()
@@ -128,6 +132,21 @@ func collectMounts(r *Report) error {
 		r.ProcSysReadOnly = m.ReadOnly
 	}
 	return nil
+}
+
+// upInterfaces lists the non-loopback interfaces that are up.
+func upInterfaces() ([]string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("list interfaces: %w", err)
+	}
+	var out []string
+	for _, i := range ifs {
+		if i.Flags&net.FlagUp != 0 && i.Flags&net.FlagLoopback == 0 {
+			out = append(out, i.Name)
+		}
+	}
+	return out, nil
 }
 
 // tryCreate creates and removes a file in dir; it returns why that failed,

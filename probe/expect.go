@@ -26,7 +26,8 @@ type Expectation struct {
 	RootfsReadOnly bool `json:"rootfs_read_only,omitempty"`
 	// ProcSysReadOnly requires /proc/sys mounted read-only.
 	ProcSysReadOnly bool `json:"proc_sys_read_only,omitempty"`
-	// NetworkNone requires every egress probe to fail.
+	// NetworkNone requires no non-loopback interface and every egress probe
+	// to fail.
 	NetworkNone bool `json:"network_none,omitempty"`
 	// PidsMax requires this pids.max value.
 	PidsMax *int64 `json:"pids_max,omitempty"`
@@ -69,6 +70,7 @@ func (e Expectation) Contradictions(r Report) []string {
 	add(e.RootfsReadOnly && r.RootfsWriteError == "", "created a file in /, expected the root filesystem to be read-only")
 	add(e.ProcSysReadOnly && !r.ProcSysReadOnly, "/proc/sys is not mounted read-only")
 	if e.NetworkNone {
+		add(len(r.Interfaces) > 0, "network interfaces %v are up, expected loopback only", r.Interfaces)
 		for _, eg := range r.Egress {
 			add(eg.Reachable, "egress %s to %s succeeded, expected no network", eg.Name, eg.Target)
 		}

@@ -147,6 +147,7 @@ func TestContradictions(t *testing.T) {
 		"rootfs writable": func(r *Report) { r.RootfsWriteError = "" },
 		"proc sys":        func(r *Report) { r.ProcSysReadOnly = false },
 		"egress":          func(r *Report) { r.Egress[0].Reachable = true },
+		"interface":       func(r *Report) { r.Interfaces = []string{"eth0"} },
 		"no egress probe": func(r *Report) { r.Egress = nil },
 		"pids":            func(r *Report) { r.PidsMax = 512 },
 		"pids unknown":    func(r *Report) { r.PidsMax = Unknown },

@@ -68,6 +68,8 @@ type Report struct {
 	// for "max", Unknown when no cgroup file could be read.
 	PidsMax     int64 `json:"pids_max"`
 	MemoryLimit int64 `json:"memory_limit"`
+	// Interfaces are the non-loopback network interfaces that are up.
+	Interfaces []string `json:"interfaces,omitempty"`
 	// Egress holds one result per network probe.
 	Egress []Egress `json:"egress,omitempty"`
 	// UnixSockets are the sockets found by the bounded walk of /;
