@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/examples"
 )
 
 // testboxImage is the local busybox image container tests use.
@@ -59,14 +60,14 @@ func dockerClient(t *testing.T) *client.Client {
 	return cli
 }
 
-// buildRelay builds taskrun-relay statically into a temp dir.
-func buildRelay(t *testing.T) string {
+// buildStatic builds a command of this module statically into a temp dir.
+func buildStatic(t *testing.T, name string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "taskrun-relay")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/taskrun/taskrun/cmd/taskrun-relay")
+	bin := filepath.Join(t.TempDir(), name)
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/taskrun/taskrun/cmd/"+name)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "build relay: %s", out)
+	require.NoError(t, err, "build %s: %s", name, out)
 	return bin
 }
 
@@ -83,7 +84,7 @@ func TestContainerReachesModelOnlyThroughRelayAndNeverSeesKey(t *testing.T) {
 	cli := dockerClient(t)
 	info, err := cli.Info(context.Background())
 	require.NoError(t, err)
-	relayBin := buildRelay(t)
+	relayBin := buildStatic(t, "taskrun-relay")
 	for _, runtime := range []string{"runc", "runsc"} {
 		t.Run(runtime, func(t *testing.T) {
 			if _, ok := info.Runtimes[runtime]; !ok {
@@ -109,7 +110,8 @@ func checkContainerIsolation(t *testing.T, cli *client.Client, relayBin, runtime
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = g.Close() })
 
-	stdout, stderr := runContainer(t, cli, runtime, runDir, relayBin)
+	stdout, stderr := runContainer(t, cli, runtime, runDir, relayBin,
+		[]string{"/usr/local/bin/taskrun-relay", "--", "/bin/sh", "-c", containerScript}, nil)
 	out := stdout + stderr
 	require.Contains(t, stdout, "== end", "script ran to the end; stderr: %s", stderr)
 
@@ -129,9 +131,10 @@ func checkContainerIsolation(t *testing.T, cli *client.Client, relayBin, runtime
 	assertNoFileContains(t, runDir, testKey)
 }
 
-// runContainer runs containerScript behind the relay in a hardened container
-// and returns its stdout and stderr.
-func runContainer(t *testing.T, cli *client.Client, runtime, runDir, relayBin string) (string, string) {
+// runContainer runs cmd in a hardened container with the run dir at
+// /taskrun and bin mounted read-only in /usr/local/bin, and returns its
+// stdout and stderr.
+func runContainer(t *testing.T, cli *client.Client, runtime, runDir, bin string, cmd, env []string) (string, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -139,8 +142,8 @@ func runContainer(t *testing.T, cli *client.Client, runtime, runDir, relayBin st
 	created, err := cli.ContainerCreate(ctx, &container.Config{
 		Image:      testboxImage,
 		User:       "10001:10001",
-		Cmd:        []string{"/usr/local/bin/taskrun-relay", "--", "/bin/sh", "-c", containerScript},
-		Env:        []string{"HOME=/taskrun/home", "TASKRUN_MODEL_SOCKET=/taskrun/.gateway/model.sock"},
+		Cmd:        cmd,
+		Env:        append([]string{"HOME=/taskrun/home", "TASKRUN_MODEL_SOCKET=/taskrun/.gateway/model.sock"}, env...),
 		WorkingDir: "/taskrun",
 		Labels:     map[string]string{"dev.taskrun.managed": "true", "dev.taskrun.test": testLabel},
 	}, &container.HostConfig{
@@ -152,7 +155,7 @@ func runContainer(t *testing.T, cli *client.Client, runtime, runDir, relayBin st
 		Tmpfs:          map[string]string{"/tmp": "rw,nosuid,nodev,size=16m"},
 		Mounts: []mount.Mount{
 			{Type: mount.TypeBind, Source: runDir, Target: "/taskrun"},
-			{Type: mount.TypeBind, Source: relayBin, Target: "/usr/local/bin/taskrun-relay", ReadOnly: true},
+			{Type: mount.TypeBind, Source: bin, Target: "/usr/local/bin/" + filepath.Base(bin), ReadOnly: true},
 		},
 	}, nil, nil, "")
 	require.NoError(t, err)
@@ -214,4 +217,49 @@ func assertNoFileContains(t *testing.T, dir, secret string) {
 		assert.NotContains(t, string(data), secret, path)
 		return err
 	}))
+}
+
+func TestAgentDoesDemoInContainer(t *testing.T) {
+	cli := dockerClient(t)
+	agentBin := buildStatic(t, "taskrun-agent")
+	runDir := agentRunDir(t)
+	require.NoError(t, os.CopyFS(filepath.Join(runDir, "home"), examples.DemoWorkspace()))
+	for _, d := range []string{"artifacts", "global", "output"} {
+		require.NoError(t, os.Mkdir(filepath.Join(runDir, d), 0o755))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(runDir, "AGENTS.md"), []byte("# Run\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(runDir, "prompt.txt"), []byte(examples.DemoPrompt), 0o644))
+	for _, d := range []string{"home", "artifacts", "global", "output"} {
+		require.NoError(t, chownTree(filepath.Join(runDir, d), DefaultAgentUID))
+	}
+	g, err := Start(context.Background(), Config{
+		SocketPath: filepath.Join(runDir, ".gateway", "model.sock"),
+		Model:      config.ModelEntry{Provider: config.ProviderScripted, Name: DemoScriptName},
+		Logger:     quietLogger,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Close() })
+
+	stdout, stderr := runContainer(t, cli, "runc", runDir, agentBin, []string{"/usr/local/bin/taskrun-agent"},
+		[]string{"TASKRUN_RUN_ID=run1", "TASKRUN_SESSION_ID=sess1", "TASKRUN_PROMPT_FILE=/taskrun/prompt.txt", "TASKRUN_MODEL=" + g.ModelName()})
+	require.Contains(t, stdout, "final answer written", "stdout: %s\nstderr: %s", stdout, stderr)
+	assert.Contains(t, stdout, "[tool] list_dir")
+	greet, err := os.ReadFile(filepath.Join(runDir, "home", "greet.go"))
+	require.NoError(t, err)
+	assert.NotContains(t, string(greet), "TODO")
+	assert.FileExists(t, filepath.Join(runDir, "artifacts", "report.md"))
+	assert.FileExists(t, filepath.Join(runDir, "output", "result.md"))
+	assert.FileExists(t, filepath.Join(runDir, "global", "traces", "sess1", "rt_run1.jsonl"))
+	_, _, lines := scriptTotals(t, examples.DemoScript)
+	assert.Equal(t, lines, g.Usage().Requests)
+}
+
+// chownTree gives a directory tree to uid, as the executor does for a run.
+func chownTree(dir string, uid int) error {
+	return filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, uid)
+	})
 }
