@@ -439,13 +439,21 @@ func (cp *ControlPlane) handleStream(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "stream POST needs a non-negative "+workerclient.HeaderOffset, http.StatusBadRequest)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, workerclient.MaxPostBytes))
+	body, err := readBody(w, r)
 	if err != nil {
 		http.Error(w, "read body: "+err.Error(), http.StatusRequestEntityTooLarge)
 		return
 	}
 	next, err := cp.appendAt(id, off, body)
 	cp.answer(w, next, err)
+}
+
+// readBody reads a stream POST's body of at most MaxPostBytes, sized up front
+// from Content-Length when the client sent one.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 0), workerclient.MaxPostBytes)+1))
+	_, err := body.ReadFrom(http.MaxBytesReader(w, r.Body, workerclient.MaxPostBytes))
+	return body.Bytes(), err
 }
 
 // answer writes 204 with the next expected offset, or 409 for a violation.
