@@ -1,0 +1,88 @@
+package audit
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/taskrun/taskrun/probe"
+)
+
+// RecordVersion is the version of the Record format.
+const RecordVersion = 1
+
+// Record is a run's isolation record (audit.json, stored next to the run's
+// blobs): how the container was confined as seen from the host (Posture,
+// Findings) and from the inside (Probe), so a security team can re-check it
+// later with `taskrun audit --record`.
+type Record struct {
+	Version     int    `json:"version"`
+	RunID       string `json:"run_id"`
+	ContainerID string `json:"container_id"`
+	// ImageDigest is the image ID the container ran (sha256:...).
+	ImageDigest string `json:"image_digest"`
+	// Runtime is the OCI runtime ("runc", "runsc", ...).
+	Runtime string    `json:"runtime"`
+	Host    HostFacts `json:"host"`
+	Options Options   `json:"options"`
+	Posture Posture   `json:"posture"`
+	// Probe is the in-sandbox report, nil when the probe did not run.
+	Probe *probe.Report `json:"probe,omitempty"`
+	// ProbeContradictions are what the probe found against its expectation.
+	ProbeContradictions []string  `json:"probe_contradictions,omitempty"`
+	Findings            []Finding `json:"findings"`
+	CreatedAt           time.Time `json:"created_at"`
+}
+
+// NewRecord checks p and builds the run's isolation record. probeReport and
+// contradictions may be nil.
+func NewRecord(runID string, p Posture, host HostFacts, opts Options, probeReport *probe.Report, contradictions []string, now time.Time) Record {
+	return Record{
+		Version:             RecordVersion,
+		RunID:               runID,
+		ContainerID:         p.ID,
+		ImageDigest:         p.Image,
+		Runtime:             p.Runtime,
+		Host:                host,
+		Options:             opts,
+		Posture:             p,
+		Probe:               probeReport,
+		ProbeContradictions: contradictions,
+		Findings:            Check(p, host, opts).Findings,
+		CreatedAt:           now.UTC(),
+	}
+}
+
+// Recheck evaluates the stored posture again with today's rules and the
+// record's host facts and options. A record whose probe reported
+// contradictions gets a failing TR:probe finding.
+func (r Record) Recheck() Report {
+	rep := Check(r.Posture, r.Host, r.Options)
+	rep.Findings = append(rep.Findings, r.probeFinding())
+	return rep
+}
+
+func (r Record) probeFinding() Finding {
+	f := Finding{ID: "TR:probe", Source: SourceTaskrun, Title: "in-sandbox self-check agreed with the expectation"}
+	switch {
+	case r.Probe == nil:
+		f.Status, f.Reason = NotApplicable, "no probe report recorded"
+	case len(r.ProbeContradictions) > 0:
+		f.Status, f.Reason = Fail, fmt.Sprintf("probe contradictions: %v", r.ProbeContradictions)
+	default:
+		f.Status, f.Reason = Pass, fmt.Sprintf("probe uid %d, CapEff %#x, seccomp %d, pids.max %d", r.Probe.UID, r.Probe.CapEff, r.Probe.Seccomp, r.Probe.PidsMax)
+	}
+	return f
+}
+
+// ParseRecord decodes a stored record.
+func ParseRecord(raw []byte) (Record, error) {
+	var r Record
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return Record{}, fmt.Errorf("parse isolation record: %w", err)
+	}
+	if r.Version != RecordVersion {
+		return Record{}, fmt.Errorf("isolation record version %d; this taskrun reads version %d", r.Version, RecordVersion)
+	}
+	return r, nil
+}
