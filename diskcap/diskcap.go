@@ -1,0 +1,213 @@
+// Package diskcap caps the disk space a run can use through its bind-mounted
+// run dir, so an agent cannot fill the host disk through /taskrun.
+//
+// Two mechanisms, in order of preference:
+//
+//   - Mount: a per-run ext4 filesystem in a sparse image file, loop-mounted
+//     (nosuid,nodev) on the run dir. The kernel enforces the cap: writes past
+//     it fail with ENOSPC inside the container, and the host loses at most the
+//     image's size. It needs root, mkfs.ext4 and loop devices; on this
+//     project's build machines (root, Debian, /dev/loop*) all are present and
+//     `mount -o loop` works. Where any is missing it returns ErrUnsupported.
+//     Overlay2 quotas (--storage-opt size) are no alternative: they need XFS
+//     with pquota and do not cover bind mounts at all.
+//   - Watch: a watchdog that polls the run dir's usage with a bounded,
+//     du-like walk and calls back once when the cap is exceeded, so the
+//     caller can stop the run. It works everywhere but is after the fact: a
+//     fast writer can overshoot by what it writes in one interval. Use it when
+//     Mount is unsupported, or in addition to Mount to stop a run that sits at
+//     ENOSPC instead of failing.
+package diskcap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ErrUnsupported is returned by Mount when loop-mounted filesystems cannot be
+// used here (not root, no mkfs.ext4, no loop device).
+var ErrUnsupported = errors.New("diskcap: loop-mounted filesystem not supported here")
+
+// ErrNotEmpty is returned by Mount for a run dir that already has content,
+// which the mount would hide.
+var ErrNotEmpty = errors.New("diskcap: run dir is not empty; mount the cap before materializing the run")
+
+// MinSize is the smallest cap Mount accepts (ext4 needs room for metadata).
+const MinSize = 8 << 20
+
+// Mount creates a sparse image of size bytes next to dir (as "."+base+
+// ".diskcap.img"), formats it ext4 and loop-mounts it on dir, which must exist
+// and be empty. The mounted root gets dir's owner and mode. unmount unmounts
+// and deletes the image (calling it again returns the first result): it
+// discards the run dir's contents, so persist them first.
+func Mount(ctx context.Context, dir string, size int64) (unmount func() error, err error) {
+	if size < MinSize {
+		return nil, fmt.Errorf("diskcap: size %d is below the minimum %d bytes", size, MinSize)
+	}
+	if err := supported(); err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("diskcap: %w", err)
+	}
+	if entries, err := os.ReadDir(dir); err != nil {
+		return nil, fmt.Errorf("diskcap: %w", err)
+	} else if len(entries) > 0 {
+		return nil, ErrNotEmpty
+	}
+	img := filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+".diskcap.img")
+	if err := makeImage(ctx, img, size); err != nil {
+		os.Remove(img)
+		return nil, err
+	}
+	if out, err := exec.CommandContext(ctx, "mount", "-t", "ext4", "-o", "loop,nosuid,nodev", img, dir).CombinedOutput(); err != nil {
+		os.Remove(img)
+		return nil, fmt.Errorf("%w: mount -o loop %s: %w: %s", ErrUnsupported, dir, err, out)
+	}
+	var once sync.Once
+	var unmountErr error
+	unmount = func() error {
+		once.Do(func() {
+			if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+				unmountErr = fmt.Errorf("diskcap: umount %s: %w: %s", dir, err, out)
+				return
+			}
+			unmountErr = os.Remove(img)
+		})
+		return unmountErr
+	}
+	if err := adoptRoot(dir, fi); err != nil {
+		return nil, errors.Join(err, unmount())
+	}
+	return unmount, nil
+}
+
+func supported() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%w: needs root", ErrUnsupported)
+	}
+	for _, tool := range []string{"mkfs.ext4", "mount", "umount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrUnsupported, tool, err)
+		}
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		return fmt.Errorf("%w: no loop devices: %w", ErrUnsupported, err)
+	}
+	return nil
+}
+
+func makeImage(ctx context.Context, img string, size int64) error {
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("diskcap: create image: %w", err)
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("diskcap: size image: %w", err)
+	}
+	// -m 0: no blocks reserved for root; the run gets the whole cap.
+	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
+		return fmt.Errorf("diskcap: mkfs.ext4: %w: %s", err, out)
+	}
+	return nil
+}
+
+// adoptRoot gives the new filesystem's root the owner and mode of the dir it
+// covers and removes lost+found, so the run sees the dir it expects.
+func adoptRoot(dir string, was os.FileInfo) error {
+	if err := os.Remove(filepath.Join(dir, "lost+found")); err != nil {
+		return fmt.Errorf("diskcap: %w", err)
+	}
+	if st, ok := was.Sys().(*syscall.Stat_t); ok {
+		if err := os.Chown(dir, int(st.Uid), int(st.Gid)); err != nil {
+			return fmt.Errorf("diskcap: %w", err)
+		}
+	}
+	if err := os.Chmod(dir, was.Mode().Perm()); err != nil {
+		return fmt.Errorf("diskcap: %w", err)
+	}
+	return nil
+}
+
+// MaxEntries bounds Usage's walk.
+const MaxEntries = 1_000_000
+
+// ErrTooManyFiles is returned by Usage when dir holds more than MaxEntries
+// entries; Watch treats it as over the cap (inode exhaustion is abuse too).
+var ErrTooManyFiles = errors.New("diskcap: too many files to measure")
+
+// Usage returns the bytes of disk dir's tree occupies (allocated blocks,
+// hard links counted once, symlinks not followed), walking at most
+// MaxEntries entries.
+func Usage(dir string) (int64, error) {
+	var used int64
+	seen := map[[2]uint64]bool{}
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // deleted while walking
+			}
+			return err
+		}
+		if n++; n > MaxEntries {
+			return ErrTooManyFiles
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok {
+			used += info.Size()
+			return nil
+		}
+		if st.Nlink > 1 {
+			key := [2]uint64{uint64(st.Dev), st.Ino}
+			if seen[key] {
+				return nil
+			}
+			seen[key] = true
+		}
+		used += st.Blocks * 512
+		return nil
+	})
+	return used, err
+}
+
+// Watch polls dir's usage every interval and calls over once, with the usage
+// measured, when it exceeds limit (or the tree is too large to measure); then
+// it returns nil. It returns ctx's error when ctx ends first, and a walk error
+// when dir cannot be measured.
+func Watch(ctx context.Context, dir string, limit int64, interval time.Duration, over func(used int64)) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		used, err := Usage(dir)
+		switch {
+		case errors.Is(err, ErrTooManyFiles) || (err == nil && used > limit):
+			over(used)
+			return nil
+		case err != nil:
+			return fmt.Errorf("diskcap: measure %s: %w", dir, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package diskcap
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const capSize = 16 << 20
+
+func mountOrSkip(t *testing.T, dir string) func() error {
+	t.Helper()
+	unmount, err := Mount(context.Background(), dir, capSize)
+	if errors.Is(err, ErrUnsupported) {
+		t.Skipf("loop mounts unavailable here, Watch is the mechanism: %v", err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, unmount()) })
+	return unmount
+}
+
+func newRunDir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "run-1")
+	require.NoError(t, os.Mkdir(dir, 0o777))
+	require.NoError(t, os.Chmod(dir, 0o777))
+	return dir
+}
+
+func allocated(t *testing.T, path string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(path, &st))
+	return st.Blocks * 512
+}
+
+func TestMountStopsDdAtTheCap(t *testing.T) {
+	dir := newRunDir(t)
+	unmount := mountOrSkip(t, dir)
+	img := filepath.Join(filepath.Dir(dir), ".run-1.diskcap.img")
+
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o777), fi.Mode().Perm(), "the mounted root keeps the run dir's mode")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "no lost+found in the run dir")
+
+	out, err := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(dir, "fill"), "bs=1M", "count=64").CombinedOutput()
+	require.Error(t, err, "dd must not write 64 MiB into a 16 MiB cap")
+	assert.Contains(t, string(out), "No space left on device")
+
+	used, err := Usage(dir)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, used, int64(capSize))
+	assert.Greater(t, used, int64(capSize/2), "dd filled the cap")
+	assert.LessOrEqual(t, allocated(t, img), int64(capSize), "the host loses at most the cap")
+
+	require.NoError(t, unmount())
+	_, err = os.Stat(img)
+	assert.ErrorIs(t, err, os.ErrNotExist, "Unmount deletes the image")
+	entries, err = os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+}
+
+func TestMountStopsAContainerAtTheCap(t *testing.T) {
+	if _, err := exec.LookPath("docker"); err != nil {
+		t.Skip("docker CLI not installed")
+	}
+	dir := newRunDir(t)
+	unmount := mountOrSkip(t, dir)
+	defer func() { require.NoError(t, unmount()) }()
+	label := fmt.Sprintf("dev.taskrun.test.diskcap=%d-%d", os.Getpid(), time.Now().UnixNano())
+	cmd := exec.Command("docker", "run", "--rm", "--label", "dev.taskrun.managed=true", "--label", label,
+		"--network", "none", "--user", "10001:10001", "--read-only", "--cap-drop", "ALL",
+		"-v", dir+":/taskrun", "taskrun/testbox:local",
+		"dd", "if=/dev/zero", "of=/taskrun/fill", "bs=1M", "count=64")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	require.Error(t, err, "the container's dd must fail")
+	assert.Contains(t, stderr.String(), "No space left on device")
+	assert.LessOrEqual(t, allocated(t, filepath.Join(filepath.Dir(dir), ".run-1.diskcap.img")), int64(capSize))
+}
+
+func TestMountRefusesBadInput(t *testing.T) {
+	dir := newRunDir(t)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "x"), []byte("x"), 0o644))
+	_, err := Mount(context.Background(), dir, capSize)
+	if errors.Is(err, ErrUnsupported) {
+		t.Skip(err)
+	}
+	assert.ErrorIs(t, err, ErrNotEmpty)
+	_, err = Mount(context.Background(), dir, 1<<20)
+	assert.Error(t, err, "below MinSize")
+}
+
+func TestWatchFiresWhenOverTheCap(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	writerDone := make(chan int64)
+	go func() {
+		var written int64
+		chunk := bytes.Repeat([]byte{1}, 256<<10)
+		for i := 0; ctx.Err() == nil; i++ {
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d", i)), chunk, 0o644); err != nil {
+				break
+			}
+			written += int64(len(chunk))
+			time.Sleep(time.Millisecond)
+		}
+		writerDone <- written
+	}()
+
+	const limit = 4 << 20
+	var fired int64 = -1
+	err := Watch(ctx, dir, limit, 10*time.Millisecond, func(used int64) {
+		fired = used
+		cancel() // stop the "run"
+	})
+	require.NoError(t, err)
+	written := <-writerDone
+	assert.Greater(t, fired, int64(limit), "callback gets the measured usage")
+	assert.GreaterOrEqual(t, written, int64(limit), "the writer really wrote past the cap")
+}
+
+func TestWatchReturnsOnCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	called := false
+	err := Watch(ctx, t.TempDir(), 1<<30, time.Hour, func(int64) { called = true })
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.False(t, called)
+}
+
+func TestUsageCountsHardLinksOnce(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "a")
+	require.NoError(t, os.WriteFile(f, bytes.Repeat([]byte{1}, 1<<20), 0o644))
+	one, err := Usage(dir)
+	require.NoError(t, err)
+	require.NoError(t, os.Link(f, filepath.Join(dir, "b")))
+	two, err := Usage(dir)
+	require.NoError(t, err)
+	assert.Equal(t, one, two)
+	assert.GreaterOrEqual(t, one, int64(1<<20))
+}
