@@ -10,7 +10,8 @@ type Policy struct {
 	User string `json:"user"`
 	// ReadOnlyRootfs mounts the image's root filesystem read-only.
 	ReadOnlyRootfs bool `json:"read_only_rootfs"`
-	// TmpfsSizeBytes caps the writable /tmp tmpfs (mounted nosuid,nodev).
+	// TmpfsSizeBytes caps the writable /tmp tmpfs (mounted nosuid,nodev; exec is
+	// allowed because agents run what they build there).
 	TmpfsSizeBytes int64 `json:"tmpfs_size_bytes"`
 	// PidsLimit caps the number of processes; must be > 0.
 	PidsLimit int64 `json:"pids_limit"`

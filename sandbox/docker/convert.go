@@ -33,12 +33,13 @@ const (
 
 // TmpfsPath is where the size-capped writable tmpfs is mounted.
 //
-// It is mounted nosuid and nodev but not noexec: agents build and run test
-// binaries and install tools under /tmp, and noexec would buy little because
-// the bind-mounted run directory (/taskrun) is writable and executable anyway.
-// The root filesystem stays read-only, no capability is kept and
-// no-new-privileges is set, so an executable in /tmp gains nothing a script
-// could not do.
+// It is mounted nosuid and nodev but explicitly exec (the engine's default for
+// a tmpfs is noexec): agents build and run binaries under /tmp (`go test`
+// executes its test binary from $TMPDIR, pip and npm run build helpers from
+// there), and noexec would buy little because the bind-mounted run directory
+// (/taskrun) is writable and executable anyway. The root filesystem stays
+// read-only, no capability is kept and no-new-privileges is set, so an
+// executable in /tmp gains nothing a script could not do.
 const TmpfsPath = "/tmp"
 
 // createConfig is everything ContainerCreate needs.
@@ -121,7 +122,7 @@ func labels(spec sandbox.Spec, created time.Time, slack time.Duration) map[strin
 
 // tmpfsOptions are the mount options of the /tmp tmpfs (see TmpfsPath).
 func tmpfsOptions(size int64) string {
-	return fmt.Sprintf("rw,nosuid,nodev,size=%d", size)
+	return fmt.Sprintf("rw,exec,nosuid,nodev,size=%d", size)
 }
 
 // mounts turns the Spec's mounts into bind mounts with private propagation, so

@@ -41,7 +41,7 @@ func TestConvert(t *testing.T) {
 			assert.False(t, cc.Host.ReadonlyRootfs)
 		}},
 		{"policy TmpfsSizeBytes", func(_ *sandbox.Spec, p *sandbox.Policy) { p.TmpfsSizeBytes = 12345678 }, func(t *testing.T, cc createConfig) {
-			assert.Equal(t, map[string]string{"/tmp": "rw,nosuid,nodev,size=12345678"}, cc.Host.Tmpfs)
+			assert.Equal(t, map[string]string{"/tmp": "rw,exec,nosuid,nodev,size=12345678"}, cc.Host.Tmpfs)
 		}},
 		{"policy PidsLimit", func(_ *sandbox.Spec, p *sandbox.Policy) { p.PidsLimit = 77 }, func(t *testing.T, cc createConfig) {
 			require.NotNil(t, cc.Host.PidsLimit)

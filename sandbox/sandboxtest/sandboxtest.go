@@ -88,6 +88,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) sandbox.Backend, opts Optio
 		{"CancelMidRun", s.testCancelMidRun},
 		{"Concurrent", s.testConcurrent},
 		{"Confinement", s.testConfinement},
+		{"PidsLimit", s.testPidsLimit},
 		{"BindMounts", s.testBindMounts},
 		{"Runtime", s.testRuntime},
 		{"Reaper", s.testReaper},
@@ -289,7 +290,7 @@ func (s *suite) testCancelMidRun(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ready := &signalWriter{marker: []byte("ready"), seen: make(chan struct{})}
-	r := s.newRun(labels, "echo ready; sleep 1000")
+	r := s.newRun(labels, `trap 'echo bye; exit 0' TERM; echo ready; sleep 1000 & wait`)
 	b := s.newBackend(t)
 	h, err := b.Start(runCtx, r.spec, r.policy, sandbox.Streams{Stdout: ready})
 	require.NoError(t, err)
@@ -304,6 +305,7 @@ func (s *suite) testCancelMidRun(t *testing.T) {
 	assert.True(t, res.Cancelled)
 	assert.False(t, res.TimedOut)
 	assert.False(t, res.Succeeded())
+	assert.Equal(t, "ready\nbye\n", string(ready.buf), "output written while stopping was lost")
 	require.NoError(t, h.Close(runCtx), "Close must work with the run's cancelled context")
 	s.requireNoLeftovers(t, labels)
 }
@@ -350,6 +352,9 @@ func (s *suite) testConfinement(t *testing.T) {
 		`echo x > /tmp/probe && echo tmp=writable || echo tmp=readonly`,
 		`echo "nofile=$(ulimit -n) core=$(ulimit -c)"`,
 		`echo "ifaces=$(ls /sys/class/net | tr '\n' ' ')"`,
+		`echo "tmpmount=$(grep ' /tmp ' /proc/mounts | cut -d' ' -f4)"`,
+		`cp /bin/sh /tmp/sh && /tmp/sh -c 'echo tmp=exec'`,
+		`grep '^Seccomp:' /proc/self/status | tr -s '\t ' ' '`,
 	}, "; ")
 	res, out, _ := s.capture(t, script, nil)
 	require.NoError(t, res.Err)
@@ -365,6 +370,26 @@ func (s *suite) testConfinement(t *testing.T) {
 	assert.Contains(t, out, "tmp=writable\n")
 	assert.Contains(t, out, fmt.Sprintf("nofile=%d core=0\n", sandbox.DefaultNoFile))
 	assert.Contains(t, out, "ifaces=lo \n")
+	assert.Contains(t, out, "tmp=exec\n", "/tmp must allow exec (see the docker backend's TmpfsPath)")
+	if s.opts.Runtime != sandbox.RuntimeGVisor {
+		// gVisor neither shows nosuid/nodev in /proc/mounts nor filters
+		// syscalls with seccomp inside the sandbox; it implements both itself.
+		assert.Regexp(t, `tmpmount=\S*nosuid`, out)
+		assert.Regexp(t, `tmpmount=\S*nodev`, out)
+		assert.Contains(t, out, "Seccomp: 2\n", "default seccomp profile not applied")
+	}
+}
+
+// testPidsLimit forks more processes than the limit allows: the shell must
+// fail to fork before it gets through them all.
+func (s *suite) testPidsLimit(t *testing.T) {
+	const attempts = 100
+	res, out, _ := s.capture(t, fmt.Sprintf("for i in $(seq %d); do sleep 30 & echo $i; done; echo all", attempts), func(r *run) {
+		r.policy.PidsLimit = 64
+	})
+	require.NoError(t, res.Err)
+	assert.NotContains(t, out, "all\n", "forked %d processes under a limit of 64", attempts)
+	assert.NotEqual(t, 0, res.ExitCode)
 }
 
 func (s *suite) testBindMounts(t *testing.T) {
@@ -511,7 +536,7 @@ func (s *sleepyWriter) Write(p []byte) (int, error) {
 	return s.w.Write(p)
 }
 
-// signalWriter closes seen once marker has been written.
+// signalWriter keeps what is written and closes seen once marker appeared.
 type signalWriter struct {
 	marker []byte
 	seen   chan struct{}
@@ -521,12 +546,10 @@ type signalWriter struct {
 
 // Write implements io.Writer.
 func (s *signalWriter) Write(p []byte) (int, error) {
-	if !s.done {
-		s.buf = append(s.buf, p...)
-		if bytes.Contains(s.buf, s.marker) {
-			s.done = true
-			close(s.seen)
-		}
+	s.buf = append(s.buf, p...)
+	if !s.done && bytes.Contains(s.buf, s.marker) {
+		s.done = true
+		close(s.seen)
 	}
 	return len(p), nil
 }
