@@ -64,13 +64,17 @@ func CopyTree(ctx context.Context, src, dst string, opts CopyOptions) (CopyStats
 		return CopyStats{}, fmt.Errorf("copy tree: source: %w", err)
 	}
 	defer srcTop.Close()
-	dstTop, _, err := openTop(dst)
+	dstTop, dstInfo, err := openTop(dst)
 	if err != nil {
 		return CopyStats{}, fmt.Errorf("copy tree: destination: %w; create it first", err)
 	}
 	defer dstTop.Close()
+	if os.SameFile(srcInfo, dstInfo) {
+		return CopyStats{}, fmt.Errorf("copy tree: %s and %s are the same directory", src, dst)
+	}
 
 	c := newCopier(ctx, srcTop, dstTop, opts)
+	c.dstInfo = dstInfo
 	walkErr := walkTree(c.ctx, srcTop, srcInfo, c)
 	waitErr := c.group.Wait()
 	if err := errors.Join(walkErr, waitErr); err != nil {
@@ -94,9 +98,11 @@ type copier struct {
 	group  *errgroup.Group
 	srcTop *os.Root
 	dstTop *os.Root
-	opts   CopyOptions
-	stack  []*dirRef // destination directories matching the walk's depth
-	fixes  []dirFix
+	// dstInfo identifies dst, so that a dst inside src is not copied into itself.
+	dstInfo fs.FileInfo
+	opts    CopyOptions
+	stack   []*dirRef // destination directories matching the walk's depth
+	fixes   []dirFix
 
 	files, dirs, symlinks, bytes atomic.Int64
 
@@ -139,6 +145,10 @@ func (c *copier) skip(rel, reason string) {
 func (c *copier) dstDir() *dirRef { return c.stack[len(c.stack)-1] }
 
 func (c *copier) enterDir(n node, _ *dirRef) (func() error, error) {
+	if os.SameFile(n.info, c.dstInfo) {
+		c.skip(n.rel, "the destination itself (not copied into itself)")
+		return nil, nil
+	}
 	child, created, err := c.ensureDir(c.dstDir().root, n.name)
 	if err != nil {
 		return nil, fmt.Errorf("create directory %q: %w", n.rel, err)

@@ -128,6 +128,20 @@ func TestCopyTreeExistingDestinationEntries(t *testing.T) {
 	}
 }
 
+func TestCopyTreeIntoItsOwnSubdirectory(t *testing.T) {
+	src := t.TempDir()
+	writeFile(t, filepath.Join(src, "a", "f"), "x", 0o644)
+	dst := filepath.Join(src, "z-home")
+	require.NoError(t, os.Mkdir(dst, 0o755))
+	stats := copyTree(t, src, dst, workspace.CopyOptions{})
+	assert.Contains(t, skipReasons(stats.Skipped)["z-home"], "destination itself")
+	assert.FileExists(t, filepath.Join(dst, "a", "f"))
+	assert.NoDirExists(t, filepath.Join(dst, "z-home"))
+
+	_, err := workspace.CopyTree(context.Background(), src, src, workspace.CopyOptions{})
+	require.Error(t, err)
+}
+
 func TestCopyTreeNeedsExistingDestination(t *testing.T) {
 	_, err := workspace.CopyTree(context.Background(), t.TempDir(), filepath.Join(t.TempDir(), "missing"), workspace.CopyOptions{})
 	require.Error(t, err)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -54,8 +55,11 @@ func archiveNames(t *testing.T, archive []byte) []string {
 func TestPackUnpackRoundTrip(t *testing.T) {
 	home := t.TempDir()
 	makeTree(t, home, 10_000)
+	long := filepath.Join(home, strings.Repeat("long-directory-name-", 8), strings.Repeat("x", 120)+".txt")
+	writeFile(t, long, "long path needs PAX headers", 0o640)
+	writeFile(t, filepath.Join(home, "ünïcödé ✓.txt"), "utf-8 name", 0o600)
 	archive, stats := packHome(t, home, workspace.PackOptions{})
-	assert.Equal(t, int64(10_000), stats.Files)
+	assert.Equal(t, int64(10_002), stats.Files)
 	assert.Equal(t, int64(2), stats.Symlinks)
 	assert.Empty(t, stats.Skipped)
 

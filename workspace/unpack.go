@@ -93,6 +93,7 @@ type UnsafeEntryError struct {
 	Reason string
 }
 
+// Error names the entry and the reason it was refused.
 func (e *UnsafeEntryError) Error() string {
 	return fmt.Sprintf("unsafe archive entry %q: %s", e.Name, e.Reason)
 }
