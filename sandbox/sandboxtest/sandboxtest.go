@@ -91,6 +91,8 @@ func Run(t *testing.T, newBackend func(t *testing.T) sandbox.Backend, opts Optio
 		{"PidsLimit", s.testPidsLimit},
 		{"BindMounts", s.testBindMounts},
 		{"Runtime", s.testRuntime},
+		{"StartFailureLeavesNothing", s.testStartFailure},
+		{"CloseWithoutWait", s.testCloseWithoutWait},
 		{"Reaper", s.testReaper},
 	}
 	for _, c := range cases {
@@ -425,6 +427,42 @@ func (s *suite) testRuntime(t *testing.T) {
 	}
 	assert.NotEqual(t, "4.4.0", lines[0])
 	assert.NotContains(t, out, "gVisor")
+}
+
+// testStartFailure makes Start fail after the container was created (a file
+// bind-mounted over the image's /bin directory is refused when the container
+// starts) and with a cancelled context, and checks nothing is left behind
+// either way.
+func (s *suite) testStartFailure(t *testing.T) {
+	ctx := caseContext(t)
+	labels := s.caseLabels(t)
+	b := s.newBackend(t)
+	r := s.newRun(labels, "true")
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	r.spec.Mounts = []sandbox.Mount{{Source: file, Target: "/bin"}}
+	_, err := b.Start(ctx, r.spec, r.policy, sandbox.Streams{})
+	require.Error(t, err)
+	s.requireNoLeftovers(t, labels)
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = b.Start(cancelled, s.newRun(labels, "true").spec, r.policy, sandbox.Streams{})
+	require.ErrorIs(t, err, context.Canceled)
+	s.requireNoLeftovers(t, labels)
+}
+
+// testCloseWithoutWait closes a running handle, as a caller that failed
+// elsewhere does, and checks the container is gone and Close is idempotent.
+func (s *suite) testCloseWithoutWait(t *testing.T) {
+	ctx := caseContext(t)
+	labels := s.caseLabels(t)
+	r := s.newRun(labels, "sleep 1000")
+	h, err := s.newBackend(t).Start(ctx, r.spec, r.policy, sandbox.Streams{})
+	require.NoError(t, err)
+	require.NoError(t, h.Close(ctx))
+	require.NoError(t, h.Close(ctx))
+	s.requireNoLeftovers(t, labels)
 }
 
 // testReaper plants an orphan as a killed executor leaves it and checks the
