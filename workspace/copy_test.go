@@ -9,6 +9,7 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,13 +17,14 @@ import (
 	"github.com/taskrun/taskrun/workspace"
 )
 
-func copyTree(t *testing.T, src, dst string, opts workspace.CopyOptions) workspace.CopyStats {
+// copyTree runs CopyTree, failing the test if it takes longer than limit.
+func copyTree(t *testing.T, src, dst string, opts workspace.CopyOptions, limit time.Duration) workspace.CopyStats {
 	t.Helper()
 	var (
 		stats workspace.CopyStats
 		err   error
 	)
-	noHang(t, "CopyTree", func() {
+	returnsWithin(t, limit, "CopyTree", func() {
 		stats, err = workspace.CopyTree(context.Background(), src, dst, opts)
 	})
 	require.NoError(t, err)
@@ -32,7 +34,7 @@ func copyTree(t *testing.T, src, dst string, opts workspace.CopyOptions) workspa
 func TestCopyTreePreservesContentModesAndTimes(t *testing.T) {
 	src, dst := t.TempDir(), t.TempDir()
 	makeTree(t, src, 500)
-	stats := copyTree(t, src, dst, workspace.CopyOptions{Workers: 3})
+	stats := copyTree(t, src, dst, workspace.CopyOptions{Workers: 3}, bulkTimeout)
 	assert.Equal(t, int64(500), stats.Files)
 	assert.Equal(t, int64(2), stats.Symlinks)
 	assert.Empty(t, stats.Skipped)
@@ -58,7 +60,7 @@ func TestCopyTreeSkipsHostileEntries(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 
-	stats := copyTree(t, src, dst, workspace.CopyOptions{})
+	stats := copyTree(t, src, dst, workspace.CopyOptions{}, hangTimeout)
 	reasons := skipReasons(stats.Skipped)
 	assert.Contains(t, reasons["abs"], "absolute")
 	assert.Contains(t, reasons["up"], "leaves the tree")
@@ -75,7 +77,7 @@ func TestCopyTreeChownsToOwner(t *testing.T) {
 	src, dst := t.TempDir(), t.TempDir()
 	writeFile(t, filepath.Join(src, "d", "f"), "x", 0o600)
 	require.NoError(t, os.Symlink("d/f", filepath.Join(src, "l")))
-	copyTree(t, src, dst, workspace.CopyOptions{Owner: &workspace.SandboxOwner})
+	copyTree(t, src, dst, workspace.CopyOptions{Owner: &workspace.SandboxOwner}, hangTimeout)
 	for _, p := range []string{"d", "d/f", "l"} {
 		uid, gid := ownerOf(t, filepath.Join(dst, p))
 		assert.Equal(t, uint32(10001), uid, p)
@@ -104,7 +106,7 @@ func TestCopyTreeExistingDestinationEntries(t *testing.T) {
 			require.NoError(t, os.Symlink(filepath.Dir(canary), filepath.Join(dst, "sub")))
 			writeFile(t, filepath.Join(dst, "merged", "old"), "restored", 0o644)
 
-			stats := copyTree(t, src, dst, workspace.CopyOptions{KeepExisting: tt.keep})
+			stats := copyTree(t, src, dst, workspace.CopyOptions{KeepExisting: tt.keep}, hangTimeout)
 
 			got, err := os.ReadFile(canary)
 			require.NoError(t, err)
@@ -133,7 +135,7 @@ func TestCopyTreeIntoItsOwnSubdirectory(t *testing.T) {
 	writeFile(t, filepath.Join(src, "a", "f"), "x", 0o644)
 	dst := filepath.Join(src, "z-home")
 	require.NoError(t, os.Mkdir(dst, 0o755))
-	stats := copyTree(t, src, dst, workspace.CopyOptions{})
+	stats := copyTree(t, src, dst, workspace.CopyOptions{}, hangTimeout)
 	assert.Contains(t, skipReasons(stats.Skipped)["z-home"], "destination itself")
 	assert.FileExists(t, filepath.Join(dst, "a", "f"))
 	assert.NoDirExists(t, filepath.Join(dst, "z-home"))

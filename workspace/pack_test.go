@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,14 +21,15 @@ import (
 	"github.com/taskrun/taskrun/workspace"
 )
 
-func packHome(t *testing.T, home string, opts workspace.PackOptions) ([]byte, workspace.PackStats) {
+// packHome runs PackHome, failing the test if it takes longer than limit.
+func packHome(t *testing.T, home string, opts workspace.PackOptions, limit time.Duration) ([]byte, workspace.PackStats) {
 	t.Helper()
 	var (
 		buf   bytes.Buffer
 		stats workspace.PackStats
 		err   error
 	)
-	noHang(t, "PackHome", func() {
+	returnsWithin(t, limit, "PackHome", func() {
 		stats, err = workspace.PackHome(context.Background(), home, &buf, opts)
 	})
 	require.NoError(t, err)
@@ -58,7 +60,7 @@ func TestPackUnpackRoundTrip(t *testing.T) {
 	long := filepath.Join(home, strings.Repeat("long-directory-name-", 8), strings.Repeat("x", 120)+".txt")
 	writeFile(t, long, "long path needs PAX headers", 0o640)
 	writeFile(t, filepath.Join(home, "ünïcödé ✓.txt"), "utf-8 name", 0o600)
-	archive, stats := packHome(t, home, workspace.PackOptions{})
+	archive, stats := packHome(t, home, workspace.PackOptions{}, bulkTimeout)
 	assert.Equal(t, int64(10_002), stats.Files)
 	assert.Equal(t, int64(2), stats.Symlinks)
 	assert.Empty(t, stats.Skipped)
@@ -66,7 +68,7 @@ func TestPackUnpackRoundTrip(t *testing.T) {
 	dest := filepath.Join(t.TempDir(), "home")
 	var ustats workspace.UnpackStats
 	var err error
-	noHang(t, "UnpackHome", func() {
+	returnsWithin(t, bulkTimeout, "UnpackHome", func() {
 		ustats, err = workspace.UnpackHome(context.Background(), bytes.NewReader(archive), dest, workspace.UnpackOptions{})
 	})
 	require.NoError(t, err)
@@ -134,7 +136,7 @@ func TestPackHomeExcludes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			archive, stats := packHome(t, home, workspace.PackOptions{Exclude: tt.exclude})
+			archive, stats := packHome(t, home, workspace.PackOptions{Exclude: tt.exclude}, hangTimeout)
 			assert.ElementsMatch(t, tt.want, archiveNames(t, archive))
 			assert.Equal(t, tt.excluded, stats.Excluded)
 		})
@@ -160,7 +162,7 @@ func TestPackHomeSkipsHostileEntries(t *testing.T) {
 	defer l.Close()
 	haveDevice := os.Geteuid() == 0 && syscall.Mknod(filepath.Join(home, "null"), syscall.S_IFCHR|0o666, 1<<8|3) == nil
 
-	archive, stats := packHome(t, home, workspace.PackOptions{})
+	archive, stats := packHome(t, home, workspace.PackOptions{}, hangTimeout)
 
 	reasons := skipReasons(stats.Skipped)
 	assert.Contains(t, reasons["abs-link"], "absolute")
@@ -186,7 +188,7 @@ func TestPackHomeCaps(t *testing.T) {
 	writeFile(t, filepath.Join(home, "c"), "1", 0o644)
 	writeFile(t, filepath.Join(home, "d"), "2", 0o644)
 
-	archive, stats := packHome(t, home, workspace.PackOptions{MaxBytes: 8, MaxEntries: 2})
+	archive, stats := packHome(t, home, workspace.PackOptions{MaxBytes: 8, MaxEntries: 2}, hangTimeout)
 	assert.Equal(t, []string{"a", "c"}, archiveNames(t, archive))
 	reasons := skipReasons(stats.Skipped)
 	assert.Contains(t, reasons["b"], "archive cap")
