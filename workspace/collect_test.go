@@ -196,3 +196,20 @@ func TestCollectUnderSwapRace(t *testing.T) {
 	}
 	t.Logf("%d collections under swapping", runs)
 }
+
+func TestCollectDoesNotCrossMountPoints(t *testing.T) {
+	root := t.TempDir()
+	writeFile(t, filepath.Join(root, "kept.txt"), "same filesystem", 0o644)
+	mnt := filepath.Join(root, "mnt")
+	require.NoError(t, os.Mkdir(mnt, 0o755))
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("mounting a tmpfs needs CAP_SYS_ADMIN: %v", err)
+	}
+	t.Cleanup(func() { require.NoError(t, syscall.Unmount(mnt, 0)) })
+	writeFile(t, filepath.Join(mnt, "other-fs.txt"), "another filesystem", 0o644)
+
+	got, report, err := collectAll(t, root, workspace.CollectOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"kept.txt": "same filesystem"}, got)
+	assert.Contains(t, skipReasons(report.Skipped)["mnt"], "another filesystem")
+}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"slices"
 	"time"
@@ -200,10 +199,4 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 	n, err := c.w.Write(b)
 	c.n += int64(n)
 	return n, err
-}
-
-// modeOf converts a tar header mode to permission bits, dropping set-id and
-// sticky bits.
-func modeOf(hdr *tar.Header) fs.FileMode {
-	return fs.FileMode(hdr.Mode) & fs.ModePerm
 }

@@ -536,3 +536,9 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	c.n += int64(n)
 	return n, err
 }
+
+// modeOf converts a tar header mode to permission bits, dropping set-id and
+// sticky bits.
+func modeOf(hdr *tar.Header) fs.FileMode {
+	return fs.FileMode(hdr.Mode) & fs.ModePerm
+}
