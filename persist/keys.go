@@ -94,17 +94,15 @@ func isControl(r rune) bool {
 	return r < 0x20 || r == 0x7f
 }
 
-// validateRunName checks a run file name: one path element (no "/"), and not
-// the artifacts directory, so run files never alias artifacts.
+// validateRunName checks a run file name: a clean relative path (such as
+// "output.log" or "output/result.md") whose first element is not the
+// artifacts directory, so run files never alias artifacts.
 func validateRunName(name string) error {
 	if err := ValidateRelPath(name); err != nil {
 		return err
 	}
-	if strings.Contains(name, "/") {
-		return fmt.Errorf("%w: run file name %q contains \"/\": use a single name such as \"output.log\"", ErrInvalidName, name)
-	}
-	if name == artifactsDir {
-		return fmt.Errorf("%w: run file name %q is reserved for artifacts: use PutArtifact", ErrInvalidName, name)
+	if first, _, _ := strings.Cut(name, "/"); first == artifactsDir {
+		return fmt.Errorf("%w: run file name %q is under %q, which is reserved for artifacts: use PutArtifact", ErrInvalidName, name, artifactsDir)
 	}
 	return nil
 }

@@ -17,7 +17,6 @@ import (
 	_ "gocloud.dev/blob/fileblob"
 	_ "gocloud.dev/blob/gcsblob"
 	_ "gocloud.dev/blob/memblob"
-	_ "gocloud.dev/blob/s3blob"
 )
 
 // Supported URL schemes, in the order error messages list them.
@@ -62,10 +61,11 @@ func WithRetry(attempts int, baseDelay time.Duration) Option {
 //     metadata=skip is refused because the store relies on object metadata.
 //   - mem:// — in-process memory, for tests.
 //   - s3://bucket?region=R&endpoint=http://host:port&use_path_style=true —
-//     Amazon S3 or any S3-compatible server (gocloud's s3blob; credentials come
-//     from the AWS SDK default chain, e.g. AWS_ACCESS_KEY_ID). Other s3blob
-//     parameters (disable_https, ssetype, kmskeyid, profile, anonymous, ...)
-//     pass through.
+//     Amazon S3 or any S3-compatible server through gocloud's s3blob, with the
+//     same URL parameters as s3blob's URL opener (also disable_https,
+//     accelerate, ssetype, kmskeyid, profile, anonymous, ...). Credentials come
+//     from the AWS SDK default chain (e.g. AWS_ACCESS_KEY_ID). The SDK's own
+//     per-request retries are bounded to 3 attempts at most 250ms apart.
 //   - gs://bucket — Google Cloud Storage (application default credentials).
 //   - azblob://container — Azure Blob Storage (AZURE_STORAGE_ACCOUNT etc.).
 //
@@ -84,7 +84,12 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	bucket, err := blob.OpenBucket(ctx, u.String())
+	var bucket *blob.Bucket
+	if u.Scheme == "s3" {
+		bucket, err = openS3(ctx, u)
+	} else {
+		bucket, err = blob.OpenBucket(ctx, u.String())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("persist: open store %s://%s: %w", u.Scheme, u.Host+u.Path, err)
 	}

@@ -2,6 +2,7 @@ package persist_test
 
 import (
 	"context"
+	"io"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -145,6 +146,7 @@ func TestCanceledContextIsNotUnavailable(t *testing.T) {
 	assert.NotErrorIs(t, err, persist.ErrStoreUnavailable)
 }
 
-type streamOnlyReader struct{ r *strings.Reader }
+// streamOnlyReader hides any Seek method of r, making it a one-pass stream.
+type streamOnlyReader struct{ r io.Reader }
 
 func (s streamOnlyReader) Read(p []byte) (int, error) { return s.r.Read(p) }

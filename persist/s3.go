@@ -1,0 +1,96 @@
+package persist
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	gcaws "gocloud.dev/aws"
+	"gocloud.dev/blob"
+	"gocloud.dev/blob/s3blob"
+)
+
+// s3RequestAttempts and s3RequestMaxBackoff bound the AWS SDK's own retries
+// of single requests (and of single parts of multipart uploads). The SDK
+// default waits up to 20s between attempts; the store's retries of whole
+// operations sit on top, so a down store is reported within seconds.
+const (
+	s3RequestAttempts   = 3
+	s3RequestMaxBackoff = 250 * time.Millisecond
+)
+
+// openS3 opens an s3:// URL like gocloud's s3blob URL opener does, accepting
+// the same query parameters, but with a bounded SDK retryer.
+func openS3(ctx context.Context, u *url.URL) (*blob.Bucket, error) {
+	q := u.Query()
+	var bopts s3blob.Options
+	var copts []func(*s3.Options)
+
+	if v := take(q, "ssetype"); v != "" {
+		sse, err := parseSSEType(v)
+		if err != nil {
+			return nil, err
+		}
+		bopts.EncryptionType = sse
+	}
+	bopts.KMSEncryptionID = take(q, "kmskeyid")
+	for _, b := range []struct {
+		key string
+		set func(*s3.Options, bool)
+	}{
+		{"accelerate", func(o *s3.Options, v bool) { o.UseAccelerate = v }},
+		{"disable_https", func(o *s3.Options, v bool) { o.EndpointOptions.DisableHTTPS = v }},
+		{"use_path_style", func(o *s3.Options, v bool) { o.UsePathStyle = v }},
+		{"s3ForcePathStyle", func(o *s3.Options, v bool) { o.UsePathStyle = v }},
+	} {
+		raw := take(q, b.key)
+		if raw == "" {
+			continue
+		}
+		v, err := strconv.ParseBool(raw)
+		if err != nil {
+			return nil, fmt.Errorf("persist: s3 URL parameter %s=%q: use true or false", b.key, raw)
+		}
+		set := b.set
+		copts = append(copts, func(o *s3.Options) { set(o, v) })
+	}
+
+	cfg, err := gcaws.V2ConfigFromURLParams(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("persist: s3 URL parameters: %w", err)
+	}
+	copts = append(copts, func(o *s3.Options) {
+		o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) {
+			so.MaxAttempts = s3RequestAttempts
+			so.MaxBackoff = s3RequestMaxBackoff
+			so.RateLimiter = ratelimit.None
+		})
+	})
+	bopts.RequestChecksumCalculation = cfg.RequestChecksumCalculation
+	return s3blob.OpenBucket(ctx, s3.NewFromConfig(cfg, copts...), u.Host, &bopts)
+}
+
+// take removes key from q and returns its value.
+func take(q url.Values, key string) string {
+	v := q.Get(key)
+	q.Del(key)
+	return v
+}
+
+func parseSSEType(v string) (types.ServerSideEncryption, error) {
+	var names []string
+	for _, t := range types.ServerSideEncryptionAes256.Values() {
+		if strings.EqualFold(string(t), v) {
+			return t, nil
+		}
+		names = append(names, string(t))
+	}
+	return "", fmt.Errorf("persist: s3 URL parameter ssetype=%q: use one of %s", v, strings.Join(names, ", "))
+}
