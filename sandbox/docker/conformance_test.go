@@ -13,10 +13,12 @@ import (
 )
 
 func TestConformanceRunc(t *testing.T) {
+	t.Parallel()
 	runConformance(t, "")
 }
 
 func TestConformanceGVisor(t *testing.T) {
+	t.Parallel()
 	runConformance(t, sandbox.RuntimeGVisor)
 }
 

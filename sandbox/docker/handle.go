@@ -275,6 +275,12 @@ func (h *handle) inspectResult(ctx context.Context, res *sandbox.Result) error {
 	res.OOMKilled = info.State.OOMKilled
 	res.StartedAt = parseTime(info.State.StartedAt)
 	res.FinishedAt = parseTime(info.State.FinishedAt)
+	// The engine stamps StartedAt when its start call returns and FinishedAt
+	// from the runtime's exit event, so a process that exits at once can
+	// appear to finish before it started; report a zero duration instead.
+	if res.FinishedAt.Before(res.StartedAt) {
+		res.FinishedAt = res.StartedAt
+	}
 	return nil
 }
 

@@ -233,7 +233,7 @@ func (s *suite) testFinalPartialLine(t *testing.T) {
 // every write, while the consumer of the spool reads nothing until the run is
 // over: the container must still finish and every byte must arrive.
 func (s *suite) testSlowConsumer(t *testing.T) {
-	const size = 16 << 20
+	const size = 8 << 20
 	ctx := caseContext(t)
 	labels := s.caseLabels(t)
 	spoolPath := filepath.Join(t.TempDir(), "stdout.spool")
