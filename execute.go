@@ -1,0 +1,250 @@
+package taskrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/spool"
+	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workspace"
+)
+
+// In-container locations of the run contract (see DESIGN.md).
+const (
+	containerRunDir    = "/taskrun"
+	containerHome      = containerRunDir + "/home"
+	promptFileName     = "prompt.txt"
+	stdoutSpoolName    = "stdout.log"
+	stderrSpoolName    = "stderr.log"
+	cleanupTimeout     = 2 * time.Minute
+	defaultStopGrace   = 10 * time.Second
+	streamDrainTimeout = 2 * time.Minute
+)
+
+// run drives the steps of a validated run. Whatever happens, it persists what
+// exists and reports a final status.
+func (r *runner) run(ctx context.Context) (*Outcome, error) {
+	r.started = time.Now()
+	runErr := r.prepare(ctx)
+	if runErr == nil {
+		runErr = r.execute(ctx)
+	}
+	// Persisting and reporting must happen even when ctx was cancelled.
+	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	persistErr := r.persist(cleanupCtx)
+	return r.report(ctx, cleanupCtx, runErr, persistErr)
+}
+
+// prepare materializes the run directory: dirs, the user's persistent files,
+// the workspace or the resumed session, the prompt and AGENTS.md.
+func (r *runner) prepare(ctx context.Context) error {
+	if err := workspace.CreateRunDirs(r.dirs, workspace.SandboxOwner); err != nil {
+		return fmt.Errorf("create run directory: %w", err)
+	}
+	if err := os.MkdirAll(r.hostDir, 0o700); err != nil {
+		return fmt.Errorf("create executor directory: %w", err)
+	}
+	if prev := r.in.Run.PreviousRunID; prev != "" {
+		// The previous run's home already holds the persistent files and the
+		// workspace as that run left them.
+		if err := r.restoreSession(ctx, prev); err != nil {
+			return err
+		}
+	} else if err := r.materializeHome(ctx); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(r.dirs.Dir, promptFileName), []byte(r.in.Task.Prompt), 0o644); err != nil {
+		return fmt.Errorf("write prompt: %w", err)
+	}
+	if err := WriteRunAgentsMd(r.dirs.Dir, r.dirs.Home); err != nil {
+		return fmt.Errorf("write AGENTS.md: %w", err)
+	}
+	return nil
+}
+
+// materializeHome copies the user's persistent files, then the task's
+// workspace, into home.
+func (r *runner) materializeHome(ctx context.Context) error {
+	opts := workspace.CopyOptions{Owner: &workspace.SandboxOwner}
+	if dir := r.in.Paths.PersistentUserDir(r.ref.UserID); dirExists(dir) {
+		if _, err := workspace.CopyTree(ctx, dir, r.dirs.Home, opts); err != nil {
+			return fmt.Errorf("copy persistent user files: %w", err)
+		}
+	}
+	if dir := r.in.Task.WorkspaceDir; dir != "" {
+		if _, err := workspace.CopyTree(ctx, dir, r.dirs.Home, opts); err != nil {
+			return fmt.Errorf("copy workspace %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// restoreSession unpacks the previous run's session state into home. A
+// rejected archive entry fails the run: a partial restore is never used.
+func (r *runner) restoreSession(ctx context.Context, prevRunID string) error {
+	prev := r.ref
+	prev.RunID = prevRunID
+	rc, err := r.in.Persist.OpenRunFile(ctx, prev, SessionStateName)
+	if err != nil {
+		return fmt.Errorf("fetch session state of run %s: %w", prevRunID, err)
+	}
+	defer rc.Close()
+	opts := workspace.UnpackOptions{Owner: &workspace.SandboxOwner}
+	if _, err := workspace.UnpackHome(ctx, rc, r.dirs.Home, opts); err != nil {
+		return fmt.Errorf("restore session state of run %s: %w", prevRunID, err)
+	}
+	return nil
+}
+
+// execute runs the container, streaming its output through spools. The
+// model gateway, when configured, lives exactly as long as the container.
+func (r *runner) execute(ctx context.Context) (err error) {
+	llm, err := r.startModel(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, llm.finish(&r.out.Result)) }()
+
+	stdout, err := spool.New(filepath.Join(r.hostDir, stdoutSpoolName))
+	if err != nil {
+		return fmt.Errorf("stdout spool: %w", err)
+	}
+	defer stdout.Close()
+	stderr, err := spool.New(filepath.Join(r.hostDir, stderrSpoolName))
+	if err != nil {
+		return fmt.Errorf("stderr spool: %w", err)
+	}
+	defer stderr.Close()
+
+	spec := r.spec()
+	spec.Env = append(spec.Env, llm.env()...)
+	h, err := r.in.Sandbox.Start(ctx, spec, r.policy, sandbox.Streams{Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		return fmt.Errorf("start sandbox: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := h.Close(closeCtx); err != nil {
+			r.log.Warn("remove container", "container", h.ID(), "err", err)
+		}
+	}()
+	r.out.ContainerID = h.ID()
+	r.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", r.policy.Runtime)
+
+	followers := r.follow(ctx, stdout, stderr)
+	if err := r.in.Updater.UpdateRunStatus(ctx, r.in.Run.ID, &workerclient.PatchTaskRunRequest{
+		Status:    model.StatusRunning,
+		StartedAt: ptr(r.started.UnixMilli()),
+		Container: &workerclient.ContainerInfo{ID: h.ID(), Runtime: r.policy.Runtime},
+	}); err != nil {
+		r.log.Warn("report RUNNING", "err", err)
+	}
+
+	res := h.Wait(ctx)
+	r.out.Exit = res
+	// Wait drained the container's streams; closing the spools lets the
+	// consumers deliver the tail and finish.
+	stdout.Close()
+	stderr.Close()
+	if err := followers.wait(); err != nil {
+		r.log.Warn("stream output", "err", err)
+	}
+	return res.Err
+}
+
+// spec is the container to run for this run.
+func (r *runner) spec() sandbox.Spec {
+	image := r.in.Image
+	if image == "" {
+		image = DefaultImage
+	}
+	timeout := r.in.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	return sandbox.Spec{
+		Image:      image,
+		Cmd:        r.in.Command,
+		WorkingDir: containerHome,
+		Env: []string{
+			"HOME=" + containerHome,
+			"TASKRUN_RUN_ID=" + r.ref.RunID,
+			"TASKRUN_TASK_ID=" + r.ref.TaskID,
+			"TASKRUN_SESSION_ID=" + r.in.SessionID,
+			"TASKRUN_PROMPT_FILE=" + containerRunDir + "/" + promptFileName,
+		},
+		Mounts:    []sandbox.Mount{{Source: r.dirs.Dir, Target: containerRunDir}},
+		TenantID:  r.ref.UserID,
+		TaskID:    r.ref.TaskID,
+		RunID:     r.ref.RunID,
+		Timeout:   timeout,
+		StopGrace: defaultStopGrace,
+	}
+}
+
+// followers deliver the spooled output to its consumers: the stream sender
+// and the live stdout and stderr copies.
+type followers struct {
+	done chan error
+	n    int
+}
+
+// follow starts one goroutine per consumer. Each reads the spool from disk on
+// its own, so a slow or stalled consumer never blocks the container or the
+// other consumers.
+func (r *runner) follow(ctx context.Context, stdout, stderr *spool.Spool) *followers {
+	f := &followers{done: make(chan error, 3)}
+	start := func(fn func() error) {
+		f.n++
+		go func() { f.done <- fn() }()
+	}
+	if s := r.in.StreamSender; s != nil {
+		start(func() error {
+			_, err := workerclient.Pump(ctx, stdout.NewReaderContext(ctx, 0), r.in.Run.ID, s, workerclient.PumpOptions{})
+			return err
+		})
+	}
+	for _, c := range []struct {
+		w io.Writer
+		s *spool.Spool
+	}{{r.in.Stdout, stdout}, {r.in.Stderr, stderr}} {
+		if c.w != nil {
+			start(func() error {
+				_, err := io.Copy(c.w, c.s.NewReaderContext(ctx, 0))
+				return err
+			})
+		}
+	}
+	return f
+}
+
+// wait waits for the followers, bounded so a dead control plane cannot hold
+// the run forever; undelivered bytes remain in the persisted output log.
+func (f *followers) wait() error {
+	timer := time.NewTimer(streamDrainTimeout)
+	defer timer.Stop()
+	var errs []error
+	for range f.n {
+		select {
+		case err := <-f.done:
+			errs = append(errs, err)
+		case <-timer.C:
+			return errors.Join(append(errs, errors.New("output consumers did not finish in time"))...)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func dirExists(dir string) bool {
+	info, err := os.Stat(dir)
+	return err == nil && info.IsDir()
+}

@@ -1,0 +1,122 @@
+// Package taskrun runs one AI agent on one task in a fresh, hardened container.
+//
+// RunTask is the whole of a run: it validates the input, materializes the run
+// directory on the host, writes AGENTS.md, runs the agent in a sandbox with its
+// stdout streamed as deltas, persists the output, session state, artifacts,
+// trace and isolation record to blob storage, and reports the run's status
+// through a TaskRunUpdater. The package only orchestrates: Docker, blob and
+// HTTP code live in the packages it calls.
+package taskrun
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/taskrun/taskrun/agentmd"
+	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workspace"
+)
+
+// RuntimePaths is the host layout of run directories.
+type RuntimePaths interface {
+	PersistentUserDir(userID string) string
+	RuntimeTaskRunDir(userID, conversationID, taskID, taskRunID string) string
+	RuntimeTaskRunHomeDir(userID, conversationID, taskID, taskRunID string) string
+	RuntimeTaskRunArtifactsDir(userID, conversationID, taskID, taskRunID string) string
+	RuntimeTaskRunGlobalDir(userID, conversationID, taskID, taskRunID string) string
+	RunOutputDir(userID, conversationID, taskID, taskRunID string) string
+}
+
+// NewRuntimePathsFromRoot returns the standard layout under root:
+// root/users/U/conversations/C/tasks/T/runs/R/{home,artifacts,global,output}.
+func NewRuntimePathsFromRoot(root string) RuntimePaths { return workspace.NewPaths(root) }
+
+// TaskRunUpdater reports a run's status to the control plane.
+type TaskRunUpdater interface {
+	UpdateRunStatus(ctx context.Context, taskRunID string, req *workerclient.PatchTaskRunRequest) error
+}
+
+// BuildRunAgentsMdContent returns the run's AGENTS.md: the run-directory
+// section first, then runHome/AGENTS.md if present.
+func BuildRunAgentsMdContent(runHome string) (string, error) {
+	return agentmd.BuildRunAgentsMdContent(runHome)
+}
+
+// WriteRunAgentsMd writes BuildRunAgentsMdContent(runHome) to runDir/AGENTS.md.
+func WriteRunAgentsMd(runDir, runHome string) error { return agentmd.WriteRunAgentsMd(runDir, runHome) }
+
+// RunTaskInput is everything one run needs.
+type RunTaskInput struct {
+	// Task is the task to run. Its UserID, ConversationID and ID place the run.
+	Task *model.Task
+	// Run is the run to execute; Run.PreviousRunID names a run to resume.
+	Run *model.TaskRun
+	// SessionID names the agent session; traces go under traces/<SessionID>/.
+	SessionID string
+	// Paths is the host layout of run directories.
+	Paths RuntimePaths
+	// Persist stores run state, the output log, traces and the isolation record.
+	Persist persist.PersistStorage
+	// ArtifactStorage stores the files the agent delivers.
+	ArtifactStorage persist.ArtifactStorage
+	// Updater receives the run's status updates.
+	Updater TaskRunUpdater
+	// StreamSender, when non-nil, receives the run's stdout as deltas.
+	StreamSender workerclient.StreamSender
+	// Model is the model the agent may use through the run's gateway.
+	Model config.ModelEntry
+
+	// Sandbox runs the container.
+	Sandbox sandbox.Backend
+	// Image is the run image; DefaultImage when empty.
+	Image string
+	// Command replaces the image's default command when non-empty.
+	Command []string
+	// Policy confines the container; sandbox.DefaultPolicy() when zero.
+	Policy sandbox.Policy
+	// Timeout bounds the container's run time; DefaultTimeout when zero.
+	Timeout time.Duration
+	// Stdout, when non-nil, receives a live copy of the run's stdout, fed
+	// independently of StreamSender so neither can hold up the other.
+	Stdout io.Writer
+	// Stderr, when non-nil, receives the run's stderr live.
+	Stderr io.Writer
+	// Logger receives the executor's own log; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Defaults applied to a zero RunTaskInput field.
+const (
+	DefaultImage   = "taskrun/agent:local"
+	DefaultTimeout = 30 * time.Minute
+	// MaxResultOutputBytes caps RunResult.Output and the output sent in the
+	// PATCH. The complete output always goes to blob storage as output.log.
+	MaxResultOutputBytes = 1 << 20
+	// TruncationMarker ends an output that was cut at MaxResultOutputBytes.
+	TruncationMarker = "\n[taskrun: output truncated; the complete output is in output.log]\n"
+)
+
+// RunResult is what a finished run produced.
+type RunResult struct {
+	// EndTime is when the run ended, in unix milliseconds.
+	EndTime int64 `json:"end_time"`
+	// OutputStr is Output as a string.
+	OutputStr string `json:"output_str"`
+	// RunArtifactsDir is the host directory the agent's artifacts were collected from.
+	RunArtifactsDir string `json:"run_artifacts_dir"`
+	// Output is the run's stdout, capped at MaxResultOutputBytes with TruncationMarker.
+	Output []byte `json:"-"`
+	// PromptTokens and CompletionTokens are counted by the executor's model
+	// gateway; nil when the run used no model.
+	PromptTokens     *int `json:"prompt_tokens"`
+	CompletionTokens *int `json:"completion_tokens"`
+	// TracePath is the trace's key in run-global storage,
+	// traces/<session>/rt_<agentRunID>.jsonl; empty when the agent wrote none.
+	TracePath string `json:"trace_path"`
+}

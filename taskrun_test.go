@@ -1,0 +1,310 @@
+package taskrun_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workspace"
+)
+
+const testImage = "taskrun/testbox:local"
+
+// recorder is a TaskRunUpdater and StreamSender that keeps what it was sent.
+type recorder struct {
+	mu      sync.Mutex
+	patches []workerclient.PatchTaskRunRequest
+	stream  bytes.Buffer
+	ended   bool
+	total   int64
+}
+
+func (r *recorder) UpdateRunStatus(_ context.Context, _ string, req *workerclient.PatchTaskRunRequest) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.patches = append(r.patches, *req)
+	return nil
+}
+
+func (r *recorder) Send(_ context.Context, _ string, d workerclient.Delta) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d.Offset != int64(r.stream.Len()) {
+		return errors.New("delta out of order")
+	}
+	r.stream.Write(d.Data)
+	return nil
+}
+
+func (r *recorder) End(_ context.Context, _ string, total int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended, r.total = true, total
+	return nil
+}
+
+func (r *recorder) last() workerclient.PatchTaskRunRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.patches[len(r.patches)-1]
+}
+
+// harness holds the real parts a run needs: Docker, a file:// store, a run root.
+type harness struct {
+	backend *docker.Backend
+	store   *persist.Store
+	root    string
+	tenant  string
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs real containers")
+	}
+	ctx := context.Background()
+	backend, err := docker.New(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { backend.Close() })
+	store, err := persist.Open(ctx, "file://"+t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	h := &harness{backend: backend, store: store, root: t.TempDir(), tenant: "t" + strings.ToLower(rand.Text()[:10])}
+	t.Cleanup(func() { assertNoContainers(t, h.tenant) })
+	return h
+}
+
+// input is a run of cmd in the test image for the harness's tenant.
+func (h *harness) input(rec *recorder, runID string, cmd ...string) taskrun.RunTaskInput {
+	return taskrun.RunTaskInput{
+		Task:            &model.Task{ID: "task1", UserID: h.tenant, ConversationID: "conv1", Prompt: "do the thing"},
+		Run:             &model.TaskRun{ID: runID, TaskID: "task1"},
+		SessionID:       "s1",
+		Paths:           taskrun.NewRuntimePathsFromRoot(h.root),
+		Persist:         h.store,
+		ArtifactStorage: h.store,
+		Updater:         rec,
+		StreamSender:    rec,
+		Sandbox:         h.backend,
+		Image:           testImage,
+		Command:         cmd,
+		Timeout:         time.Minute,
+	}
+}
+
+func (h *harness) ref(runID string) persist.RunRef {
+	return persist.RunRef{UserID: h.tenant, ConversationID: "conv1", TaskID: "task1", RunID: runID}
+}
+
+// runFile reads a run's object back from the store.
+func (h *harness) runFile(t *testing.T, runID, name string) string {
+	t.Helper()
+	rc, err := h.store.OpenRunFile(context.Background(), h.ref(runID), name)
+	return readAll(t, rc, err)
+}
+
+func readAll(t *testing.T, rc io.ReadCloser, err error) string {
+	t.Helper()
+	require.NoError(t, err)
+	defer rc.Close()
+	data, err := io.ReadAll(rc)
+	require.NoError(t, err)
+	return string(data)
+}
+
+// assertNoContainers fails if any container of tenant is left.
+func assertNoContainers(t *testing.T, tenant string) {
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	require.NoError(t, err)
+	defer cli.Close()
+	list, err := cli.ContainerList(context.Background(), container.ListOptions{
+		All:     true,
+		Filters: filters.NewArgs(filters.Arg("label", docker.LabelTenant+"="+tenant)),
+	})
+	require.NoError(t, err)
+	assert.Empty(t, list, "containers left behind for tenant %s", tenant)
+}
+
+const agentScript = `
+echo "reading $TASKRUN_PROMPT_FILE: $(cat $TASKRUN_PROMPT_FILE)"
+head -1 /taskrun/AGENTS.md
+echo delivered > /taskrun/artifacts/report.txt
+mkdir -p /taskrun/global/traces/$TASKRUN_SESSION_ID
+echo '{"event":"done"}' > /taskrun/global/traces/$TASKRUN_SESSION_ID/rt_$TASKRUN_RUN_ID.jsonl
+echo "note from $TASKRUN_RUN_ID" >> $HOME/notes.txt
+echo answer > /taskrun/output/result.md
+printf 'last line without newline'
+`
+
+// RunTask: materializes, runs, streams, persists output, state, trace and
+// artifact, and PATCHes SUCCEEDED with them.
+func TestRunTaskSucceededPersistsEverythingAndReports(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	ws := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "AGENTS.md"), []byte("workspace rules"), 0o644))
+	in := h.input(rec, "run1", "sh", "-c", agentScript)
+	in.Task.WorkspaceDir = ws
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.NoError(t, err)
+
+	assert.Equal(t, model.StatusSucceeded, out.Status)
+	wantOut := "reading /taskrun/prompt.txt: do the thing\n# Run directory\nlast line without newline"
+	assert.Equal(t, wantOut, out.Result.OutputStr)
+	assert.Equal(t, wantOut, rec.stream.String(), "stream deltas carry every stdout byte in order")
+	assert.True(t, rec.ended)
+	assert.EqualValues(t, len(wantOut), rec.total)
+	assert.Equal(t, "traces/s1/rt_run1.jsonl", out.Result.TracePath)
+
+	ctx := context.Background()
+	assert.Equal(t, wantOut, h.runFile(t, "run1", taskrun.OutputLogName))
+	rc, err := h.store.OpenArtifact(ctx, h.ref("run1"), "report.txt")
+	assert.Equal(t, "delivered\n", readAll(t, rc, err))
+	rc, err = h.store.OpenGlobalFile(ctx, h.tenant, out.Result.TracePath)
+	assert.Equal(t, "{\"event\":\"done\"}\n", readAll(t, rc, err))
+	assert.Equal(t, "answer\n", h.runFile(t, "run1", "output/result.md"))
+
+	first, final := rec.patches[0], rec.last()
+	assert.Equal(t, model.StatusRunning, first.Status)
+	assert.Equal(t, model.StatusSucceeded, final.Status)
+	require.NotNil(t, final.TracePath)
+	assert.Equal(t, "traces/s1/rt_run1.jsonl", *final.TracePath)
+	require.NotNil(t, final.Artifact)
+	assert.EqualValues(t, len("delivered\n"), final.Artifact.Size)
+	assert.NotEmpty(t, final.Artifact.SHA256)
+	require.NotNil(t, final.ExitCode)
+	assert.Equal(t, 0, *final.ExitCode)
+	require.NotNil(t, final.Output)
+	assert.Equal(t, wantOut, *final.Output)
+}
+
+// RunTask: restores the session when a previous run is named.
+func TestRunTaskResumesPreviousSession(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	_, err := taskrun.Execute(context.Background(), h.input(rec, "first", "sh", "-c", agentScript))
+	require.NoError(t, err)
+
+	in := h.input(rec, "second", "sh", "-c", "cat $HOME/notes.txt")
+	in.Run.PreviousRunID = "first"
+	out, err := taskrun.Execute(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, "note from first\n", out.Result.OutputStr)
+}
+
+// Every failure path PATCHes FAILED with a reason and persists partial output.
+func TestRunTaskAgentFailurePersistsPartialOutput(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	out, err := taskrun.Execute(context.Background(), h.input(rec, "fail1", "sh", "-c", "echo partial; exit 3"))
+	require.ErrorIs(t, err, taskrun.ErrRunFailed)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.Equal(t, 3, out.Exit.ExitCode)
+	final := rec.last()
+	assert.Equal(t, model.StatusFailed, final.Status)
+	require.NotNil(t, final.Error)
+	assert.Equal(t, "agent exited with code 3", *final.Error)
+	assert.Equal(t, "partial\n", h.runFile(t, "fail1", taskrun.OutputLogName))
+}
+
+func TestRunTaskTimeoutFails(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	in := h.input(rec, "slow1", "sh", "-c", "echo started; sleep 600")
+	in.Timeout = 2 * time.Second
+	out, err := taskrun.Execute(context.Background(), in)
+	require.ErrorIs(t, err, taskrun.ErrRunFailed)
+	assert.True(t, out.Exit.TimedOut)
+	assert.Equal(t, model.StatusFailed, rec.last().Status)
+	assert.Contains(t, *rec.last().Error, "timed out")
+	assert.Equal(t, "started\n", h.runFile(t, "slow1", taskrun.OutputLogName))
+}
+
+func TestRunTaskCancelledReportsCancelled(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		// Cancel once the container is running.
+		for range 200 {
+			time.Sleep(50 * time.Millisecond)
+			rec.mu.Lock()
+			n := len(rec.patches)
+			rec.mu.Unlock()
+			if n > 0 {
+				break
+			}
+		}
+		cancel()
+	}()
+	out, err := taskrun.Execute(ctx, h.input(rec, "cancel1", "sh", "-c", "sleep 600"))
+	require.ErrorIs(t, err, taskrun.ErrRunFailed)
+	assert.Equal(t, model.StatusCancelled, out.Status)
+	assert.Equal(t, model.StatusCancelled, rec.last().Status)
+}
+
+func TestRunTaskMissingImageFailsWithFix(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	in := h.input(rec, "noimg1")
+	in.Image = "taskrun/does-not-exist:local"
+	out, err := taskrun.Execute(context.Background(), in)
+	require.ErrorIs(t, err, sandbox.ErrImageNotFound)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.Empty(t, out.ContainerID)
+	assert.Equal(t, model.StatusFailed, rec.last().Status)
+}
+
+func TestRunTaskRefusesBadIDsBeforeTouchingDisk(t *testing.T) {
+	h := newHarness(t)
+	for _, bad := range []string{"../escape", "a/b", "", ".."} {
+		rec := &recorder{}
+		in := h.input(rec, "okrun")
+		in.Task.ID = bad
+		_, err := taskrun.Execute(context.Background(), in)
+		require.ErrorIs(t, err, workspace.ErrInvalidID, "task ID %q", bad)
+		entries, err := os.ReadDir(h.root)
+		require.NoError(t, err)
+		assert.Empty(t, entries, "nothing may be written for task ID %q", bad)
+		require.Len(t, rec.patches, 1, "a refused run is still reported")
+		assert.Equal(t, model.StatusFailed, rec.patches[0].Status)
+	}
+}
+
+// RunResult: Output holds the output up to the cap with an explicit marker;
+// the complete output goes to blob storage.
+func TestRunTaskCapsResultOutputButStoresItAll(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	size := taskrun.MaxResultOutputBytes + 4096
+	out, err := taskrun.Execute(context.Background(), h.input(rec, "big1", "sh", "-c", "head -c "+strconv.Itoa(size)+" /dev/zero | tr '\\0' x"))
+	require.NoError(t, err)
+	assert.True(t, strings.HasSuffix(out.Result.OutputStr, taskrun.TruncationMarker))
+	assert.Len(t, out.Result.Output, taskrun.MaxResultOutputBytes+len(taskrun.TruncationMarker))
+	assert.True(t, rec.last().OutputTruncated)
+	stored := h.runFile(t, "big1", taskrun.OutputLogName)
+	assert.Len(t, stored, size)
+	assert.Equal(t, size, rec.stream.Len())
+}
