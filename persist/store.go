@@ -77,7 +77,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	}
 	if !isSupportedScheme(u.Scheme) {
 		return nil, fmt.Errorf("persist: unsupported store URL scheme %q in %q: use one of %s",
-			u.Scheme, rawURL, strings.Join(schemeList(), ", "))
+			u.Scheme, u.Redacted(), strings.Join(schemeList(), ", "))
 	}
 	if u.Scheme == "file" {
 		if err := fileDefaults(u); err != nil {
