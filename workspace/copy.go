@@ -101,6 +101,7 @@ type copier struct {
 	// dstInfo identifies dst, so that a dst inside src is not copied into itself.
 	dstInfo fs.FileInfo
 	opts    CopyOptions
+	chown   bool      // opts.Owner is set and the process is root
 	stack   []*dirRef // destination directories matching the walk's depth
 	fixes   []dirFix
 
@@ -119,7 +120,10 @@ func newCopier(ctx context.Context, srcTop, dstTop *os.Root, opts CopyOptions) *
 	group.SetLimit(workers)
 	top := newDirRef(dstTop)
 	top.acquire() // CopyTree closes dstTop itself
-	return &copier{ctx: gctx, group: group, srcTop: srcTop, dstTop: dstTop, opts: opts, stack: []*dirRef{top}}
+	return &copier{
+		ctx: gctx, group: group, srcTop: srcTop, dstTop: dstTop,
+		opts: opts, chown: opts.Owner.chownable(), stack: []*dirRef{top},
+	}
 }
 
 func (c *copier) stats() CopyStats {
@@ -186,7 +190,7 @@ func (c *copier) ensureDir(parent *os.Root, name string) (child *os.Root, create
 	if err != nil {
 		return nil, false, err
 	}
-	if created && c.opts.Owner.chownable() {
+	if created && c.chown {
 		if err := parent.Lchown(name, c.opts.Owner.UID, c.opts.Owner.GID); err != nil {
 			return nil, false, err
 		}
@@ -257,7 +261,7 @@ func (c *copier) copyFile(n node, dst *os.Root) error {
 }
 
 func (c *copier) finishFile(out *os.File, info fs.FileInfo) error {
-	if c.opts.Owner.chownable() {
+	if c.chown {
 		if err := out.Chown(c.opts.Owner.UID, c.opts.Owner.GID); err != nil {
 			return err
 		}
@@ -268,7 +272,9 @@ func (c *copier) finishFile(out *os.File, info fs.FileInfo) error {
 // create makes a new file name in dir, never writing through an existing
 // entry. It returns nil (and records a skip) when the entry is kept.
 func (c *copier) create(dir *os.Root, name, rel string) (*os.File, error) {
-	const flags = os.O_WRONLY | os.O_CREATE | os.O_EXCL
+	// O_NONBLOCK has no effect on a regular file but spares os.File four
+	// fcntl calls per file toggling it for the poller.
+	const flags = os.O_WRONLY | os.O_CREATE | os.O_EXCL | syscall.O_NONBLOCK
 	f, err := dir.OpenFile(name, flags, 0o600)
 	if !errors.Is(err, fs.ErrExist) {
 		return f, err
@@ -299,7 +305,7 @@ func (c *copier) symlink(n node, target string) error {
 			err = dst.Symlink(target, n.name)
 		}
 	}
-	if err == nil && c.opts.Owner.chownable() {
+	if err == nil && c.chown {
 		err = dst.Lchown(n.name, c.opts.Owner.UID, c.opts.Owner.GID)
 	}
 	if err != nil {
