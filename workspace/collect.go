@@ -58,8 +58,10 @@ type CollectedFile struct {
 
 // CollectReport summarises a Collect call.
 type CollectReport struct {
-	Files   int64  `json:"files"`
-	Bytes   int64  `json:"bytes"`
+	// Files and Bytes count what was handed to visit.
+	Files int64 `json:"files"`
+	Bytes int64 `json:"bytes"`
+	// Skipped lists every entry not handed to visit, with the reason.
 	Skipped []Skip `json:"skipped,omitempty"`
 }
 

@@ -213,3 +213,28 @@ func TestCollectDoesNotCrossMountPoints(t *testing.T) {
 	assert.Equal(t, map[string]string{"kept.txt": "same filesystem"}, got)
 	assert.Contains(t, skipReasons(report.Skipped)["mnt"], "another filesystem")
 }
+
+func TestCollectReportsFilesThatGrowInsteadOfTruncating(t *testing.T) {
+	root := t.TempDir()
+	writeFile(t, filepath.Join(root, "a-growing"), "short", 0o644)
+	writeFile(t, filepath.Join(root, "b-stable"), "stable", 0o644)
+	got := map[string]string{}
+	report, err := workspace.Collect(context.Background(), root, workspace.CollectOptions{}, func(_ context.Context, f workspace.CollectedFile) error {
+		if f.RelPath == "a-growing" {
+			fh, err := os.OpenFile(filepath.Join(root, f.RelPath), os.O_APPEND|os.O_WRONLY, 0)
+			require.NoError(t, err)
+			_, err = fh.WriteString(" and then much longer")
+			require.NoError(t, err)
+			require.NoError(t, fh.Close())
+		}
+		b, err := io.ReadAll(f.Reader)
+		if err != nil {
+			return err
+		}
+		got[f.RelPath] = string(b)
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"b-stable": "stable"}, got)
+	assert.Contains(t, skipReasons(report.Skipped)["a-growing"], "changed")
+}

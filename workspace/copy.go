@@ -38,11 +38,14 @@ type CopyOptions struct {
 
 // CopyStats summarises a CopyTree call.
 type CopyStats struct {
-	Files    int64  `json:"files"`
-	Dirs     int64  `json:"dirs"`
-	Symlinks int64  `json:"symlinks"`
-	Bytes    int64  `json:"bytes"`
-	Skipped  []Skip `json:"skipped,omitempty"`
+	// Files, Dirs and Symlinks count the entries created in dst.
+	Files    int64 `json:"files"`
+	Dirs     int64 `json:"dirs"`
+	Symlinks int64 `json:"symlinks"`
+	// Bytes is the total size of the file contents copied.
+	Bytes int64 `json:"bytes"`
+	// Skipped lists the entries left out, with the reason.
+	Skipped []Skip `json:"skipped,omitempty"`
 }
 
 // CopyTree copies the contents of src into the existing directory dst

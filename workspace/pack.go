@@ -29,15 +29,19 @@ type PackOptions struct {
 
 // PackStats summarises a PackHome call.
 type PackStats struct {
+	// Files, Dirs and Symlinks count the entries archived.
 	Files    int64 `json:"files"`
 	Dirs     int64 `json:"dirs"`
 	Symlinks int64 `json:"symlinks"`
 	// Bytes is the total size of the file contents archived.
 	Bytes int64 `json:"bytes"`
 	// CompressedBytes is the number of bytes written to w.
-	CompressedBytes int64  `json:"compressed_bytes"`
-	Excluded        int64  `json:"excluded"`
-	Skipped         []Skip `json:"skipped,omitempty"`
+	CompressedBytes int64 `json:"compressed_bytes"`
+	// Excluded counts entries (whole subtrees for directories) matched by
+	// PackOptions.Exclude.
+	Excluded int64 `json:"excluded"`
+	// Skipped lists the entries left out for safety or caps, with the reason.
+	Skipped []Skip `json:"skipped,omitempty"`
 }
 
 // PackHome streams home as a gzip-compressed tar archive into w, with paths

@@ -72,6 +72,8 @@ type UnpackOptions struct {
 
 // UnpackStats summarises a successful UnpackHome call.
 type UnpackStats struct {
+	// Files, Dirs and Symlinks count the entries created (Dirs includes
+	// parents the archive did not list).
 	Files    int64 `json:"files"`
 	Dirs     int64 `json:"dirs"`
 	Symlinks int64 `json:"symlinks"`
