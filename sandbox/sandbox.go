@@ -32,6 +32,13 @@ type Backend interface {
 	Start(ctx context.Context, spec Spec, policy Policy, streams Streams) (Handle, error)
 }
 
+// EngineDescriber is implemented by backends that can describe their engine
+// (for Docker: the `docker info` document), which audits read for host facts
+// such as whether AppArmor exists.
+type EngineDescriber interface {
+	EngineInfo(ctx context.Context) (json.RawMessage, error)
+}
+
 // Handle is one running container.
 type Handle interface {
 	// ID is the backend's identifier for the container.
@@ -79,6 +86,11 @@ type Spec struct {
 	Cmd []string `json:"cmd,omitempty"`
 	// Entrypoint replaces the image's entrypoint when non-empty.
 	Entrypoint []string `json:"entrypoint,omitempty"`
+	// Wrapper, when non-empty, runs in front of the container's command: the
+	// process started is Wrapper followed by the entrypoint and command that
+	// would otherwise run (Entrypoint/Cmd, else the image's). The in-sandbox
+	// self-check uses it, so it works with any image.
+	Wrapper []string `json:"wrapper,omitempty"`
 	// Env is a list of KEY=VALUE pairs.
 	Env []string `json:"env,omitempty"`
 	// WorkingDir is the process's working directory inside the container.

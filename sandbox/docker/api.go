@@ -10,7 +10,9 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
+	dockerimage "github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/api/types/system"
 	"github.com/docker/docker/api/types/versions"
 	"github.com/docker/docker/client"
 )
@@ -20,6 +22,8 @@ type dockerAPI interface {
 	Ping(ctx context.Context) (types.Ping, error)
 	DaemonHost() string
 	ClientVersion() string
+	Info(ctx context.Context) (system.Info, error)
+	ImageInspect(ctx context.Context, ref string) (dockerimage.InspectResponse, error)
 	ContainerCreate(ctx context.Context, config *container.Config, hostConfig *container.HostConfig,
 		networkingConfig *network.NetworkingConfig, name string) (container.CreateResponse, error)
 	ContainerAttach(ctx context.Context, id string, options container.AttachOptions) (types.HijackedResponse, error)
@@ -44,6 +48,11 @@ type sdkClient struct {
 func (c sdkClient) ContainerCreate(ctx context.Context, config *container.Config, hostConfig *container.HostConfig,
 	networkingConfig *network.NetworkingConfig, name string) (container.CreateResponse, error) {
 	return c.Client.ContainerCreate(ctx, config, hostConfig, networkingConfig, nil, name)
+}
+
+// ImageInspect inspects a local image.
+func (c sdkClient) ImageInspect(ctx context.Context, ref string) (dockerimage.InspectResponse, error) {
+	return c.Client.ImageInspect(ctx, ref)
 }
 
 // newDockerAPI builds a client from DOCKER_HOST, DOCKER_API_VERSION,

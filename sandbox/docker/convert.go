@@ -3,6 +3,7 @@ package docker
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -53,7 +54,7 @@ type createConfig struct {
 // convert maps a Spec and Policy to the Docker create request. It is pure:
 // created is the creation time recorded in the labels and slack is the margin
 // added to the expiry label. spec.StopGrace must already hold the effective
-// grace period.
+// grace period and a Wrapper must already be resolved (wrapCommand).
 func convert(spec sandbox.Spec, pol sandbox.Policy, created time.Time, slack time.Duration) createConfig {
 	stopSeconds := graceSeconds(spec.StopGrace)
 	cfg := &container.Config{
@@ -172,6 +173,27 @@ func validateSpec(spec sandbox.Spec) error {
 		}
 	}
 	return nil
+}
+
+// wrapCommand resolves the command the container would run without a wrapper,
+// as Docker does (an Entrypoint set in the Spec drops the image's Cmd), and
+// returns spec with Wrapper as the entrypoint and that command as arguments.
+func wrapCommand(spec sandbox.Spec, imageEntrypoint, imageCmd []string) (sandbox.Spec, error) {
+	ep, cmd := imageEntrypoint, imageCmd
+	switch {
+	case len(spec.Entrypoint) > 0:
+		ep, cmd = spec.Entrypoint, spec.Cmd
+	case len(spec.Cmd) > 0:
+		cmd = spec.Cmd
+	}
+	argv := append(slices.Clone(ep), cmd...)
+	if len(argv) == 0 {
+		return spec, fmt.Errorf("sandbox spec: image %q has no command to run; give one after `--`", spec.Image)
+	}
+	spec.Entrypoint = slices.Clone(spec.Wrapper)
+	spec.Cmd = argv
+	spec.Wrapper = nil
+	return spec, nil
 }
 
 // isAbs reports whether p is an absolute POSIX path.

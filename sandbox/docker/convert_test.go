@@ -175,3 +175,30 @@ func TestValidateSpec(t *testing.T) {
 	rel.Mounts = []sandbox.Mount{{Source: "a", Target: "/b"}}
 	require.ErrorContains(t, validateSpec(rel), "must be absolute")
 }
+
+func TestWrapCommandFollowsDockerEntrypointRules(t *testing.T) {
+	wrapper := []string{"/w", "--"}
+	cases := []struct {
+		name            string
+		entrypoint, cmd []string
+		imgEP, imgCmd   []string
+		wantCmd         []string
+	}{
+		{name: "image default", imgEP: []string{"/ep"}, imgCmd: []string{"a"}, wantCmd: []string{"/ep", "a"}},
+		{name: "spec cmd keeps image entrypoint", cmd: []string{"b"}, imgEP: []string{"/ep"}, imgCmd: []string{"a"}, wantCmd: []string{"/ep", "b"}},
+		{name: "spec entrypoint drops image cmd", entrypoint: []string{"/x"}, imgCmd: []string{"a"}, wantCmd: []string{"/x"}},
+		{name: "image cmd only", imgCmd: []string{"/bin/sh"}, wantCmd: []string{"/bin/sh"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := sandbox.Spec{Image: "i", Entrypoint: tc.entrypoint, Cmd: tc.cmd, Wrapper: wrapper}
+			got, err := wrapCommand(spec, tc.imgEP, tc.imgCmd)
+			require.NoError(t, err)
+			assert.Equal(t, wrapper, got.Entrypoint)
+			assert.Equal(t, tc.wantCmd, got.Cmd)
+			assert.Nil(t, got.Wrapper)
+		})
+	}
+	_, err := wrapCommand(sandbox.Spec{Image: "i", Wrapper: wrapper}, nil, nil)
+	require.Error(t, err, "an image with no command cannot be wrapped")
+}

@@ -13,6 +13,7 @@ package docker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -131,6 +132,10 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 	if spec.StopGrace <= 0 {
 		spec.StopGrace = b.stopGrace
 	}
+	spec, err := b.resolveWrapper(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
 	cc := convert(spec, pol, b.now(), b.expirySlack)
 	created, err := b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name)
 	if err != nil {
@@ -146,7 +151,40 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 	return h, nil
 }
 
-// createError explains a failed ContainerCreate.
+// resolveWrapper puts a Spec.Wrapper in front of the command the container
+// would otherwise run, looking up the image's own entrypoint and command only
+// when the Spec does not replace them.
+func (b *Backend) resolveWrapper(ctx context.Context, spec sandbox.Spec) (sandbox.Spec, error) {
+	if len(spec.Wrapper) == 0 {
+		return spec, nil
+	}
+	var imgEntrypoint, imgCmd []string
+	if len(spec.Entrypoint) == 0 {
+		info, err := b.api.ImageInspect(ctx, spec.Image)
+		if err != nil {
+			return spec, b.createError(spec, err)
+		}
+		if info.Config != nil {
+			imgEntrypoint, imgCmd = info.Config.Entrypoint, info.Config.Cmd
+		}
+	}
+	return wrapCommand(spec, imgEntrypoint, imgCmd)
+}
+
+// EngineInfo returns the engine's `docker info` document (sandbox.EngineDescriber).
+func (b *Backend) EngineInfo(ctx context.Context) (json.RawMessage, error) {
+	info, err := b.api.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("docker info: %w", err)
+	}
+	raw, err := json.Marshal(info)
+	if err != nil {
+		return nil, fmt.Errorf("encode docker info: %w", err)
+	}
+	return raw, nil
+}
+
+// createError explains a failed ContainerCreate or image lookup.
 func (b *Backend) createError(spec sandbox.Spec, err error) error {
 	switch {
 	case isNotFound(err):
@@ -219,4 +257,7 @@ func shortID(id string) string {
 	return id
 }
 
-var _ sandbox.Backend = (*Backend)(nil)
+var (
+	_ sandbox.Backend         = (*Backend)(nil)
+	_ sandbox.EngineDescriber = (*Backend)(nil)
+)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -91,8 +92,48 @@ func TestNewDaemonDown(t *testing.T) {
 
 func TestStartMissingImage(t *testing.T) {
 	b, labels := newTestBackend(t)
-	spec := sandbox.Spec{Image: "taskrun/does-not-exist:" + uniqueValue(t), Cmd: []string{"true"}, Labels: labels}
-	_, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
-	require.ErrorIs(t, err, sandbox.ErrImageNotFound)
-	require.ErrorContains(t, err, "taskrun images build")
+	for _, wrapper := range [][]string{nil, {"/probe", "--"}} {
+		spec := sandbox.Spec{Image: "taskrun/does-not-exist:" + uniqueValue(t), Wrapper: wrapper, Labels: labels}
+		_, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
+		require.ErrorIs(t, err, sandbox.ErrImageNotFound)
+		require.ErrorContains(t, err, "taskrun images build")
+	}
+}
+
+func TestWrapperRunsInFrontOfTheCommand(t *testing.T) {
+	b, labels := newTestBackend(t)
+	wrapper := []string{"sh", "-c", `echo "wrapped $*"; exec "$@"`, "wrapper"}
+	for _, tt := range []struct {
+		name string
+		cmd  []string
+		want string
+	}{
+		{"spec command", []string{"echo", "hi"}, "wrapped echo hi\nhi\n"},
+		{"image command", nil, "wrapped /bin/sh\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			spec := sandbox.Spec{Image: testImage, Cmd: tt.cmd, Wrapper: wrapper, Labels: labels, Timeout: time.Minute}
+			h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out})
+			require.NoError(t, err)
+			res := h.Wait(t.Context())
+			require.NoError(t, h.Close(t.Context()))
+			require.NoError(t, res.Err)
+			require.Equal(t, 0, res.ExitCode)
+			require.Equal(t, tt.want, out.String())
+		})
+	}
+}
+
+func TestEngineInfo(t *testing.T) {
+	b, _ := newTestBackend(t)
+	raw, err := b.EngineInfo(t.Context())
+	require.NoError(t, err)
+	var info struct {
+		ServerVersion string
+		Runtimes      map[string]json.RawMessage
+	}
+	require.NoError(t, json.Unmarshal(raw, &info))
+	require.NotEmpty(t, info.ServerVersion)
+	require.Contains(t, info.Runtimes, "runc")
 }
