@@ -126,7 +126,14 @@ func (r *runner) execute(ctx context.Context) (err error) {
 
 	spec := r.spec()
 	spec.Env = append(spec.Env, llm.env()...)
-	h, err := r.in.Sandbox.Start(ctx, spec, r.policy, sandbox.Streams{Stdout: stdout, Stderr: stderr})
+	r.iso = r.newIsolation()
+	var stderrSink io.Writer = stderr
+	if probe := r.probePath(); probe != "" {
+		if stderrSink, err = r.iso.apply(&spec, filepath.Dir(probe), stderr); err != nil {
+			return fmt.Errorf("self-check: %w", err)
+		}
+	}
+	h, err := r.in.Sandbox.Start(ctx, spec, r.policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
 	if err != nil {
 		return fmt.Errorf("start sandbox: %w", err)
 	}
@@ -140,17 +147,27 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	r.out.ContainerID = h.ID()
 	r.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", r.policy.Runtime)
 
+	// A container that is not confined as asked is stopped at once.
+	waitCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	auditErr := r.auditLive(ctx, r.iso, h)
+	if auditErr != nil {
+		stop()
+	}
+
 	followers := r.follow(ctx, stdout, stderr)
 	if err := r.in.Updater.UpdateRunStatus(ctx, r.in.Run.ID, &workerclient.PatchTaskRunRequest{
 		Status:    model.StatusRunning,
 		StartedAt: ptr(r.started.UnixMilli()),
-		Container: &workerclient.ContainerInfo{ID: h.ID(), Runtime: r.policy.Runtime},
+		Container: r.containerInfo(),
 	}); err != nil {
 		r.log.Warn("report RUNNING", "err", err)
 	}
 
-	res := h.Wait(ctx)
+	res := h.Wait(waitCtx)
 	r.out.Exit = res
+	var probeErr error
+	r.probeReport, r.probeContradictions, probeErr = r.iso.probeVerdict(res)
 	// Wait drained the container's streams; closing the spools lets the
 	// consumers deliver the tail and finish.
 	stdout.Close()
@@ -158,7 +175,7 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	if err := followers.wait(); err != nil {
 		r.log.Warn("stream output", "err", err)
 	}
-	return res.Err
+	return errors.Join(auditErr, probeErr, res.Err)
 }
 
 // spec is the container to run for this run.
@@ -183,6 +200,7 @@ func (r *runner) spec() sandbox.Spec {
 			"TASKRUN_PROMPT_FILE=" + containerRunDir + "/" + promptFileName,
 		},
 		Mounts:    []sandbox.Mount{{Source: r.dirs.Dir, Target: containerRunDir}},
+		Labels:    r.in.Labels,
 		TenantID:  r.ref.UserID,
 		TaskID:    r.ref.TaskID,
 		RunID:     r.ref.RunID,

@@ -50,6 +50,7 @@ func (r *runner) persist(ctx context.Context) error {
 	keep(r.persistResultFiles(ctx), "output files")
 	if r.out.ContainerID != "" {
 		keep(r.persistSessionState(ctx), "session state")
+		keep(r.persistRecord(ctx, r.iso, r.probeReport, r.probeContradictions), "isolation record")
 	}
 	if err := errors.Join(errs...); err != nil {
 		r.log.Error("persist failed; the run directory is kept for a retry", "dir", r.dirs.Dir, "err", err)

@@ -53,7 +53,7 @@ func (e *RunError) Unwrap() []error { return []error{ErrRunFailed, e.Err} }
 func (r *runner) verdict(ctx context.Context, runErr, persistErr error) (model.RunStatus, string) {
 	exit := r.out.Exit
 	switch {
-	case exit.Cancelled || ctx.Err() != nil:
+	case ctx.Err() != nil:
 		return model.StatusCancelled, "run cancelled"
 	case runErr != nil:
 		return model.StatusFailed, runErr.Error()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/probe"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
@@ -70,6 +71,11 @@ type runner struct {
 	hostDir string
 	out     Outcome
 	started time.Time
+	// iso, probeReport and probeContradictions are the run's isolation
+	// checks and what the in-sandbox self-check saw.
+	iso                 *isolation
+	probeReport         *probe.Report
+	probeContradictions []string
 }
 
 func newRunner(in RunTaskInput) (*runner, error) {
@@ -176,12 +182,22 @@ func (r *runner) patch() *workerclient.PatchTaskRunRequest {
 	}
 	if r.out.ContainerID != "" {
 		req.ExitCode = ptr(r.out.Exit.ExitCode)
-		req.Container = &workerclient.ContainerInfo{ID: r.out.ContainerID, Runtime: r.policy.Runtime}
+		req.Container = r.containerInfo()
 	}
 	if res.TracePath != "" {
 		req.TracePath = ptr(res.TracePath)
 	}
 	return req
+}
+
+// containerInfo describes the run's container for the control plane.
+func (r *runner) containerInfo() *workerclient.ContainerInfo {
+	info := &workerclient.ContainerInfo{ID: r.out.ContainerID, Runtime: r.policy.Runtime}
+	if r.iso != nil && r.iso.posture != nil {
+		info.ImageDigest = r.iso.posture.Image
+		info.Runtime = r.iso.posture.Runtime
+	}
+	return info
 }
 
 func ptr[T any](v T) *T { return &v }

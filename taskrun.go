@@ -80,6 +80,13 @@ type RunTaskInput struct {
 	Command []string
 	// Policy confines the container; sandbox.DefaultPolicy() when zero.
 	Policy sandbox.Policy
+	// HelpersDir holds the executor's static in-container helpers. When it
+	// has taskrun-probe, every run starts with the in-sandbox self-check,
+	// mounted read-only; a contradiction with Policy refuses the run.
+	HelpersDir string
+	// Labels are added to the run's container next to the dev.taskrun.*
+	// labels, e.g. a test framework's session labels so its reaper finds it.
+	Labels map[string]string
 	// Timeout bounds the container's run time; DefaultTimeout when zero.
 	Timeout time.Duration
 	// Stdout, when non-nil, receives a live copy of the run's stdout, fed

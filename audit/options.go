@@ -1,6 +1,8 @@
 package audit
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 
 	"github.com/docker/docker/api/types/system"
@@ -114,4 +116,13 @@ func (o Options) withDefaults() Options {
 		o.RequiredUlimits = d.RequiredUlimits
 	}
 	return o
+}
+
+// ParseHostInfo derives HostFacts from the JSON `docker info` document.
+func ParseHostInfo(raw []byte) (HostFacts, error) {
+	var info system.Info
+	if err := json.Unmarshal(raw, &info); err != nil {
+		return HostFacts{}, fmt.Errorf("parse engine info: %w", err)
+	}
+	return HostFactsFromInfo(info), nil
 }

@@ -265,3 +265,14 @@ func findingByID(t *testing.T, r Report, id string) Finding {
 	require.Failf(t, "no finding", "rule %s missing", id)
 	return Finding{}
 }
+
+func TestParseHostInfoReadsSecurityOptions(t *testing.T) {
+	h, err := ParseHostInfo([]byte(`{"ServerVersion":"20.10.24","SecurityOptions":["name=seccomp,profile=default","name=apparmor"]}`))
+	require.NoError(t, err)
+	assert.True(t, h.Seccomp)
+	assert.True(t, h.AppArmor)
+	assert.Equal(t, "20.10.24", h.ServerVersion)
+
+	_, err = ParseHostInfo([]byte(`not json`))
+	require.Error(t, err)
+}

@@ -1,0 +1,173 @@
+package taskrun
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/probe"
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+// Names of the isolation record and the in-sandbox self-check.
+const (
+	// AuditRecordName is the run object holding the isolation record.
+	AuditRecordName = "audit.json"
+	// ProbeBinary is the self-check's file name in the helpers directory.
+	ProbeBinary = "taskrun-probe"
+	// ProbeRefusedExitCode is the self-check's exit status when the sandbox
+	// contradicts the policy; the agent never started.
+	ProbeRefusedExitCode = 86
+)
+
+// ErrIsolation is wrapped when a run is refused because its container is not
+// isolated as the policy demands, seen from the host or from inside.
+var ErrIsolation = errors.New("isolation check failed")
+
+// isolation is one run's self-check and isolation record.
+type isolation struct {
+	nonce       string
+	expect      probe.Expectation
+	interceptor *probe.Interceptor // nil when the self-check does not run
+	posture     *audit.Posture
+	host        audit.HostFacts
+	opts        audit.Options
+}
+
+// newIsolation prepares the checks. The self-check runs when the helpers
+// directory holds the static probe; it is mounted read-only and wraps the
+// container's command, so the agent starts only after the probe reported.
+func (r *runner) newIsolation() *isolation {
+	iso := &isolation{
+		nonce:  strings.ToLower(rand.Text()),
+		expect: expectation(r.policy),
+		opts: audit.Options{
+			Mounts:        audit.MountPolicy{RunDir: r.dirs.Dir},
+			RequireGVisor: r.policy.Runtime == sandbox.RuntimeGVisor,
+		},
+	}
+	return iso
+}
+
+// probePath is the host path of the self-check binary, or "" when absent.
+func (r *runner) probePath() string {
+	if r.in.HelpersDir == "" {
+		return ""
+	}
+	p := filepath.Join(r.in.HelpersDir, ProbeBinary)
+	if info, err := os.Stat(p); err != nil || !info.Mode().IsRegular() {
+		return ""
+	}
+	return p
+}
+
+// apply adds the self-check to spec and returns the stderr writer that
+// extracts its report.
+func (iso *isolation) apply(spec *sandbox.Spec, helpersDir string, stderr io.Writer) (io.Writer, error) {
+	expect, err := json.Marshal(iso.expect)
+	if err != nil {
+		return nil, err
+	}
+	spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: helpersDir, Target: audit.HelperTarget, ReadOnly: true})
+	spec.Wrapper = []string{audit.HelperTarget + "/" + ProbeBinary, "--nonce", iso.nonce, "--expect", string(expect), "--"}
+	iso.interceptor = probe.NewInterceptor(stderr, iso.nonce)
+	return iso.interceptor, nil
+}
+
+// expectation is what the self-check must observe under policy. gVisor
+// virtualises /proc: it shows no NoNewPrivs line, no seccomp filter and no
+// cgroup files inside, so those are checked from the host only.
+func expectation(p sandbox.Policy) probe.Expectation {
+	e := probe.Expectation{
+		NonRoot:         true,
+		CapEffZero:      true,
+		CapBndZero:      true,
+		RootfsReadOnly:  p.ReadOnlyRootfs,
+		ProcSysReadOnly: true,
+		NetworkNone:     p.NetworkMode == sandbox.NetworkNone,
+		NoDockerSocket:  true,
+	}
+	if uid, err := strconv.Atoi(strings.SplitN(p.User, ":", 2)[0]); err == nil {
+		e.UID = &uid
+	}
+	if p.Runtime != sandbox.RuntimeGVisor {
+		e.NoNewPrivs = true
+		e.SeccompFilter = true
+		e.PidsMax = &p.PidsLimit
+		e.MemoryLimit = &p.MemoryBytes
+	}
+	return e
+}
+
+// auditLive inspects the live container and checks it against the audit
+// rules. A failing rule refuses the run: the executor does not trust a
+// container it did not get exactly as asked.
+func (r *runner) auditLive(ctx context.Context, iso *isolation, h sandbox.Handle) error {
+	raw, err := h.Inspect(ctx)
+	if err != nil {
+		return fmt.Errorf("inspect container: %w", err)
+	}
+	p, err := audit.ParseInspect(raw)
+	if err != nil {
+		return fmt.Errorf("read container posture: %w", err)
+	}
+	iso.posture = &p
+	if d, ok := r.in.Sandbox.(sandbox.EngineDescriber); ok {
+		info, err := d.EngineInfo(ctx)
+		if err == nil {
+			iso.host, err = audit.ParseHostInfo(info)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrIsolation, err)
+		}
+	}
+	if rep := audit.Check(p, iso.host, iso.opts); rep.Failed() {
+		return fmt.Errorf("%w: the container breaks %s", ErrIsolation, strings.Join(rep.FailedIDs(), ", "))
+	}
+	return nil
+}
+
+// probeVerdict reads the self-check's report after the run and explains a
+// refusal.
+func (iso *isolation) probeVerdict(exit sandbox.Result) (*probe.Report, []string, error) {
+	if iso.interceptor == nil {
+		return nil, nil, nil
+	}
+	if err := iso.interceptor.Flush(); err != nil {
+		return nil, nil, err
+	}
+	rep, ok := iso.interceptor.Report()
+	if !ok {
+		if exit.TimedOut || exit.Cancelled {
+			return nil, nil, nil
+		}
+		return nil, nil, fmt.Errorf("%w: the in-sandbox self-check sent no report", ErrIsolation)
+	}
+	contradictions := iso.expect.Contradictions(*rep)
+	if len(contradictions) > 0 {
+		return rep, contradictions, fmt.Errorf("%w: the in-sandbox self-check refused the run: %s", ErrIsolation, strings.Join(contradictions, "; "))
+	}
+	return rep, nil, nil
+}
+
+// persistRecord stores the isolation record next to the run's other blobs.
+func (r *runner) persistRecord(ctx context.Context, iso *isolation, rep *probe.Report, contradictions []string) error {
+	if iso == nil || iso.posture == nil {
+		return nil
+	}
+	rec := audit.NewRecord(r.ref.RunID, *iso.posture, iso.host, iso.opts, rep, contradictions, time.Now())
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return r.stored(r.in.Persist.PutRunFile(ctx, r.ref, AuditRecordName, strings.NewReader(string(data)), "application/json"))
+}

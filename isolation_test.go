@@ -1,0 +1,136 @@
+package taskrun_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+var (
+	helpersOnce sync.Once
+	helpersDir  string
+	helpersErr  error
+)
+
+// helpers returns a directory holding the static taskrun-probe: the one `make
+// build` made (TASKRUN_BIN_DIR), or one built for this test binary.
+func helpers(t *testing.T) string {
+	t.Helper()
+	helpersOnce.Do(func() {
+		if dir := os.Getenv("TASKRUN_BIN_DIR"); dir != "" {
+			helpersDir = dir
+			return
+		}
+		helpersDir, helpersErr = os.MkdirTemp("", "taskrun-helpers-")
+		if helpersErr != nil {
+			return
+		}
+		// The sandbox user (uid 10001) executes the probe from here.
+		if helpersErr = os.Chmod(helpersDir, 0o755); helpersErr != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", helpersDir, "./cmd/taskrun-probe")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			helpersErr = &exec.ExitError{Stderr: out}
+		}
+	})
+	require.NoError(t, helpersErr)
+	return helpersDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if helpersDir != "" && os.Getenv("TASKRUN_BIN_DIR") == "" {
+		os.RemoveAll(helpersDir)
+	}
+	os.Exit(code)
+}
+
+// Every run's isolation record holds the host-side posture, passing audit
+// verdicts and the in-sandbox self-check's report.
+func TestRunTaskStoresIsolationRecordWithProbeReport(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	in := h.input(rec, "iso1", "sh", "-c", "echo agent ran")
+	in.HelpersDir = helpers(t)
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.NoError(t, err)
+	assert.Equal(t, "agent ran\n", out.Result.OutputStr, "the probe's report line never reaches the run's output")
+
+	var record audit.Record
+	require.NoError(t, json.Unmarshal([]byte(h.runFile(t, "iso1", taskrun.AuditRecordName)), &record))
+	assert.Equal(t, out.ContainerID, record.ContainerID)
+	require.NotNil(t, record.Probe, "the self-check reported from inside")
+	assert.Empty(t, record.ProbeContradictions)
+	for _, f := range record.Findings {
+		assert.NotEqual(t, audit.Fail, f.Status, "rule %s: %s", f.ID, f.Reason)
+	}
+	assert.False(t, record.Recheck().Failed())
+	final := rec.last()
+	require.NotNil(t, final.Container)
+	assert.Equal(t, record.ImageDigest, final.Container.ImageDigest)
+}
+
+// loosenedBackend hands the engine a looser policy than the run asked for,
+// as a buggy or tampered backend would.
+type loosenedBackend struct {
+	sandbox.Backend
+	loosen func(*sandbox.Policy)
+}
+
+func (b loosenedBackend) Start(ctx context.Context, spec sandbox.Spec, p sandbox.Policy, s sandbox.Streams) (sandbox.Handle, error) {
+	b.loosen(&p)
+	return b.Backend.Start(ctx, spec, p, s)
+}
+
+// A contradiction between policy and sandbox refuses the run before the agent
+// starts: the self-check sees pids.max 512 where the policy says 256.
+func TestRunTaskProbeContradictionRefusesRun(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	in := h.input(rec, "refused1", "sh", "-c", "touch /taskrun/output/agent-ran")
+	in.HelpersDir = helpers(t)
+	in.Sandbox = loosenedBackend{Backend: h.backend, loosen: func(p *sandbox.Policy) { p.PidsLimit = 512 }}
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.ErrorIs(t, err, taskrun.ErrIsolation)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.Equal(t, taskrun.ProbeRefusedExitCode, out.Exit.ExitCode)
+	assert.Contains(t, out.Reason, "self-check refused")
+	_, statErr := os.Stat(filepath.Join(h.root, "users", h.tenant, "conversations", "conv1", "tasks", "task1", "runs", "refused1", "output", "agent-ran"))
+	assert.ErrorIs(t, statErr, os.ErrNotExist, "the agent must never start")
+
+	var record audit.Record
+	require.NoError(t, json.Unmarshal([]byte(h.runFile(t, "refused1", taskrun.AuditRecordName)), &record))
+	assert.NotEmpty(t, record.ProbeContradictions)
+	assert.True(t, record.Recheck().Failed())
+}
+
+// The host-side audit of the live container refuses a run whose container
+// has a network although the policy says none.
+func TestRunTaskHostAuditRefusesNetworkedContainer(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	in := h.input(rec, "refused2", "sh", "-c", "sleep 30")
+	in.Sandbox = loosenedBackend{Backend: h.backend, loosen: func(p *sandbox.Policy) { p.NetworkMode = "bridge" }}
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.ErrorIs(t, err, taskrun.ErrIsolation)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.Contains(t, out.Reason, "5.10")
+}
