@@ -1,0 +1,191 @@
+package taskruntest
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/client"
+	"github.com/testcontainers/testcontainers-go"
+
+	"github.com/taskrun/taskrun/images"
+)
+
+// DefaultRepo is the repository of images built without a Repo.
+const DefaultRepo = "taskruntest/image"
+
+// ErrNotStatic reports a binary that needs a dynamic loader, so it cannot
+// run in a FROM scratch image.
+var ErrNotStatic = errors.New("binary is not statically linked")
+
+// ImageSource is an image to build locally from a Dockerfile and host files.
+// Nothing is pulled as long as the Dockerfile starts FROM scratch or from a
+// local image.
+type ImageSource struct {
+	// Repo is the image's repository; DefaultRepo when empty. The tag is
+	// generated, unique to the build.
+	Repo string
+	// Dockerfile is the Dockerfile's text.
+	Dockerfile string
+	// Files maps a name in the build context to the host file copied there
+	// (mode 0755).
+	Files map[string]string
+}
+
+// Image is a locally built image under a tag of its own.
+type Image struct {
+	// Ref is repo:tag.
+	Ref string
+}
+
+// BuildImage builds src with testcontainers' FromDockerfile and returns the
+// image; remove it with Image.Remove.
+func BuildImage(ctx context.Context, src ImageSource) (*Image, error) {
+	var buf bytes.Buffer
+	if err := writeContext(&buf, src); err != nil {
+		return nil, err
+	}
+	return buildArchive(ctx, src.Repo, buf.Bytes())
+}
+
+// BuildDefinition builds one of taskrun's own image definitions
+// (images.Agent, images.Testbox) under repo with a unique tag, instead of its
+// shared :local tag.
+func BuildDefinition(ctx context.Context, repo string, def images.Definition) (*Image, error) {
+	var buf bytes.Buffer
+	if err := images.WriteContext(def, &buf); err != nil {
+		return nil, fmt.Errorf("build context of %s: %w", def.Ref, err)
+	}
+	return buildArchive(ctx, repo, buf.Bytes())
+}
+
+// buildArchive builds the tar build context archive as repo:<unique tag>.
+func buildArchive(ctx context.Context, repo string, archive []byte) (*Image, error) {
+	provider, err := testcontainers.NewDockerProvider()
+	if err != nil {
+		return nil, fmt.Errorf("testcontainers provider: %w", err)
+	}
+	defer provider.Close()
+	var buildLog bytes.Buffer
+	req := &testcontainers.ContainerRequest{FromDockerfile: testcontainers.FromDockerfile{
+		ContextArchive: bytes.NewReader(archive),
+		Repo:           defaultString(repo, DefaultRepo),
+		Tag:            randomID(),
+		BuildLogWriter: &buildLog,
+	}}
+	ref, err := provider.BuildImage(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s:%s: %w; build log:\n%s", req.Repo, req.Tag, err, buildLog.String())
+	}
+	return &Image{Ref: ref}, nil
+}
+
+// Remove removes the image's tag, and the image with it unless another tag
+// holds it. Cached base layers of other images stay.
+func (i *Image) Remove(ctx context.Context) error {
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return fmt.Errorf("docker client: %w", err)
+	}
+	defer cli.Close()
+	if _, err := cli.ImageRemove(ctx, i.Ref, image.RemoveOptions{PruneChildren: true}); err != nil && !client.IsErrNotFound(err) {
+		return fmt.Errorf("remove image %s: %w", i.Ref, err)
+	}
+	return nil
+}
+
+// writeContext writes src's Dockerfile and files as a tar build context.
+func writeContext(w io.Writer, src ImageSource) error {
+	if src.Dockerfile == "" {
+		return fmt.Errorf("%w: ImageSource.Dockerfile is empty: give the Dockerfile's text", ErrBadOptions)
+	}
+	tw := tar.NewWriter(w)
+	if err := tw.WriteHeader(&tar.Header{Name: "Dockerfile", Mode: 0o644, Size: int64(len(src.Dockerfile))}); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(tw, src.Dockerfile); err != nil {
+		return err
+	}
+	names := make([]string, 0, len(src.Files))
+	for name := range src.Files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := addFile(tw, path.Clean(name), src.Files[name]); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+func addFile(tw *tar.Writer, name, hostPath string) error {
+	f, err := os.Open(hostPath)
+	if err != nil {
+		return fmt.Errorf("%w: image file %s: %w", ErrBadOptions, name, err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("%w: image file %s: %s is not a regular file", ErrBadOptions, name, hostPath)
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: info.Size(), ModTime: info.ModTime()}); err != nil {
+		return err
+	}
+	_, err = io.Copy(tw, f)
+	return err
+}
+
+// BuildStatic builds a Go command with CGO_ENABLED=0 into dir and returns the
+// binary's path. pkg is a package of the current module (e.g.
+// "github.com/taskrun/taskrun/cmd/taskrun-agent") or, with an @version,
+// any module's command, installed through the module proxy or cache (e.g.
+// "github.com/versity/versitygw/cmd/versitygw@v1.8.0"). The result is checked
+// to be static.
+func BuildStatic(ctx context.Context, dir, pkg string) (string, error) {
+	name := path.Base(strings.SplitN(pkg, "@", 2)[0])
+	var cmd *exec.Cmd
+	if strings.Contains(pkg, "@") {
+		cmd = exec.CommandContext(ctx, "go", "install", "-trimpath", "-ldflags=-s -w", pkg)
+		cmd.Env = append(os.Environ(), "GOBIN="+dir)
+	} else {
+		cmd = exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, name), pkg)
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
+	}
+	bin := filepath.Join(dir, name)
+	return bin, RequireStatic(bin)
+}
+
+// RequireStatic checks that bin is an ELF executable without a dynamic
+// loader; the error wraps ErrNotStatic when it has one.
+func RequireStatic(bin string) error {
+	f, err := elf.Open(bin)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", bin, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%w: %s; rebuild it with CGO_ENABLED=0", ErrNotStatic, bin)
+		}
+	}
+	return nil
+}

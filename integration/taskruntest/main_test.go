@@ -1,0 +1,58 @@
+package taskruntest_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/taskrun/taskrun/images"
+	"github.com/taskrun/taskrun/integration/taskruntest"
+)
+
+// testboxImage is a per-session build of taskrun's busybox image
+// (images.Testbox), removed when the tests end.
+var testboxImage string
+
+// testboxEnv hands a parent's testbox build to a child test process.
+const testboxEnv = "TASKRUNTEST_TESTBOX_IMAGE"
+
+func TestMain(m *testing.M) {
+	// No registry is reachable, so testcontainers' reaper image cannot be
+	// pulled; the suite cleans up after itself instead.
+	if os.Getenv("TESTCONTAINERS_RYUK_DISABLED") == "" {
+		os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
+	}
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("taskruntest: every test runs containers; skipped in -short mode")
+		os.Exit(0)
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx := context.Background()
+	if ref := os.Getenv(testboxEnv); ref != "" {
+		testboxImage = ref
+		return m.Run()
+	}
+	def, err := images.Testbox()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "taskruntest:", err)
+		return 1
+	}
+	img, err := taskruntest.BuildDefinition(ctx, "taskruntest/testbox", def)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "taskruntest:", err)
+		return 1
+	}
+	testboxImage = img.Ref
+	code := m.Run()
+	if err := img.Remove(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "taskruntest:", err)
+		code = 1
+	}
+	return code
+}

@@ -1,0 +1,378 @@
+// Package taskruntest lets a Go test start a run under taskrun's sandbox
+// policy and read what it produced, next to the containers of a
+// testcontainers-go suite.
+//
+// A run goes through taskrun.Execute exactly as in production: a fresh
+// hardened container from the Docker engine named by DOCKER_HOST, its output
+// spooled and streamed, its files persisted to a file:// blob store in a
+// temporary directory, and its status reported to a recording updater that
+// the Result exposes.
+//
+// Every container a run creates carries testcontainers' session labels
+// (testcontainers.GenericLabels: org.testcontainers=true, .lang, .version,
+// .sessionId, and .reap=true when Ryuk is enabled), so that where Ryuk runs it
+// reaps a run container left behind by a test process that died. Each Env
+// also labels its containers dev.taskrun.test=<env ID> and removes whatever
+// still carries that label when it closes.
+//
+//	func TestMyAgent(t *testing.T) {
+//		res, err := taskruntest.Run(ctx, t, taskruntest.Options{
+//			Image: "my/agent:dev", Cmd: []string{"my-agent"}, Workspace: "testdata/ws",
+//		})
+//		require.NoError(t, err)
+//		report, err := res.Artifact(ctx, "report.md")
+//		...
+//	}
+package taskruntest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+	"github.com/testcontainers/testcontainers-go"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// Defaults of a run's identity and bounds.
+const (
+	// DefaultTimeout bounds a run whose Options set no Timeout.
+	DefaultTimeout = 2 * time.Minute
+	// DefaultTaskID, DefaultSessionID and UserID place runs in the store.
+	DefaultTaskID    = "task"
+	DefaultSessionID = "session"
+	UserID           = "test-user"
+	// ConversationID is the conversation every run of an Env belongs to.
+	ConversationID = "conversation"
+	// LabelEnv is the label that ties a container to the Env that created it.
+	LabelEnv = "dev.taskrun.test"
+)
+
+// ErrBadOptions is wrapped by errors about Options themselves.
+var ErrBadOptions = errors.New("taskruntest: bad options")
+
+// Options describe one run.
+type Options struct {
+	// Image is the run image; it must exist locally (nothing is pulled).
+	Image string
+	// Cmd replaces the image's default command when non-empty.
+	Cmd []string
+	// Workspace is a host directory copied into the run's home.
+	Workspace string
+	// Prompt is the task's instruction, readable at $TASKRUN_PROMPT_FILE.
+	Prompt string
+	// Model is the model the agent reaches through the run's gateway.
+	Model config.ModelEntry
+	// Policy confines the container; sandbox.DefaultPolicy() when zero.
+	Policy sandbox.Policy
+	// Timeout stops the run after this long; DefaultTimeout when zero.
+	Timeout time.Duration
+	// TaskID and SessionID default to DefaultTaskID and DefaultSessionID.
+	TaskID, SessionID string
+	// RunID names the run; generated when empty.
+	RunID string
+	// ResumeFrom is the ID of an earlier run of the same Env and task whose
+	// session state this run continues.
+	ResumeFrom string
+	// Labels are added to the container next to the session labels.
+	Labels map[string]string
+	// Stdout, when non-nil, receives a live copy of the run's stdout.
+	Stdout io.Writer
+}
+
+// Result is what a run produced, as the control plane and the store saw it.
+type Result struct {
+	// RunID and Ref name the run.
+	RunID string
+	Ref   persist.RunRef
+	// Status is the final reported status; Reason explains a failure.
+	Status model.RunStatus
+	Reason string
+	// ExitCode is the container's exit code (-1 when none ran).
+	ExitCode int
+	// Stream is every stdout byte the stream sender received, in order, and
+	// StreamEnded whether the end of the stream was announced.
+	Stream      []byte
+	StreamEnded bool
+	// Patches are the status updates sent, in order.
+	Patches []workerclient.PatchTaskRunRequest
+	// Labels are the labels the run asked for on its container.
+	Labels map[string]string
+	// Outcome is taskrun's own account of the run.
+	Outcome *taskrun.Outcome
+
+	store *persist.Store
+}
+
+// Final returns the last status update sent.
+func (r *Result) Final() workerclient.PatchTaskRunRequest {
+	if len(r.Patches) == 0 {
+		return workerclient.PatchTaskRunRequest{}
+	}
+	return r.Patches[len(r.Patches)-1]
+}
+
+// RunFile reads a stored run file, e.g. taskrun.OutputLogName.
+func (r *Result) RunFile(ctx context.Context, name string) ([]byte, error) {
+	return readAll(r.store.OpenRunFile(ctx, r.Ref, name))
+}
+
+// Artifact reads a stored artifact by its path under artifacts/.
+func (r *Result) Artifact(ctx context.Context, relPath string) ([]byte, error) {
+	return readAll(r.store.OpenArtifact(ctx, r.Ref, relPath))
+}
+
+// Trace reads the run's stored trace; it wraps persist.ErrNotFound when the
+// run wrote none.
+func (r *Result) Trace(ctx context.Context) ([]byte, error) {
+	path := r.Outcome.Result.TracePath
+	if path == "" {
+		return nil, fmt.Errorf("run %s stored no trace: %w", r.RunID, persist.ErrNotFound)
+	}
+	return readAll(r.store.OpenGlobalFile(ctx, UserID, path))
+}
+
+func readAll(rc io.ReadCloser, err error) ([]byte, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	return io.ReadAll(rc)
+}
+
+// Env is a place for runs: a Docker backend, a file:// store and a run root
+// under one directory. It is safe for concurrent runs.
+type Env struct {
+	id      string
+	dir     string
+	backend *docker.Backend
+	store   *persist.Store
+	log     *slog.Logger
+}
+
+// NewEnv opens an Env whose store and run directories live under dir. The
+// Docker engine is found through DOCKER_HOST and friends.
+func NewEnv(ctx context.Context, dir string) (*Env, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("%w: dir %q must be an absolute path, e.g. t.TempDir()", ErrBadOptions, dir)
+	}
+	store, err := persist.Open(ctx, "file://"+filepath.Join(dir, "store"))
+	if err != nil {
+		return nil, err
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	backend, err := docker.New(ctx, docker.WithLogger(log))
+	if err != nil {
+		_ = store.Close()
+		return nil, err
+	}
+	return &Env{id: "taskruntest-" + randomID(), dir: dir, backend: backend, store: store, log: log}, nil
+}
+
+// ID is the value of LabelEnv on the Env's containers.
+func (e *Env) ID() string { return e.id }
+
+// Root is the host directory holding the run directories.
+func (e *Env) Root() string { return filepath.Join(e.dir, "runtime") }
+
+// RunDir is the host directory of a run, mounted at /taskrun in its
+// container; its home is RunDir/home.
+func (e *Env) RunDir(taskID, runID string) string {
+	return taskrun.NewRuntimePathsFromRoot(e.Root()).RuntimeTaskRunDir(UserID, ConversationID, taskID, runID)
+}
+
+// Labels returns the labels a run with extra labels puts on its container:
+// testcontainers' session labels, LabelEnv and extra.
+func (e *Env) Labels(extra map[string]string) map[string]string {
+	labels := testcontainers.GenericLabels()
+	maps.Copy(labels, extra)
+	labels[LabelEnv] = e.id
+	return labels
+}
+
+// Run executes one run and returns what it produced. The error is
+// taskrun.Execute's: nil only for a SUCCEEDED run, matching
+// taskrun.ErrRunFailed for a run that failed or was cancelled, in which case
+// the Result is still complete.
+func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
+	if opts.Image == "" {
+		return nil, fmt.Errorf("%w: Image is required: name a local image such as taskrun/testbox:local", ErrBadOptions)
+	}
+	rec := &recorder{}
+	in := e.input(opts, rec)
+	out, err := taskrun.Execute(ctx, in)
+	if out == nil {
+		return nil, err
+	}
+	res := &Result{
+		RunID:    in.Run.ID,
+		Ref:      persist.RunRef{UserID: UserID, ConversationID: ConversationID, TaskID: in.Task.ID, RunID: in.Run.ID},
+		Status:   out.Status,
+		Reason:   out.Reason,
+		ExitCode: -1,
+		Labels:   in.Labels,
+		Outcome:  out,
+		store:    e.store,
+	}
+	if out.ContainerID != "" {
+		res.ExitCode = out.Exit.ExitCode
+	}
+	res.Stream, res.StreamEnded, res.Patches = rec.snapshot()
+	return res, err
+}
+
+// input builds the RunTaskInput of opts.
+func (e *Env) input(opts Options, rec *recorder) taskrun.RunTaskInput {
+	taskID := defaultString(opts.TaskID, DefaultTaskID)
+	timeout := opts.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	return taskrun.RunTaskInput{
+		Task: &model.Task{
+			ID: taskID, UserID: UserID, ConversationID: ConversationID,
+			Prompt: opts.Prompt, WorkspaceDir: opts.Workspace,
+		},
+		Run:             &model.TaskRun{ID: defaultString(opts.RunID, "run-"+randomID()), TaskID: taskID, PreviousRunID: opts.ResumeFrom},
+		SessionID:       defaultString(opts.SessionID, DefaultSessionID),
+		Paths:           taskrun.NewRuntimePathsFromRoot(e.Root()),
+		Persist:         e.store,
+		ArtifactStorage: e.store,
+		Updater:         rec,
+		StreamSender:    rec,
+		Model:           opts.Model,
+		Sandbox:         e.backend,
+		Image:           opts.Image,
+		Command:         opts.Cmd,
+		Policy:          opts.Policy,
+		Labels:          e.Labels(opts.Labels),
+		Timeout:         timeout,
+		Stdout:          opts.Stdout,
+		Logger:          e.log,
+	}
+}
+
+// Close removes every container still carrying the Env's label and releases
+// the backend and the store. The directory is left to its owner.
+func (e *Env) Close(ctx context.Context) error {
+	return errors.Join(RemoveContainers(ctx, map[string]string{LabelEnv: e.id}), e.backend.Close(), e.store.Close())
+}
+
+// Run executes one run in an Env under tb.TempDir() that is closed at
+// tb's cleanup. See Env.Run.
+func Run(ctx context.Context, tb testing.TB, opts Options) (*Result, error) {
+	tb.Helper()
+	env, err := NewEnv(ctx, tb.TempDir())
+	if err != nil {
+		return nil, err
+	}
+	tb.Cleanup(func() {
+		if err := env.Close(context.WithoutCancel(ctx)); err != nil {
+			tb.Errorf("taskruntest: close env: %v", err)
+		}
+	})
+	return env.Run(ctx, opts)
+}
+
+// RemoveContainers force-removes every container that carries all of labels.
+// An empty label set is refused: it would match every container.
+func RemoveContainers(ctx context.Context, labels map[string]string) error {
+	if len(labels) == 0 {
+		return fmt.Errorf("%w: RemoveContainers needs at least one label", ErrBadOptions)
+	}
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return fmt.Errorf("docker client: %w", err)
+	}
+	defer cli.Close()
+	args := filters.NewArgs()
+	for k, v := range labels {
+		args.Add("label", k+"="+v)
+	}
+	list, err := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: args})
+	if err != nil {
+		return fmt.Errorf("list containers: %w", err)
+	}
+	var errs []error
+	for _, c := range list {
+		if err := cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true}); err != nil && !client.IsErrNotFound(err) {
+			errs = append(errs, fmt.Errorf("remove container %s: %w", c.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// recorder is the run's TaskRunUpdater and StreamSender: it keeps what it was
+// sent and refuses deltas out of order.
+type recorder struct {
+	mu      sync.Mutex
+	patches []workerclient.PatchTaskRunRequest
+	stream  bytes.Buffer
+	ended   bool
+}
+
+// UpdateRunStatus records req.
+func (r *recorder) UpdateRunStatus(_ context.Context, _ string, req *workerclient.PatchTaskRunRequest) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.patches = append(r.patches, *req)
+	return nil
+}
+
+// Send appends d, which must start where the stream ends.
+func (r *recorder) Send(_ context.Context, _ string, d workerclient.Delta) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d.Offset != int64(r.stream.Len()) {
+		return fmt.Errorf("taskruntest: delta at offset %d, stream has %d bytes", d.Offset, r.stream.Len())
+	}
+	r.stream.Write(d.Data)
+	return nil
+}
+
+// End records the end of the stream, whose total must match.
+func (r *recorder) End(_ context.Context, _ string, total int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if total != int64(r.stream.Len()) {
+		return fmt.Errorf("taskruntest: stream ended at %d bytes, received %d", total, r.stream.Len())
+	}
+	r.ended = true
+	return nil
+}
+
+func (r *recorder) snapshot() ([]byte, bool, []workerclient.PatchTaskRunRequest) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return bytes.Clone(r.stream.Bytes()), r.ended, append([]workerclient.PatchTaskRunRequest(nil), r.patches...)
+}
+
+func defaultString(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// randomID is a short random [a-z0-9] string.
+func randomID() string { return strings.ToLower(rand.Text()[:12]) }
