@@ -40,14 +40,15 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	persistErr := r.persist(cleanupCtx)
+	r.releaseDisk(persistErr)
 	return r.report(ctx, cleanupCtx, runErr, persistErr)
 }
 
 // prepare materializes the run directory: dirs, the user's persistent files,
 // the workspace or the resumed session, the prompt and AGENTS.md.
 func (r *runner) prepare(ctx context.Context) error {
-	if err := workspace.CreateRunDirs(r.dirs, workspace.SandboxOwner); err != nil {
-		return fmt.Errorf("create run directory: %w", err)
+	if err := r.createRunDirs(ctx); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(r.hostDir, 0o700); err != nil {
 		return fmt.Errorf("create executor directory: %w", err)
@@ -154,6 +155,7 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	if auditErr != nil {
 		stop()
 	}
+	endDiskWatch := r.watchDisk(ctx, stop)
 
 	followers := r.follow(ctx, stdout, stderr)
 	if err := r.in.Updater.UpdateRunStatus(ctx, r.in.Run.ID, &workerclient.PatchTaskRunRequest{
@@ -165,6 +167,7 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	}
 
 	res := h.Wait(waitCtx)
+	diskErr := endDiskWatch()
 	r.out.Exit = res
 	var probeErr error
 	r.probeReport, r.probeContradictions, probeErr = r.iso.probeVerdict(res)
@@ -175,7 +178,7 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	if err := followers.wait(); err != nil {
 		r.log.Warn("stream output", "err", err)
 	}
-	return errors.Join(auditErr, probeErr, res.Err)
+	return errors.Join(auditErr, diskErr, probeErr, res.Err)
 }
 
 // spec is the container to run for this run.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
@@ -112,8 +112,8 @@ func TestRunTaskProbeContradictionRefusesRun(t *testing.T) {
 	assert.Equal(t, model.StatusFailed, out.Status)
 	assert.Equal(t, taskrun.ProbeRefusedExitCode, out.Exit.ExitCode)
 	assert.Contains(t, out.Reason, "self-check refused")
-	_, statErr := os.Stat(filepath.Join(h.root, "users", h.tenant, "conversations", "conv1", "tasks", "task1", "runs", "refused1", "output", "agent-ran"))
-	assert.ErrorIs(t, statErr, os.ErrNotExist, "the agent must never start")
+	_, err = h.store.OpenRunFile(context.Background(), h.ref("refused1"), "output/agent-ran")
+	assert.ErrorIs(t, err, persist.ErrNotFound, "the agent must never start")
 
 	var record audit.Record
 	require.NoError(t, json.Unmarshal([]byte(h.runFile(t, "refused1", taskrun.AuditRecordName)), &record))

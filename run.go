@@ -71,6 +71,8 @@ type runner struct {
 	hostDir string
 	out     Outcome
 	started time.Time
+	// unmountDisk releases the run dir's size-capped filesystem, if mounted.
+	unmountDisk func() error
 	// iso, probeReport and probeContradictions are the run's isolation
 	// checks and what the in-sandbox self-check saw.
 	iso                 *isolation

@@ -87,6 +87,9 @@ type RunTaskInput struct {
 	// Labels are added to the run's container next to the dev.taskrun.*
 	// labels, e.g. a test framework's session labels so its reaper finds it.
 	Labels map[string]string
+	// DiskLimitBytes caps what the run may store under /taskrun:
+	// DefaultDiskLimitBytes when zero, no cap when negative.
+	DiskLimitBytes int64
 	// Timeout bounds the container's run time; DefaultTimeout when zero.
 	Timeout time.Duration
 	// Stdout, when non-nil, receives a live copy of the run's stdout, fed

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -307,4 +308,26 @@ func TestRunTaskCapsResultOutputButStoresItAll(t *testing.T) {
 	stored := h.runFile(t, "big1", taskrun.OutputLogName)
 	assert.Len(t, stored, size)
 	assert.Equal(t, size, rec.stream.Len())
+}
+
+// A run cannot fill the host disk through /taskrun: writing past the run's
+// disk cap fails inside the sandbox (loop-mounted cap, as root), or the
+// watchdog stops the run and it FAILS (elsewhere).
+func TestRunTaskDiskCapHolds(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	in := h.input(rec, "diskfill1", "sh", "-c", "dd if=/dev/zero of=/taskrun/home/fill bs=1M count=256 2>&1; sleep 3")
+	in.DiskLimitBytes = 32 << 20
+
+	out, err := taskrun.Execute(context.Background(), in)
+	if errors.Is(err, taskrun.ErrDiskLimit) {
+		assert.Equal(t, model.StatusFailed, out.Status, "the watchdog stopped the run")
+		return
+	}
+	require.NoError(t, err)
+	assert.Contains(t, out.Result.OutputStr, "No space left on device")
+	var written int
+	_, err = fmt.Sscanf(out.Result.OutputStr[strings.Index(out.Result.OutputStr, "records in\n")+len("records in\n"):], "%d+", &written)
+	require.NoError(t, err)
+	assert.Less(t, written, 32, "dd wrote %d MiB into a 32 MiB cap", written)
 }

@@ -164,6 +164,21 @@ const (
 //
 // It fails with ErrRunDirInUse if d.Dir already exists with content.
 func CreateRunDirs(d RunDirs, owner Owner) error {
+	if err := CreateRunDir(d); err != nil {
+		return err
+	}
+	for _, dir := range d.sandboxDirs() {
+		if err := makeSandboxDir(dir, owner); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CreateRunDir creates only d.Dir (and its 0700 ancestors), empty, so that a
+// size-capped filesystem can be mounted on it before CreateRunDirs fills it.
+// It fails with ErrRunDirInUse if d.Dir already exists with content.
+func CreateRunDir(d RunDirs) error {
 	if d.Dir == "" {
 		return errors.New("create run dirs: empty run directory; build RunDirs with Paths.Run")
 	}
@@ -175,11 +190,6 @@ func CreateRunDirs(d RunDirs, owner Owner) error {
 	}
 	if err := os.Chmod(d.Dir, runDirMode); err != nil {
 		return fmt.Errorf("create run dirs: %w", err)
-	}
-	for _, dir := range d.sandboxDirs() {
-		if err := makeSandboxDir(dir, owner); err != nil {
-			return err
-		}
 	}
 	return nil
 }

@@ -40,6 +40,8 @@ type runOptions struct {
 	resumeFrom string
 	runID      string
 	timeout    time.Duration
+	disk       int64
+	helpersDir string
 	policy     sandbox.Policy
 	jsonOut    bool
 	server     string
@@ -68,6 +70,8 @@ func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
 	memory := fs.String("memory", units.BytesSize(float64(o.policy.MemoryBytes)), "memory limit, e.g. 512m or 2g (no swap)")
 	cpus := fs.Float64("cpus", float64(o.policy.NanoCPUs)/1e9, "CPU limit")
 	fs.Int64Var(&o.policy.PidsLimit, "pids", o.policy.PidsLimit, "process limit")
+	disk := fs.String("disk", units.BytesSize(taskrun.DefaultDiskLimitBytes), "cap on what the run may store under /taskrun")
+	fs.StringVar(&o.helpersDir, "helpers-dir", executableDir(), "directory of the static in-sandbox helpers (taskrun-probe); empty disables the self-check")
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result on stdout; the run's stdout goes to stderr")
 	fs.StringVar(&o.server, "server", "", "control plane base URL; without it, status and output go to the terminal")
@@ -93,6 +97,9 @@ func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
 		return o, fmt.Errorf("--memory %q: give a size such as 512m or 2g", *memory)
 	}
 	o.policy.MemoryBytes = mem
+	if o.disk, err = units.RAMInBytes(*disk); err != nil || o.disk <= 0 {
+		return o, fmt.Errorf("--disk %q: give a size such as 2g", *disk)
+	}
 	if *cpus <= 0 {
 		return o, fmt.Errorf("--cpus %v: give a positive number such as 1 or 0.5", *cpus)
 	}
@@ -230,6 +237,8 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		Command:         o.command,
 		Policy:          o.policy,
 		Timeout:         o.timeout,
+		DiskLimitBytes:  o.disk,
+		HelpersDir:      o.helpersDir,
 		Stderr:          stderr,
 		Logger:          log,
 	}
