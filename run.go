@@ -127,11 +127,11 @@ func validateInput(in RunTaskInput) error {
 		return errors.Join(errs...)
 	}
 	ids := []struct{ kind, id string }{
-		{"user ID", in.Task.UserID}, {"conversation ID", in.Task.ConversationID},
-		{"task ID", in.Task.ID}, {"run ID", in.Run.ID}, {"session ID", in.SessionID},
+		{"user", in.Task.UserID}, {"conversation", in.Task.ConversationID},
+		{"task", in.Task.ID}, {"run", in.Run.ID}, {"session", in.SessionID},
 	}
 	if in.Run.PreviousRunID != "" {
-		ids = append(ids, struct{ kind, id string }{"previous run ID", in.Run.PreviousRunID})
+		ids = append(ids, struct{ kind, id string }{"previous run", in.Run.PreviousRunID})
 	}
 	for _, id := range ids {
 		if err := workspace.ValidateID(id.kind, id.id); err != nil {
@@ -155,7 +155,7 @@ func (r *runner) failEarly(ctx context.Context, cause error) (*Outcome, error) {
 	r.out = Outcome{Status: model.StatusFailed, Reason: cause.Error()}
 	r.out.Result.EndTime = time.Now().UnixMilli()
 	in := r.in
-	if in.Updater != nil && in.Run != nil && workspace.ValidateID("run ID", in.Run.ID) == nil {
+	if in.Updater != nil && in.Run != nil && workspace.ValidateID("run", in.Run.ID) == nil {
 		if err := in.Updater.UpdateRunStatus(ctx, in.Run.ID, r.patch()); err != nil {
 			cause = errors.Join(cause, fmt.Errorf("report FAILED: %w", err))
 		}

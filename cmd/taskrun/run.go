@@ -182,13 +182,13 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // executeRun builds the run's dependencies from the flags and runs it.
 func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log *slog.Logger) (*taskrun.Outcome, error) {
 	// Refuse bad IDs before connecting to anything.
-	for _, id := range []struct{ kind, v string }{{"user ID", o.user}, {"task ID", o.task}, {"session ID", o.session}, {"run ID", o.runID}} {
+	for _, id := range []struct{ kind, v string }{{"--user user", o.user}, {"--task task", o.task}, {"--session session", o.session}, {"--run-id run", o.runID}} {
 		if err := workspace.ValidateID(id.kind, id.v); err != nil {
 			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 		}
 	}
 	if o.resumeFrom != "" {
-		if err := workspace.ValidateID("--resume-from run ID", o.resumeFrom); err != nil {
+		if err := workspace.ValidateID("--resume-from run", o.resumeFrom); err != nil {
 			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 		}
 	}

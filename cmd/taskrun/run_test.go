@@ -1,0 +1,242 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/gateway"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+const testImage = "taskrun/testbox:local"
+
+func TestParseRunFlagsDefaults(t *testing.T) {
+	o, err := parseRunFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, taskrun.DefaultImage, o.image)
+	assert.Equal(t, "file://./.taskrun/store", o.store)
+	assert.Equal(t, "./.taskrun/runtime", o.root)
+	assert.Equal(t, sandbox.DefaultPolicy(), o.policy)
+	assert.Equal(t, taskrun.DefaultTimeout, o.timeout)
+	assert.Empty(t, o.command)
+	assert.Regexp(t, `^r\d{8}T\d{6}-[a-z0-9]{8}$`, o.runID)
+	assert.True(t, o.model.IsZero())
+}
+
+func TestParseRunFlagsContract(t *testing.T) {
+	o, err := parseRunFlags([]string{
+		"--workspace", "ws", "--prompt", "p", "--image", "img", "--store", "mem://", "--root", "r",
+		"--session", "s1", "--resume-from", "prev", "--timeout", "90s", "--memory", "512m", "--cpus", "0.5",
+		"--pids", "64", "--runtime", "runsc", "--json", "--", "sh", "-c", "echo hi",
+	}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "ws", o.workspace)
+	assert.Equal(t, "p", o.prompt)
+	assert.Equal(t, "img", o.image)
+	assert.Equal(t, "mem://", o.store)
+	assert.Equal(t, "r", o.root)
+	assert.Equal(t, "s1", o.session)
+	assert.Equal(t, "prev", o.resumeFrom)
+	assert.Equal(t, 90*time.Second, o.timeout)
+	assert.EqualValues(t, 512<<20, o.policy.MemoryBytes)
+	assert.EqualValues(t, 500_000_000, o.policy.NanoCPUs)
+	assert.EqualValues(t, 64, o.policy.PidsLimit)
+	assert.Equal(t, "runsc", o.policy.Runtime)
+	assert.True(t, o.jsonOut)
+	assert.Equal(t, []string{"sh", "-c", "echo hi"}, o.command)
+}
+
+func TestParseRunFlagsRejectsBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{"--memory", "lots"},
+		{"--memory", "0"},
+		{"--cpus", "0"},
+		{"--timeout", "-1s"},
+		{"--disk", "none"},
+		{"sh"}, // a command without `--`
+		{"--token", "t"},
+		{"--model", "gpt"},
+		{"--model", "openai:gpt-4o"},
+		{"--model-base-url", "http://x"},
+		{"--no-such-flag"},
+	} {
+		_, err := parseRunFlags(args, io.Discard)
+		assert.Error(t, err, "%q", args)
+	}
+}
+
+func TestParseRunFlagsModels(t *testing.T) {
+	o, err := parseRunFlags([]string{"--model", "scripted"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, config.ModelEntry{Provider: config.ProviderScripted, Name: gateway.DemoScriptName}, o.model)
+
+	o, err = parseRunFlags([]string{"--model", "scripted:/tmp/s.jsonl"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "/tmp/s.jsonl", o.model.Name)
+
+	o, err = parseRunFlags([]string{"--model", "openai:gpt-4o", "--model-base-url", "https://api.example/v1", "--model-api-key-env", "KEY"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-4o", BaseURL: "https://api.example/v1", APIKeyEnv: "KEY"}, o.model)
+}
+
+func TestExitCodeFollowsDockerRun(t *testing.T) {
+	assert.Equal(t, 0, exitCode(&taskrun.Outcome{Status: model.StatusSucceeded}, nil))
+	assert.Equal(t, 7, exitCode(&taskrun.Outcome{Status: model.StatusFailed, Exit: sandbox.Result{ExitCode: 7}}, taskrun.ErrRunFailed))
+	assert.Equal(t, 124, exitCode(&taskrun.Outcome{Status: model.StatusFailed, Exit: sandbox.Result{ExitCode: 143, TimedOut: true}}, taskrun.ErrRunFailed))
+	assert.Equal(t, 125, exitCode(nil, errCannotRun))
+	assert.Equal(t, 130, exitCode(&taskrun.Outcome{Status: model.StatusCancelled}, taskrun.ErrRunFailed))
+	assert.Equal(t, 1, exitCode(&taskrun.Outcome{Status: model.StatusFailed}, taskrun.ErrRunFailed))
+}
+
+// cli runs `taskrun run` in-process against the real engine, with its own
+// root and store, and returns stdout, stderr and the exit status.
+func cli(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs real containers")
+	}
+	base := []string{"run", "--root", t.TempDir(), "--store", "file://" + t.TempDir(), "--helpers-dir", "", "--user", tenant(t)}
+	var stdout, stderr bytes.Buffer
+	code := dispatch(context.Background(), append(base, args...), &stdout, &stderr)
+	return stdout.String(), stderr.String(), code
+}
+
+var tenants sync.Map
+
+// tenant is a per-test user ID, so containers can be found by label.
+func tenant(t *testing.T) string {
+	v, _ := tenants.LoadOrStore(t.Name(), "t"+strings.ToLower(rand.Text()[:10]))
+	return v.(string)
+}
+
+func TestRunStreamsStdoutVerbatimAndExitsWithTheContainersCode(t *testing.T) {
+	stdout, stderr, code := cli(t, "--image", testImage, "--", "sh", "-c", "echo out; echo err >&2; printf tail; exit 7")
+	assert.Equal(t, 7, code, stderr)
+	assert.Equal(t, "out\ntail", stdout)
+	assert.Contains(t, stderr, "err\n")
+}
+
+func TestRunJSONResult(t *testing.T) {
+	stdout, stderr, code := cli(t, "--image", testImage, "--json", "--", "sh", "-c", "echo to-stderr")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "to-stderr\n", "with --json the run's stdout goes to stderr")
+	var res struct {
+		RunID     string          `json:"run_id"`
+		Status    model.RunStatus `json:"status"`
+		ExitCode  int             `json:"exit_code"`
+		OOMKilled bool            `json:"oom_killed"`
+		TimedOut  bool            `json:"timed_out"`
+		Error     string          `json:"error"`
+		Result    map[string]any  `json:"result"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+	assert.NotEmpty(t, res.RunID)
+	assert.Equal(t, model.StatusSucceeded, res.Status)
+	for _, key := range []string{"end_time", "output_str", "run_artifacts_dir", "prompt_tokens", "completion_tokens", "trace_path"} {
+		assert.Contains(t, res.Result, key)
+	}
+	assert.Equal(t, "to-stderr\n", res.Result["output_str"])
+}
+
+func TestRunTimeoutExits124(t *testing.T) {
+	_, stderr, code := cli(t, "--image", testImage, "--timeout", "1s", "--", "sleep", "60")
+	assert.Equal(t, exitTimeout, code, stderr)
+}
+
+func TestRunBadInputExits125WithTheFix(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		fix  string
+	}{
+		{"missing workspace", []string{"--workspace", "/no/such/dir"}, nil, "pass an existing directory"},
+		{"id with slash", []string{"--task", "a/b"}, nil, "use 1-128 characters"},
+		{"id with dots", []string{"--session", ".."}, nil, "use 1-128 characters"},
+		{"missing image", []string{"--image", "taskrun/absent:local"}, nil, "taskrun images build"},
+		{"no daemon", nil, map[string]string{"DOCKER_HOST": "unix:///nonexistent/docker.sock"}, "DOCKER_HOST"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			_, stderr, code := cli(t, tc.args...)
+			assert.Equal(t, exitCannotRun, code, stderr)
+			assert.Contains(t, stderr, tc.fix)
+		})
+	}
+}
+
+// `taskrun run --image IMG -- CMD` runs any command under the policy: the
+// live container passes every audit rule and carries the policy's values.
+func TestRunAppliesPolicyToLiveContainer(t *testing.T) {
+	docker, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	require.NoError(t, err)
+	defer docker.Close()
+	user := tenant(t)
+
+	var raw []byte
+	found := make(chan struct{})
+	go func() {
+		defer close(found)
+		for range 200 {
+			list, err := docker.ContainerList(context.Background(), container.ListOptions{
+				Filters: filters.NewArgs(filters.Arg("label", "dev.taskrun.tenant="+user)),
+			})
+			if err == nil && len(list) == 1 {
+				_, raw, _ = docker.ContainerInspectWithRaw(context.Background(), list[0].ID, false)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	_, stderr, code := cli(t, "--image", testImage, "--memory", "256m", "--pids", "64", "--cpus", "0.5", "--", "sleep", "4")
+	<-found
+	require.Equal(t, 0, code, stderr)
+	require.NotEmpty(t, raw, "the run's container was never seen live")
+
+	p, err := audit.ParseInspect(raw)
+	require.NoError(t, err)
+	info, err := docker.Info(context.Background())
+	require.NoError(t, err)
+	rep := audit.Check(p, audit.HostFactsFromInfo(info), audit.Options{})
+	assert.False(t, rep.Failed(), "failed rules: %v", rep.FailedIDs())
+
+	var insp container.InspectResponse
+	require.NoError(t, json.Unmarshal(raw, &insp))
+	hc := insp.HostConfig
+	assert.Equal(t, "10001:10001", insp.Config.User)
+	assert.EqualValues(t, 256<<20, hc.Memory)
+	assert.EqualValues(t, 256<<20, hc.MemorySwap)
+	assert.EqualValues(t, 64, *hc.PidsLimit)
+	assert.EqualValues(t, 500_000_000, hc.NanoCPUs)
+	assert.Equal(t, []string{"ALL"}, []string(hc.CapDrop))
+	assert.Empty(t, hc.CapAdd)
+	assert.Contains(t, hc.SecurityOpt, "no-new-privileges")
+	assert.True(t, hc.ReadonlyRootfs)
+	assert.Equal(t, "none", string(hc.NetworkMode))
+	assert.True(t, *hc.Init)
+	assert.Equal(t, "private", string(hc.IpcMode))
+	assert.Equal(t, "no", string(hc.RestartPolicy.Name))
+	assert.Contains(t, hc.Tmpfs, "/tmp")
+	assert.Equal(t, "json-file", hc.LogConfig.Type)
+	assert.NotEmpty(t, hc.LogConfig.Config["max-size"])
+}
