@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -13,50 +11,15 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
-var (
-	helpersOnce sync.Once
-	helpersDir  string
-	helpersErr  error
-)
-
-// helpers returns a directory holding the static taskrun-probe: the one `make
-// build` made (TASKRUN_BIN_DIR), or one built for this test binary.
-func helpers(t *testing.T) string {
-	t.Helper()
-	helpersOnce.Do(func() {
-		if dir := os.Getenv("TASKRUN_BIN_DIR"); dir != "" {
-			helpersDir = dir
-			return
-		}
-		helpersDir, helpersErr = os.MkdirTemp("", "taskrun-helpers-")
-		if helpersErr != nil {
-			return
-		}
-		// The sandbox user (uid 10001) executes the probe from here.
-		if helpersErr = os.Chmod(helpersDir, 0o755); helpersErr != nil {
-			return
-		}
-		cmd := exec.Command("go", "build", "-o", helpersDir, "./cmd/taskrun-probe")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			helpersErr = &exec.ExitError{Stderr: out}
-		}
-	})
-	require.NoError(t, helpersErr)
-	return helpersDir
-}
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if helpersDir != "" && os.Getenv("TASKRUN_BIN_DIR") == "" {
-		os.RemoveAll(helpersDir)
-	}
+	testbin.Cleanup()
 	os.Exit(code)
 }
 
@@ -66,7 +29,7 @@ func TestRunTaskStoresIsolationRecordWithProbeReport(t *testing.T) {
 	h := newHarness(t)
 	rec := &recorder{}
 	in := h.input(rec, "iso1", "sh", "-c", "echo agent ran")
-	in.HelpersDir = helpers(t)
+	in.HelpersDir = testbin.Dir(t)
 
 	out, err := taskrun.Execute(context.Background(), in)
 	require.NoError(t, err)
@@ -104,7 +67,7 @@ func TestRunTaskProbeContradictionRefusesRun(t *testing.T) {
 	h := newHarness(t)
 	rec := &recorder{}
 	in := h.input(rec, "refused1", "sh", "-c", "touch /taskrun/output/agent-ran")
-	in.HelpersDir = helpers(t)
+	in.HelpersDir = testbin.Dir(t)
 	in.Sandbox = loosenedBackend{Backend: h.backend, loosen: func(p *sandbox.Policy) { p.PidsLimit = 512 }}
 
 	out, err := taskrun.Execute(context.Background(), in)

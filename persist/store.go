@@ -225,6 +225,15 @@ func (s *Store) open(ctx context.Context, key string) (io.ReadCloser, error) {
 	return r, nil
 }
 
+// Open opens the object at key (as returned by RunKey, ArtifactKey or
+// GlobalKey, or listed in a run's stored objects) for reading.
+func (s *Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
+	if _, err := parseKey(key); err != nil {
+		return nil, err
+	}
+	return s.open(ctx, key)
+}
+
 // Stat describes the object at key (as returned by RunKey, ArtifactKey or
 // GlobalKey). SHA256 is empty only when the digest of a streamed upload
 // cannot be confirmed, e.g. while another writer is replacing the object.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/docker/docker/client"
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/persist"
 )
 
 // Exit statuses of `taskrun audit`.
@@ -35,7 +36,7 @@ flags:
 type auditFlags struct {
 	all, json, requireGVisor bool
 	record, networks         string
-	runsRoot                 string
+	runsRoot, store          string
 }
 
 // runAudit implements `taskrun audit`.
@@ -54,7 +55,7 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	var reports []audit.Report
 	if f.record != "" {
-		reports, err = auditRecord(f.record)
+		reports, err = auditRecord(ctx, f.store, f.record)
 	} else {
 		reports, err = auditLive(ctx, f.all, targets, opts)
 	}
@@ -84,7 +85,8 @@ func parseAuditFlags(args []string, stderr io.Writer) (auditFlags, []string, err
 	}
 	fs.BoolVar(&f.all, "all", false, "audit every container labelled "+audit.LabelManaged+"=true")
 	fs.BoolVar(&f.json, "json", false, "print the reports as JSON")
-	fs.StringVar(&f.record, "record", "", "re-check the isolation record in this local file (audit.json)")
+	fs.StringVar(&f.record, "record", "", "re-check the isolation record in this local file (audit.json), or at this key of --store")
+	fs.StringVar(&f.store, "store", "", "blob store URL holding the record, e.g. file://./.taskrun/store; --record is then the object key")
 	fs.BoolVar(&f.requireGVisor, "require-gvisor", false, "fail containers not running under runsc")
 	fs.StringVar(&f.networks, "networks", "", "comma-separated network modes to allow (default none)")
 	fs.StringVar(&f.runsRoot, "runs-root", "", "host directory every run dir must lie under")
@@ -122,16 +124,38 @@ func auditLive(ctx context.Context, all bool, ids []string, opts audit.Options) 
 	return audit.Containers(ctx, cli, opts, ids...)
 }
 
-func auditRecord(path string) ([]audit.Report, error) {
-	raw, err := os.ReadFile(path)
+func auditRecord(ctx context.Context, storeURL, path string) ([]audit.Report, error) {
+	raw, err := readRecord(ctx, storeURL, path)
 	if err != nil {
-		return nil, fmt.Errorf("read record %s (give the local path of a downloaded audit.json): %w", path, err)
+		return nil, err
 	}
 	rec, err := audit.ParseRecord(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return []audit.Report{rec.Recheck()}, nil
+}
+
+// readRecord reads a record from a local file, or from a blob store key.
+func readRecord(ctx context.Context, storeURL, key string) ([]byte, error) {
+	if storeURL == "" {
+		raw, err := os.ReadFile(key)
+		if err != nil {
+			return nil, fmt.Errorf("read record %s (give the local path of audit.json, or its key with --store): %w", key, err)
+		}
+		return raw, nil
+	}
+	store, err := persist.Open(ctx, storeURL)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	rc, err := store.Open(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("read record %s from %s: %w", key, storeURL, err)
+	}
+	defer rc.Close()
+	return io.ReadAll(rc)
 }
 
 func writeAuditReports(w io.Writer, reports []audit.Report, asJSON bool) error {
