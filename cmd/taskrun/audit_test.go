@@ -37,7 +37,7 @@ func TestAuditRechecksStoredRecord(t *testing.T) {
 	store := "file://" + t.TempDir()
 	var stdout, stderr bytes.Buffer
 	code := dispatch(context.Background(), []string{
-		"run", "--root", t.TempDir(), "--store", store, "--helpers-dir", testbin.Dir(t), "--user", tenant(t),
+		"run", "--root", t.TempDir(), "--store", store, "--helpers-dir", testbin.Dir(t), "--gc=false", "--user", tenant(t),
 		"--run-id", "audited1", "--image", testImage, "--json", "--", "true",
 	}, &stdout, &stderr)
 	require.Equal(t, 0, code, stderr.String())

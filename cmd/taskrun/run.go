@@ -42,6 +42,7 @@ type runOptions struct {
 	timeout    time.Duration
 	disk       int64
 	helpersDir string
+	reap       bool
 	policy     sandbox.Policy
 	jsonOut    bool
 	server     string
@@ -73,6 +74,7 @@ func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
 	disk := fs.String("disk", units.BytesSize(taskrun.DefaultDiskLimitBytes), "cap on what the run may store under /taskrun")
 	fs.StringVar(&o.helpersDir, "helpers-dir", executableDir(), "directory of the static in-sandbox helpers (taskrun-probe); empty disables the self-check")
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
+	fs.BoolVar(&o.reap, "gc", true, "first remove leftover containers that no live run owns (as `taskrun gc`)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result on stdout; the run's stdout goes to stderr")
 	fs.StringVar(&o.server, "server", "", "control plane base URL; without it, status and output go to the terminal")
 	fs.StringVar(&o.token, "token", "", "bearer token for --server")
@@ -211,10 +213,12 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
 	defer backend.Close()
-	if rep, err := backend.Reap(ctx, docker.ReapOptions{}); err != nil {
-		log.Warn("reap leftover containers", "err", err)
-	} else if len(rep.Removed) > 0 {
-		log.Info("removed leftover containers", "count", len(rep.Removed))
+	if o.reap {
+		if rep, err := backend.Reap(ctx, docker.ReapOptions{}); err != nil {
+			log.Warn("reap leftover containers", "err", err)
+		} else if len(rep.Removed) > 0 {
+			log.Info("removed leftover containers", "count", len(rep.Removed))
+		}
 	}
 
 	runStdout := stdout

@@ -112,7 +112,7 @@ func cli(t *testing.T, args ...string) (string, string, int) {
 	if testing.Short() {
 		t.Skip("runs real containers")
 	}
-	base := []string{"run", "--root", t.TempDir(), "--store", "file://" + t.TempDir(), "--helpers-dir", "", "--user", tenant(t)}
+	base := []string{"run", "--root", t.TempDir(), "--store", "file://" + t.TempDir(), "--helpers-dir", "", "--gc=false", "--user", tenant(t)}
 	var stdout, stderr bytes.Buffer
 	code := dispatch(context.Background(), append(base, args...), &stdout, &stderr)
 	return stdout.String(), stderr.String(), code

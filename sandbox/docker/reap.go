@@ -53,8 +53,8 @@ type ReapReport struct {
 // Reap removes managed containers that no live run owns, and dangling managed
 // networks. A container is owned by a live run when this Backend holds a handle
 // for it, or when it is running and not past its dev.taskrun.expires time
-// (another executor's run). Objects younger than the grace period are spared.
-// Removal errors are joined and returned next to the report.
+// (another executor's run). Objects younger than the grace period, and exited
+// containers that finished within it, are spared. Removal errors are joined and returned next to the report.
 func (b *Backend) Reap(ctx context.Context, opts ReapOptions) (ReapReport, error) {
 	if opts.Grace <= 0 {
 		opts.Grace = DefaultReapGrace
@@ -67,7 +67,7 @@ func (b *Backend) Reap(ctx context.Context, opts ReapOptions) (ReapReport, error
 	now := b.now()
 	var errs []error
 	for _, c := range cs {
-		reason := b.orphanReason(c, now, opts.Grace)
+		reason := b.orphanReason(c, b.finishedAt(ctx, c), now, opts.Grace)
 		if reason == "" {
 			rep.Spared++
 			continue
@@ -85,10 +85,32 @@ func (b *Backend) Reap(ctx context.Context, opts ReapOptions) (ReapReport, error
 	return rep, errors.Join(errs...)
 }
 
+// finishedAt is when an exited container stopped, or the zero time when it
+// has not run or cannot be inspected.
+func (b *Backend) finishedAt(ctx context.Context, c container.Summary) time.Time {
+	if c.State != container.StateExited && c.State != container.StateDead {
+		return time.Time{}
+	}
+	insp, _, err := b.api.ContainerInspectWithRaw(ctx, c.ID, false)
+	if err != nil || insp.State == nil {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, insp.State.FinishedAt)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
 // orphanReason says why no live run owns c, or "" when one does or c is
-// within the grace period.
-func (b *Backend) orphanReason(c container.Summary, now time.Time, grace time.Duration) string {
+// within the grace period. An exited container is spared for the grace
+// period after it finished too: its run may belong to another executor that
+// is still collecting its exit status.
+func (b *Backend) orphanReason(c container.Summary, finished, now time.Time, grace time.Duration) string {
 	if b.isLive(c.ID) {
+		return ""
+	}
+	if !finished.IsZero() && now.Sub(finished) < grace {
 		return ""
 	}
 	created, ok := labelTime(c.Labels, LabelCreated)

@@ -39,10 +39,13 @@ func removedIDs(rep ReapReport) []string {
 func TestReapRules(t *testing.T) {
 	b, labels := newTestBackend(t)
 	ctx := t.Context()
+	const grace = 5 * time.Second
 
 	exited := exitedOrphan(t, b, labels)
 	expired, err := plantOrphan(ctx, b, labels, "")
 	require.NoError(t, err)
+	// Let the exited orphan's finish fall out of the grace period.
+	time.Sleep(grace + 500*time.Millisecond)
 	young, err := plantContainer(ctx, b, labels, "", time.Now(), "true")
 	require.NoError(t, err)
 
@@ -59,7 +62,7 @@ func TestReapRules(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = theirs.Close(context.Background()) })
 
-	dry, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: 30 * time.Second, DryRun: true})
+	dry, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: grace, DryRun: true})
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{exited, expired}, removedIDs(dry))
 	assert.Equal(t, 3, dry.Spared)
@@ -67,12 +70,25 @@ func TestReapRules(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, left, 5, "a dry run removed something")
 
-	rep, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: 30 * time.Second})
+	rep, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: grace})
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{exited, expired}, removedIDs(rep))
 	left, err = b.listLabelled(ctx, labels)
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{young, mine.ID(), theirs.ID()}, left)
+}
+
+// An exited container whose run belongs to another executor is spared until
+// the grace period has passed since it finished, whatever its age.
+func TestOrphanReasonSparesRecentlyFinished(t *testing.T) {
+	b := &Backend{live: map[string]*handle{}}
+	now := time.Now()
+	old := now.Add(-time.Hour).UTC().Format(time.RFC3339)
+	c := container.Summary{ID: "x", State: container.StateExited, Labels: map[string]string{LabelCreated: old}}
+
+	assert.Empty(t, b.orphanReason(c, now.Add(-time.Second), now, time.Minute), "finished a second ago")
+	assert.NotEmpty(t, b.orphanReason(c, now.Add(-2*time.Minute), now, time.Minute), "finished two minutes ago")
+	assert.NotEmpty(t, b.orphanReason(c, time.Time{}, now, time.Minute), "never inspected: created an hour ago")
 }
 
 func TestReapNeverTouchesOtherLabels(t *testing.T) {
