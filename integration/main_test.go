@@ -156,7 +156,9 @@ func buildImages(ctx context.Context, binDir string) ([]*taskruntest.Image, erro
 	}
 	var built []*taskruntest.Image
 	for _, build := range []func() (*taskruntest.Image, error){
-		func() (*taskruntest.Image, error) { return taskruntest.BuildDefinition(ctx, "taskrun-integration/agent", agentDef) },
+		func() (*taskruntest.Image, error) {
+			return taskruntest.BuildDefinition(ctx, "taskrun-integration/agent", agentDef)
+		},
 		func() (*taskruntest.Image, error) {
 			return taskruntest.BuildDefinition(ctx, "taskrun-integration/testbox", testboxDef)
 		},
