@@ -85,17 +85,20 @@ func (r *runner) readResultOutput(f *os.File) error {
 	if err != nil {
 		return err
 	}
-	if len(head) > MaxResultOutputBytes {
-		head = append(head[:MaxResultOutputBytes:MaxResultOutputBytes], TruncationMarker...)
-	}
+	head, _ = capOutput(head, MaxResultOutputBytes)
 	r.out.Result.Output = head
 	r.out.Result.OutputStr = string(head)
 	_, err = f.Seek(0, io.SeekStart)
 	return err
 }
 
-func truncated(output []byte) bool {
-	return len(output) > MaxResultOutputBytes && strings.HasSuffix(string(output), TruncationMarker)
+// capOutput cuts output to limit bytes and appends TruncationMarker when it
+// was longer. It reports whether anything was cut.
+func capOutput(output []byte, limit int) ([]byte, bool) {
+	if len(output) > limit {
+		return append(output[:limit:limit], TruncationMarker...), true
+	}
+	return output, false
 }
 
 // persistTrace uploads the session's traces from global/traces/<session>/ to

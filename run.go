@@ -176,8 +176,9 @@ func (r *runner) patch() *workerclient.PatchTaskRunRequest {
 		req.StartedAt = ptr(r.started.UnixMilli())
 	}
 	if res.Output != nil {
-		req.Output = ptr(res.OutputStr)
-		req.OutputTruncated = len(res.Output) > 0 && truncated(res.Output)
+		out, cut := capOutput(res.Output, MaxPatchOutputBytes)
+		req.Output = ptr(string(out))
+		req.OutputTruncated = cut
 	}
 	if r.out.Reason != "" {
 		req.Error = ptr(r.out.Reason)

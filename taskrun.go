@@ -105,9 +105,13 @@ type RunTaskInput struct {
 const (
 	DefaultImage   = "taskrun/agent:local"
 	DefaultTimeout = 30 * time.Minute
-	// MaxResultOutputBytes caps RunResult.Output and the output sent in the
-	// PATCH. The complete output always goes to blob storage as output.log.
+	// MaxResultOutputBytes caps RunResult.Output. The complete output always
+	// goes to blob storage as output.log.
 	MaxResultOutputBytes = 1 << 20
+	// MaxPatchOutputBytes caps the output sent in the final PATCH, so that
+	// the body stays well under the control plane's 1 MiB limit even when
+	// JSON escaping inflates it.
+	MaxPatchOutputBytes = 128 << 10
 	// TruncationMarker ends an output that was cut at MaxResultOutputBytes.
 	TruncationMarker = "\n[taskrun: output truncated; the complete output is in output.log]\n"
 )
