@@ -1,0 +1,111 @@
+package taskrun_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/gateway"
+	"github.com/taskrun/taskrun/internal/testbin"
+	"github.com/taskrun/taskrun/model"
+)
+
+// fakeUpstream is an OpenAI-style upstream that answers only requests that
+// carry key, with a fixed usage.
+func fakeUpstream(t *testing.T, key string) (*httptest.Server, *atomic.Int32) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+key {
+			http.Error(w, `{"error":"bad key"}`, http.StatusUnauthorized)
+			return
+		}
+		calls.Add(1)
+		var req struct {
+			Stream bool `json:"stream"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if req.Stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, `data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"done"},"finish_reason":"stop"}]}`+"\n\n")
+			_, _ = io.WriteString(w, `data: {"id":"c1","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":3,"total_tokens":14}}`+"\n\n")
+			_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"done"},"finish_reason":"stop"}],"usage":{"prompt_tokens":11,"completion_tokens":3,"total_tokens":14}}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &calls
+}
+
+// The model API key never enters the sandbox: a run that talks to the model
+// (through the relay, over the gateway's socket) finds the key nowhere in its
+// env, any process's environ or any file under /taskrun, and it is in none of
+// the stored objects (output, trace, artifacts, state, isolation record). The
+// gateway meters the tokens.
+func TestRunTaskNeverLetsTheModelKeyIn(t *testing.T) {
+	h := newHarness(t)
+	canary := "sk-canary-" + rand.Text()
+	t.Setenv("TASKRUN_TEST_MODEL_KEY", canary)
+	upstream, calls := fakeUpstream(t, canary)
+
+	rec := &recorder{}
+	in := h.input(rec, "canary1", "sh", "-c", `
+/.taskrun/bin/taskrun-relay -- sh -c 'wget -qO /taskrun/artifacts/answer.json --header "Content-Type: application/json" \
+  --post-data "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" $OPENAI_BASE_URL/chat/completions'
+cat /taskrun/artifacts/answer.json; echo
+env
+cat /proc/*/environ | tr '\0' '\n'
+find /taskrun -type f ! -name '*.sock' -exec cat {} + 2>/dev/null
+`)
+	in.HelpersDir = testbin.Dir(t)
+	in.Model = config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-test", BaseURL: upstream.URL, APIKeyEnv: "TASKRUN_TEST_MODEL_KEY"}
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, calls.Load(), "the request reached the upstream with the key injected host-side")
+	assert.Contains(t, out.Result.OutputStr, `"content":"done"`)
+	assert.NotContains(t, out.Result.OutputStr, canary)
+
+	require.NotEmpty(t, out.Stored)
+	for _, obj := range out.Stored {
+		rc, err := h.store.Open(context.Background(), obj.Key)
+		require.NoError(t, err)
+		data, err := io.ReadAll(rc)
+		rc.Close()
+		require.NoError(t, err)
+		assert.NotContains(t, string(data), canary, "stored object %s", obj.Key)
+	}
+	require.NotNil(t, out.Result.PromptTokens)
+	assert.Equal(t, 11, *out.Result.PromptTokens)
+	assert.Equal(t, 3, *out.Result.CompletionTokens)
+	assert.Equal(t, 11, *rec.last().PromptTokens, "the PATCH carries the metered tokens")
+}
+
+// Exceeding the run's model budget FAILS the run with the budget as reason.
+func TestRunTaskModelBudgetFailsRun(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	in := h.input(rec, "budget1")
+	in.Image = taskrun.DefaultImage
+	in.Command = nil
+	in.Model = config.ModelEntry{Provider: config.ProviderScripted, Name: gateway.DemoScriptName, MaxRequests: 2}
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.ErrorIs(t, err, gateway.ErrBudgetExceeded)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.True(t, strings.Contains(out.Reason, "max_requests=2"), out.Reason)
+	assert.Equal(t, model.StatusFailed, rec.last().Status)
+	require.NotNil(t, rec.last().Error)
+}
