@@ -3,12 +3,14 @@ package taskrun_test
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -330,4 +332,52 @@ func TestRunTaskDiskCapHolds(t *testing.T) {
 	_, err = fmt.Sscanf(out.Result.OutputStr[strings.Index(out.Result.OutputStr, "records in\n")+len("records in\n"):], "%d+", &written)
 	require.NoError(t, err)
 	assert.Less(t, written, 32, "dd wrote %d MiB into a 32 MiB cap", written)
+}
+
+// A 10k-file home survives run -> session state -> resumed run with
+// identical content and modes.
+func TestRunTaskSessionRoundTrip10kFiles(t *testing.T) {
+	h := newHarness(t)
+	ws := t.TempDir()
+	var want []string
+	for d := range 100 {
+		dir := filepath.Join(ws, fmt.Sprintf("d%03d", d))
+		require.NoError(t, os.Mkdir(dir, 0o750))
+		want = append(want, fmt.Sprintf("750 ./d%03d", d))
+		for f := range 100 {
+			name := fmt.Sprintf("f%03d.txt", f)
+			mode := os.FileMode(0o644)
+			if f%7 == 0 {
+				mode = 0o755
+			} else if f%5 == 0 {
+				mode = 0o600
+			}
+			data := fmt.Sprintf("file %d/%d\n", d, f)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(data), mode))
+			require.NoError(t, os.Chmod(filepath.Join(dir, name), mode))
+			want = append(want, fmt.Sprintf("%o %s %x", mode.Perm(), "./"+filepath.Base(dir)+"/"+name, md5.Sum([]byte(data))))
+		}
+	}
+	rec := &recorder{}
+	first := h.input(rec, "tenk1", "true")
+	first.Task.WorkspaceDir = ws
+	first.Timeout = 5 * time.Minute
+	_, err := taskrun.Execute(context.Background(), first)
+	require.NoError(t, err)
+
+	// Inside the resumed run: mode and path of every dir, and mode, path and
+	// MD5 of every file.
+	list := `cd $HOME && { find . -mindepth 1 -type d -exec stat -c '%a %n' {} +;
+		find . -type f -exec stat -c '%a %n' {} + | sort -k2 > /tmp/modes; find . -type f -exec md5sum {} + | sort -k2 > /tmp/sums;
+		paste -d' ' /tmp/modes /tmp/sums | awk '{print $1, $2, $3}'; }`
+	second := h.input(rec, "tenk2", "sh", "-c", list)
+	second.Run.PreviousRunID = "tenk1"
+	second.Timeout = 5 * time.Minute
+	out, err := taskrun.Execute(context.Background(), second)
+	require.NoError(t, err)
+	got := strings.Split(strings.TrimSpace(string(out.Result.Output)), "\n")
+	sort.Strings(got)
+	sort.Strings(want)
+	require.Len(t, got, len(want))
+	assert.Equal(t, want, got)
 }

@@ -240,3 +240,26 @@ func TestRunAppliesPolicyToLiveContainer(t *testing.T) {
 	assert.Equal(t, "json-file", hc.LogConfig.Type)
 	assert.NotEmpty(t, hc.LogConfig.Config["max-size"])
 }
+
+// `taskrun run --session s --resume-from R` sees the files run R left in home.
+func TestRunResumeFromSeesPreviousHome(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real containers")
+	}
+	root, store := t.TempDir(), "file://"+t.TempDir()
+	run := func(args ...string) (string, string, int) {
+		var stdout, stderr bytes.Buffer
+		base := []string{"run", "--root", root, "--store", store, "--helpers-dir", "", "--gc=false", "--user", tenant(t), "--image", testImage, "--session", "s"}
+		code := dispatch(context.Background(), append(base, args...), &stdout, &stderr)
+		return stdout.String(), stderr.String(), code
+	}
+	_, stderr, code := run("--run-id", "first", "--", "sh", "-c", "echo kept > $HOME/left-by-first")
+	require.Equal(t, 0, code, stderr)
+	stdout, stderr, code := run("--run-id", "second", "--resume-from", "first", "--", "cat", "/taskrun/home/left-by-first")
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, "kept\n", stdout)
+
+	_, stderr, code = run("--run-id", "third", "--resume-from", "nosuchrun", "--", "true")
+	assert.Equal(t, exitCannotRun, code)
+	assert.Contains(t, stderr, "nosuchrun")
+}
