@@ -155,6 +155,7 @@ func (r *runner) persistSessionState(ctx context.Context) error {
 func (r *runner) stored(info persist.ObjectInfo, err error) error {
 	if err == nil {
 		r.out.Stored = append(r.out.Stored, info)
+		r.log.Info("stored", "key", info.Key, "bytes", info.Size)
 	}
 	return err
 }
