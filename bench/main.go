@@ -1,0 +1,110 @@
+// Command bench measures taskrun side by side with the plain tools it
+// replaces, in one run on one machine, and prints one Markdown table:
+//
+//   - cold-run wall time of the Docker backend and of the full RunTask path
+//     against `docker run --rm` with the same image, command, policy flags
+//     and bind mount (alternated, medians);
+//   - latency from the start call to the first stdout byte at the consumer;
+//   - stdout throughput of a large output through the backend's spool and
+//     through RunTask plus the HTTP stream sender to a local control plane,
+//     against a raw pipe of the same bytes, with the executor's peak RSS
+//     (the executor runs in a child process, measured with getrusage);
+//   - concurrent runs: all must succeed and none may leak a container;
+//   - workspace materialization (workspace.CopyTree) against `cp -a`.
+//
+// Run it with `make bench` or `go run ./bench` (the image
+// taskrun/testbox:local must exist: `make images`). Every container it
+// creates carries dev.taskrun.managed=true and dev.taskrun.bench=<run id>.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+)
+
+// labelBench marks the containers of one bench invocation.
+const labelBench = "dev.taskrun.bench"
+
+// config is the bench's flags.
+type config struct {
+	image       string
+	runs        int
+	sizeMiB     int
+	concurrency int
+	files       int
+	copyRounds  int
+	benchID     string
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == childCommand {
+		os.Exit(childMain(os.Args[2:]))
+	}
+	var c config
+	flag.StringVar(&c.image, "image", "taskrun/testbox:local", "local busybox image to run")
+	flag.IntVar(&c.runs, "n", 10, "runs of each variant in the cold-run and first-byte comparisons")
+	flag.IntVar(&c.sizeMiB, "size", 1024, "MiB of stdout in the throughput comparison")
+	flag.IntVar(&c.concurrency, "concurrent", 32, "runs started at once in the concurrency check")
+	flag.IntVar(&c.files, "files", 10000, "files in the workspace materialization comparison")
+	flag.IntVar(&c.copyRounds, "copy-rounds", 5, "rounds of CopyTree and cp -a each")
+	flag.Parse()
+	c.benchID = "bench-" + strings.ToLower(rand.Text()[:10])
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	rows, err := runAll(ctx, c)
+	printTable(os.Stdout, c, rows)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// section is one group of measurements.
+type section struct {
+	name string
+	run  func(context.Context, *env) ([]row, error)
+}
+
+// runAll runs every section, keeping the rows of those that worked, and
+// checks at the end that no container was left behind.
+func runAll(ctx context.Context, c config) ([]row, error) {
+	e, err := newEnv(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	var rows []row
+	var errs []string
+	for _, s := range []section{
+		{"cold run", coldRun},
+		{"first byte", firstByteLatency},
+		{"throughput", throughput},
+		{"concurrency", concurrent},
+		{"materialization", materialize},
+	} {
+		fmt.Fprintf(os.Stderr, "bench: %s...\n", s.name)
+		start := time.Now()
+		rs, err := s.run(ctx, e)
+		rows = append(rows, rs...)
+		if err != nil {
+			errs = append(errs, s.name+": "+err.Error())
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s done in %s\n", s.name, time.Since(start).Round(time.Second))
+	}
+	if left, err := e.leftovers(ctx); err != nil || left > 0 {
+		errs = append(errs, fmt.Sprintf("containers left behind: %d (%v)", left, err))
+	}
+	if len(errs) > 0 {
+		return rows, fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return rows, nil
+}
