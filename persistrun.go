@@ -34,8 +34,8 @@ const (
 // logs, the trace, artifacts, the final answer and the session state. Each step
 // runs regardless of the others; their errors are joined.
 func (r *runner) persist(ctx context.Context) error {
-	if !dirExists(r.dirs.Dir) {
-		return nil // refused before anything was written
+	if r.out.ContainerID == "" {
+		return nil // the agent never ran: there is nothing of it to keep
 	}
 	var errs []error
 	keep := func(err error, what string) {
@@ -48,10 +48,8 @@ func (r *runner) persist(ctx context.Context) error {
 	keep(r.persistTrace(ctx), "trace")
 	keep(r.persistArtifacts(ctx), "artifacts")
 	keep(r.persistResultFiles(ctx), "output files")
-	if r.out.ContainerID != "" {
-		keep(r.persistSessionState(ctx), "session state")
-		keep(r.persistRecord(ctx, r.iso, r.probeReport, r.probeContradictions), "isolation record")
-	}
+	keep(r.persistSessionState(ctx), "session state")
+	keep(r.persistRecord(ctx, r.iso, r.probeReport, r.probeContradictions), "isolation record")
 	if err := errors.Join(errs...); err != nil {
 		r.log.Error("persist failed; the run directory is kept for a retry", "dir", r.dirs.Dir, "err", err)
 		return err

@@ -53,6 +53,9 @@ func RunTask(ctx context.Context, input RunTaskInput) error {
 // the result (the CLI) or need the container's exit code.
 func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	r, err := newRunner(input)
+	if err == nil {
+		err = r.preflight(ctx)
+	}
 	if err != nil {
 		return r.failEarly(ctx, err)
 	}
@@ -106,6 +109,14 @@ func newRunner(in RunTaskInput) (*runner, error) {
 		return r, fmt.Errorf("%w: %w", ErrInvalidInput, err)
 	}
 	return r, nil
+}
+
+// preflight refuses a run whose image is missing before anything is written.
+func (r *runner) preflight(ctx context.Context) error {
+	if c, ok := r.in.Sandbox.(sandbox.ImageChecker); ok {
+		return c.CheckImage(ctx, r.spec().Image)
+	}
+	return nil
 }
 
 // validateInput refuses bad input before anything touches disk or Docker.

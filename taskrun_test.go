@@ -275,9 +275,17 @@ func TestRunTaskMissingImageFailsWithFix(t *testing.T) {
 	in.Image = "taskrun/does-not-exist:local"
 	out, err := taskrun.Execute(context.Background(), in)
 	require.ErrorIs(t, err, sandbox.ErrImageNotFound)
+	assert.Contains(t, err.Error(), "taskrun images build", "the error names the fix")
 	assert.Equal(t, model.StatusFailed, out.Status)
 	assert.Empty(t, out.ContainerID)
 	assert.Equal(t, model.StatusFailed, rec.last().Status)
+
+	keys, err := h.store.List(context.Background(), "tenants/")
+	require.NoError(t, err)
+	assert.Empty(t, keys, "nothing half-written in the store")
+	entries, err := os.ReadDir(h.root)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing written on disk")
 }
 
 func TestRunTaskRefusesBadIDsBeforeTouchingDisk(t *testing.T) {

@@ -39,6 +39,13 @@ type EngineDescriber interface {
 	EngineInfo(ctx context.Context) (json.RawMessage, error)
 }
 
+// ImageChecker is implemented by backends that can tell, before anything is
+// created, whether an image exists locally. Callers use it to refuse a run
+// early with a clear error.
+type ImageChecker interface {
+	CheckImage(ctx context.Context, image string) error
+}
+
 // Handle is one running container.
 type Handle interface {
 	// ID is the backend's identifier for the container.

@@ -171,6 +171,17 @@ func (b *Backend) resolveWrapper(ctx context.Context, spec sandbox.Spec) (sandbo
 	return wrapCommand(spec, imgEntrypoint, imgCmd)
 }
 
+// CheckImage reports whether image exists locally (sandbox.ImageChecker);
+// the error wraps sandbox.ErrImageNotFound or sandbox.ErrDaemonUnavailable
+// and names the fix.
+func (b *Backend) CheckImage(ctx context.Context, image string) error {
+	_, err := b.api.ImageInspect(ctx, image)
+	if err != nil {
+		return b.createError(sandbox.Spec{Image: image}, err)
+	}
+	return nil
+}
+
 // EngineInfo returns the engine's `docker info` document (sandbox.EngineDescriber).
 func (b *Backend) EngineInfo(ctx context.Context) (json.RawMessage, error) {
 	info, err := b.api.Info(ctx)
