@@ -15,6 +15,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker"
 )
 
 func TestMain(m *testing.M) {
@@ -52,7 +53,7 @@ func TestRunTaskStoresIsolationRecordWithProbeReport(t *testing.T) {
 // loosenedBackend hands the engine a looser policy than the run asked for,
 // as a buggy or tampered backend would.
 type loosenedBackend struct {
-	sandbox.Backend
+	*docker.Backend
 	loosen func(*sandbox.Policy)
 }
 
