@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/taskrun/taskrun/diskcap"
@@ -32,13 +33,14 @@ func (r *runner) diskLimit() int64 {
 
 // createRunDirs creates the run directory on a size-capped filesystem when
 // the host allows it (root with loop devices: the kernel then enforces the
-// cap, and writes past it fail with ENOSPC inside the sandbox). Elsewhere the
-// run is capped by a watchdog during execute instead.
+// cap, and writes past it fail with ENOSPC inside the sandbox). Elsewhere, and
+// for runs whose directory outlives them (KeepRunDir), a watchdog caps the
+// run during execute instead.
 func (r *runner) createRunDirs(ctx context.Context) error {
 	if err := workspace.CreateRunDir(r.dirs); err != nil {
 		return fmt.Errorf("create run directory: %w", err)
 	}
-	if limit := r.diskLimit(); limit > 0 {
+	if limit := r.diskLimit(); limit > 0 && !r.in.KeepRunDir {
 		unmount, err := diskcap.Mount(ctx, r.dirs.Dir, limit)
 		switch {
 		case err == nil:
@@ -88,17 +90,27 @@ func (r *runner) watchDisk(ctx context.Context, stop context.CancelFunc) func() 
 	}
 }
 
-// releaseDisk unmounts the capped filesystem once everything is persisted.
-// On a persist failure it stays mounted: it is the local copy for a retry.
-func (r *runner) releaseDisk(persistErr error) {
-	if r.unmountDisk == nil {
-		return
-	}
+// releaseLocal drops the run's local files once everything is persisted:
+// the capped filesystem is unmounted, and the run and executor directories
+// are removed unless KeepRunDir. On a persist failure all of it stays: it is
+// the local copy for a retry.
+func (r *runner) releaseLocal(persistErr error) {
 	if persistErr != nil {
-		r.log.Warn("run directory left mounted for a persist retry", "dir", r.dirs.Dir)
+		r.log.Warn("run directory kept for a persist retry", "dir", r.dirs.Dir, "spools", r.hostDir)
 		return
 	}
-	if err := r.unmountDisk(); err != nil {
-		r.log.Warn("unmount run directory", "dir", r.dirs.Dir, "err", err)
+	if r.unmountDisk != nil {
+		if err := r.unmountDisk(); err != nil {
+			r.log.Warn("unmount run directory", "dir", r.dirs.Dir, "err", err)
+			return
+		}
+	}
+	if r.in.KeepRunDir {
+		return
+	}
+	for _, dir := range []string{r.dirs.Dir, r.hostDir} {
+		if err := os.RemoveAll(dir); err != nil {
+			r.log.Warn("remove local run files", "dir", dir, "err", err)
+		}
 	}
 }

@@ -40,7 +40,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	persistErr := r.persist(cleanupCtx)
-	r.releaseDisk(persistErr)
+	r.releaseLocal(persistErr)
 	return r.report(ctx, cleanupCtx, runErr, persistErr)
 }
 

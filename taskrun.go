@@ -87,6 +87,9 @@ type RunTaskInput struct {
 	// Labels are added to the run's container next to the dev.taskrun.*
 	// labels, e.g. a test framework's session labels so its reaper finds it.
 	Labels map[string]string
+	// KeepRunDir keeps the run directory on the host after a successful
+	// run; by default it is removed once everything is persisted.
+	KeepRunDir bool
 	// DiskLimitBytes caps what the run may store under /taskrun:
 	// DefaultDiskLimitBytes when zero, no cap when negative.
 	DiskLimitBytes int64
@@ -122,7 +125,8 @@ type RunResult struct {
 	EndTime int64 `json:"end_time"`
 	// OutputStr is Output as a string.
 	OutputStr string `json:"output_str"`
-	// RunArtifactsDir is the host directory the agent's artifacts were collected from.
+	// RunArtifactsDir is the host directory the agent's artifacts were
+	// collected from; it is removed after a successful run unless KeepRunDir.
 	RunArtifactsDir string `json:"run_artifacts_dir"`
 	// Output is the run's stdout, capped at MaxResultOutputBytes with TruncationMarker.
 	Output []byte `json:"-"`

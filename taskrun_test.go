@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -389,3 +390,48 @@ func TestRunTaskSessionRoundTrip10kFiles(t *testing.T) {
 	require.Len(t, got, len(want))
 	assert.Equal(t, want, got)
 }
+
+// downStore is a PersistStorage whose run-file uploads fail, as a store that
+// went down mid-run.
+type downStore struct{ *persist.Store }
+
+func (downStore) PutRunFile(context.Context, persist.RunRef, string, io.Reader, string) (persist.ObjectInfo, error) {
+	return persist.ObjectInfo{}, fmt.Errorf("%w: connection refused", persist.ErrStoreUnavailable)
+}
+
+// A successful run leaves nothing on the host; a run whose persistence failed
+// keeps its run directory and output spool as the local copy for a retry,
+// and FAILS with the store as reason.
+func TestRunTaskLocalFilesAfterPersist(t *testing.T) {
+	h := newHarness(t)
+	runDir := func(run string) string {
+		return taskrun.NewRuntimePathsFromRoot(h.root).RuntimeTaskRunDir(h.tenant, "conv1", "task1", run)
+	}
+
+	_, err := taskrun.Execute(context.Background(), h.input(&recorder{}, "clean1", "sh", "-c", "echo hi > $HOME/f"))
+	require.NoError(t, err)
+	assert.NoDirExists(t, runDir("clean1"))
+
+	kept := h.input(&recorder{}, "kept1", "sh", "-c", "echo hi > $HOME/f")
+	kept.KeepRunDir = true
+	_, err = taskrun.Execute(context.Background(), kept)
+	require.NoError(t, err)
+	assert.FileExists(t, filepath.Join(runDir("kept1"), "home", "f"))
+
+	rec := &recorder{}
+	down := h.input(rec, "down1", "sh", "-c", "echo precious; echo hi > $HOME/f")
+	down.Persist = downStore{h.store}
+	out, err := taskrun.Execute(context.Background(), down)
+	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.Contains(t, *rec.last().Error, "is kept")
+	assert.FileExists(t, filepath.Join(runDir("down1"), "home", "f"))
+	spool, err := os.ReadFile(runDir("down1") + ".executor/stdout.log")
+	require.NoError(t, err)
+	assert.Equal(t, "precious\n", string(spool), "the complete output is kept locally")
+	t.Cleanup(func() { releaseMount(runDir("down1")) })
+}
+
+// releaseMount unmounts a run directory a failed persist left mounted, so
+// the test's temp dir can be removed.
+func releaseMount(dir string) { _ = exec.Command("umount", dir).Run() }

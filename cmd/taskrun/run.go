@@ -43,6 +43,7 @@ type runOptions struct {
 	disk       int64
 	helpersDir string
 	reap       bool
+	keep       bool
 	policy     sandbox.Policy
 	jsonOut    bool
 	server     string
@@ -74,6 +75,7 @@ func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
 	disk := fs.String("disk", units.BytesSize(taskrun.DefaultDiskLimitBytes), "cap on what the run may store under /taskrun")
 	fs.StringVar(&o.helpersDir, "helpers-dir", executableDir(), "directory of the static in-sandbox helpers (taskrun-probe); empty disables the self-check")
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
+	fs.BoolVar(&o.keep, "keep", false, "keep the run directory on the host after a successful run")
 	fs.BoolVar(&o.reap, "gc", true, "first remove leftover containers that no live run owns (as `taskrun gc`)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result on stdout; the run's stdout goes to stderr")
 	fs.StringVar(&o.server, "server", "", "control plane base URL; without it, status and output go to the terminal")
@@ -242,6 +244,7 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		Policy:          o.policy,
 		Timeout:         o.timeout,
 		DiskLimitBytes:  o.disk,
+		KeepRunDir:      o.keep,
 		HelpersDir:      o.helpersDir,
 		Stderr:          stderr,
 		Logger:          log,
