@@ -118,9 +118,9 @@ func TestMemoryBombIsOOMKilled(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
 	h := newHarness(t)
-	// tail keeps the last "line" in memory; /dev/zero has no newline. The
-	// sleep keeps the cgroup alive for a last sample after the kill.
-	in, rec := h.input(t, "membomb", `head -c 512m /dev/zero | tail; echo "tail exited $?"; sleep 1`)
+	// tail keeps the last 600 MB of its input in memory. The sleep keeps the
+	// cgroup alive for a last sample after the kill.
+	in, rec := h.input(t, "membomb", `head -c 512m /dev/zero | tail -c 600000000; echo "tail exited $?"; sleep 1`)
 	in.Policy.MemoryBytes = 64 << 20
 
 	var peak int64
