@@ -226,6 +226,7 @@ type startCounter struct {
 	starts *atomic.Int32
 }
 
+// Start counts the call and starts the container.
 func (c startCounter) Start(ctx context.Context, spec sandbox.Spec, p sandbox.Policy, s sandbox.Streams) (sandbox.Handle, error) {
 	c.starts.Add(1)
 	return c.Backend.Start(ctx, spec, p, s)

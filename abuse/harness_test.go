@@ -3,6 +3,7 @@ package abuse_test
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -59,7 +60,7 @@ func helpers(t *testing.T) string {
 		cmd := exec.Command("go", "build", "-o", helpersDir, "github.com/taskrun/taskrun/cmd/taskrun-probe")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			helpersErr = &exec.ExitError{Stderr: out}
+			helpersErr = fmt.Errorf("build taskrun-probe: %w\n%s", err, out)
 		}
 	})
 	require.NoError(t, helpersErr)
@@ -80,6 +81,7 @@ type recorder struct {
 	patches []workerclient.PatchTaskRunRequest
 }
 
+// UpdateRunStatus records req.
 func (r *recorder) UpdateRunStatus(_ context.Context, _ string, req *workerclient.PatchTaskRunRequest) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -114,6 +116,7 @@ type countingSender struct {
 
 func newCountingSender() *countingSender { return &countingSender{ordered: true} }
 
+// Send counts d and checks it continues the stream.
 func (c *countingSender) Send(_ context.Context, _ string, d workerclient.Delta) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -122,6 +125,7 @@ func (c *countingSender) Send(_ context.Context, _ string, d workerclient.Delta)
 	return nil
 }
 
+// End records the total the stream reported.
 func (c *countingSender) End(_ context.Context, _ string, total int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
