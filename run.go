@@ -145,7 +145,7 @@ func validateInput(in RunTaskInput) error {
 		ids = append(ids, struct{ kind, id string }{"previous run", in.Run.PreviousRunID})
 	}
 	for _, id := range ids {
-		if err := workspace.ValidateID(id.kind, id.id); err != nil {
+		if err := model.ValidateID(id.kind, id.id); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -166,7 +166,7 @@ func (r *runner) failEarly(ctx context.Context, cause error) (*Outcome, error) {
 	r.out = Outcome{Status: model.StatusFailed, Reason: cause.Error()}
 	r.out.Result.EndTime = time.Now().UnixMilli()
 	in := r.in
-	if in.Updater != nil && in.Run != nil && workspace.ValidateID("run", in.Run.ID) == nil {
+	if in.Updater != nil && in.Run != nil && model.ValidateID("run", in.Run.ID) == nil {
 		if err := in.Updater.UpdateRunStatus(ctx, in.Run.ID, r.patch()); err != nil {
 			cause = errors.Join(cause, fmt.Errorf("report FAILED: %w", err))
 		}

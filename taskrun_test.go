@@ -30,7 +30,6 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
-	"github.com/taskrun/taskrun/workspace"
 )
 
 const testImage = "taskrun/testbox:local"
@@ -296,7 +295,7 @@ func TestRunTaskRefusesBadIDsBeforeTouchingDisk(t *testing.T) {
 		in := h.input(rec, "okrun")
 		in.Task.ID = bad
 		_, err := taskrun.Execute(context.Background(), in)
-		require.ErrorIs(t, err, workspace.ErrInvalidID, "task ID %q", bad)
+		require.ErrorIs(t, err, model.ErrInvalidID, "task ID %q", bad)
 		entries, err := os.ReadDir(h.root)
 		require.NoError(t, err)
 		assert.Empty(t, entries, "nothing may be written for task ID %q", bad)

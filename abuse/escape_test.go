@@ -20,7 +20,6 @@ import (
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/workspace"
 )
 
 // unreachable is how a connection attempt fails when the sandbox has no
@@ -262,7 +261,7 @@ func TestPathTraversalIDsAreRefused(t *testing.T) {
 			s.set(&in, bad)
 
 			out, err := taskrun.Execute(context.Background(), in)
-			require.ErrorIs(t, err, workspace.ErrInvalidID, "%s ID %q", s.kind, bad)
+			require.ErrorIs(t, err, model.ErrInvalidID, "%s ID %q", s.kind, bad)
 			require.ErrorIs(t, err, taskrun.ErrRunFailed)
 			assert.Contains(t, err.Error(), s.kind+" ID", "the error names the bad ID")
 			assert.Equal(t, model.StatusFailed, out.Status)

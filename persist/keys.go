@@ -6,6 +6,8 @@ import (
 	"path"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/taskrun/taskrun/model"
 )
 
 // ErrInvalidName marks an ID, object name or relative path that cannot form a
@@ -13,8 +15,6 @@ import (
 var ErrInvalidName = errors.New("persist: invalid name")
 
 const (
-	// maxIDLen is the longest accepted ID.
-	maxIDLen = 128
 	// maxRelPathLen bounds relative paths so keys stay within every
 	// backend's key length limit (S3 and GCS: 1024 bytes).
 	maxRelPathLen = 768
@@ -44,22 +44,13 @@ func (k objectKey) digestKey() string {
 	return tenantsRoot + "/" + k.userID + "/" + digestsDir + "/" + k.rest
 }
 
-// ValidateID checks that id is 1-128 characters from [A-Za-z0-9_-]; kind names
-// the ID in the error (e.g. "user ID").
-func ValidateID(kind, id string) error {
-	if len(id) == 0 || len(id) > maxIDLen {
-		return fmt.Errorf("%w: %s %q: use 1-%d characters from [A-Za-z0-9_-]", ErrInvalidName, kind, id, maxIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		if !isIDByte(id[i]) {
-			return fmt.Errorf("%w: %s %q has %q at byte %d: use only [A-Za-z0-9_-]", ErrInvalidName, kind, id, id[i], i)
-		}
+// validateID checks an ID with model.ValidateID; the error also wraps
+// ErrInvalidName, as every key error does.
+func validateID(kind, id string) error {
+	if err := model.ValidateID(kind, id); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
 	return nil
-}
-
-func isIDByte(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
 }
 
 // ValidateRelPath checks that p is a clean, relative, slash-separated path
@@ -110,12 +101,12 @@ func validateRunName(name string) error {
 // Validate checks every ID of the run reference.
 func (r RunRef) Validate() error {
 	for _, f := range []struct{ kind, id string }{
-		{"user ID", r.UserID},
-		{"conversation ID", r.ConversationID},
-		{"task ID", r.TaskID},
-		{"run ID", r.RunID},
+		{"user", r.UserID},
+		{"conversation", r.ConversationID},
+		{"task", r.TaskID},
+		{"run", r.RunID},
 	} {
-		if err := ValidateID(f.kind, f.id); err != nil {
+		if err := validateID(f.kind, f.id); err != nil {
 			return err
 		}
 	}
@@ -148,7 +139,7 @@ func artifactKey(ref RunRef, relPath string) (objectKey, error) {
 }
 
 func globalKey(userID, relPath string) (objectKey, error) {
-	if err := ValidateID("user ID", userID); err != nil {
+	if err := validateID("user", userID); err != nil {
 		return objectKey{}, err
 	}
 	if err := ValidateRelPath(relPath); err != nil {
@@ -164,7 +155,7 @@ func parseKey(key string) (objectKey, error) {
 	if len(parts) != 3 || parts[0] != tenantsRoot {
 		return objectKey{}, fmt.Errorf("%w: key %q is not of the form \"tenants/<user>/...\": build keys with RunKey, ArtifactKey or GlobalKey", ErrInvalidName, key)
 	}
-	if err := ValidateID("user ID", parts[1]); err != nil {
+	if err := validateID("user", parts[1]); err != nil {
 		return objectKey{}, err
 	}
 	if err := ValidateRelPath(parts[2]); err != nil {
@@ -207,7 +198,7 @@ func RunPrefix(ref RunRef) (string, error) {
 // TenantPrefix returns the key prefix (ending in "/") of everything stored
 // for userID.
 func TenantPrefix(userID string) (string, error) {
-	if err := ValidateID("user ID", userID); err != nil {
+	if err := validateID("user", userID); err != nil {
 		return "", err
 	}
 	return tenantsRoot + "/" + userID + "/", nil
@@ -216,10 +207,10 @@ func TenantPrefix(userID string) (string, error) {
 // TracePath returns the run-global relative path of an agent run's trace,
 // "traces/<session>/rt_<agentRunID>.jsonl"; pass it to PutGlobalFile.
 func TracePath(sessionID, agentRunID string) (string, error) {
-	if err := ValidateID("session ID", sessionID); err != nil {
+	if err := validateID("session", sessionID); err != nil {
 		return "", err
 	}
-	if err := ValidateID("agent run ID", agentRunID); err != nil {
+	if err := validateID("agent run", agentRunID); err != nil {
 		return "", err
 	}
 	return "traces/" + sessionID + "/rt_" + agentRunID + ".jsonl", nil

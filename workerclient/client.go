@@ -11,10 +11,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/taskrun/taskrun/model"
 )
 
 // ErrRejected is wrapped by every error for a request the server refused for
@@ -152,13 +153,11 @@ func parseBaseURL(raw string) (*url.URL, error) {
 	return u, nil
 }
 
-var taskRunIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
-
-// ValidateTaskRunID returns an error wrapping ErrInvalidTaskRunID unless id
-// matches [A-Za-z0-9_-]{1,128}.
+// ValidateTaskRunID returns an error wrapping ErrInvalidTaskRunID (and
+// model.ErrInvalidID) unless id is a valid ID (model.ValidateID).
 func ValidateTaskRunID(id string) error {
-	if !taskRunIDPattern.MatchString(id) {
-		return fmt.Errorf("%w %q: use 1 to 128 characters from A-Z, a-z, 0-9, '_' and '-'", ErrInvalidTaskRunID, id)
+	if err := model.ValidateID("task run", id); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidTaskRunID, err)
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/taskrun/taskrun/model"
 )
 
 // Paths computes the host layout of users, conversations, tasks and runs under
@@ -68,10 +70,10 @@ func (p *Paths) Run(userID, conversationID, taskID, runID string) (RunDirs, erro
 
 func validateRunIDs(userID, conversationID, taskID, runID string) error {
 	return errors.Join(
-		ValidateID("user", userID),
-		ValidateID("conversation", conversationID),
-		ValidateID("task", taskID),
-		ValidateID("run", runID),
+		model.ValidateID("user", userID),
+		model.ValidateID("conversation", conversationID),
+		model.ValidateID("task", taskID),
+		model.ValidateID("run", runID),
 	)
 }
 
@@ -86,7 +88,7 @@ func (p *Paths) runDir(userID, conversationID, taskID, runID string) string {
 
 // PersistentUserDir returns ROOT/users/U/persistent, or "" if userID is invalid.
 func (p *Paths) PersistentUserDir(userID string) string {
-	if ValidateID("user", userID) != nil {
+	if model.ValidateID("user", userID) != nil {
 		return ""
 	}
 	return filepath.Join(p.userDir(userID), "persistent")

@@ -5,15 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"time"
+
+	"github.com/taskrun/taskrun/model"
 )
 
 // errBadConfig marks invalid flags or environment.
 var errBadConfig = errors.New("invalid agent configuration")
-
-// idPattern is the shape every taskrun ID has, so no ID can form a path.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 
 // agentConfig is everything the agent reads from its flags and environment.
 type agentConfig struct {
@@ -100,16 +98,16 @@ func parseConfig(args []string, getenv func(string) string) (agentConfig, error)
 // validate checks the IDs that become path components.
 func (c agentConfig) validate() error {
 	ids := []struct{ name, flag, value string }{
-		{"run ID", "-run-id or TASKRUN_RUN_ID", c.RunID},
-		{"session ID", "-session-id or TASKRUN_SESSION_ID", c.SessionID},
+		{"run", "-run-id or TASKRUN_RUN_ID", c.RunID},
+		{"session", "-session-id or TASKRUN_SESSION_ID", c.SessionID},
+	}
+	if c.TaskID != "" {
+		ids = append(ids, struct{ name, flag, value string }{"task", "-task-id or TASKRUN_TASK_ID", c.TaskID})
 	}
 	for _, id := range ids {
-		if !idPattern.MatchString(id.value) {
-			return fmt.Errorf("%w: %s %q must match %s: set %s", errBadConfig, id.name, id.value, idPattern, id.flag)
+		if err := model.ValidateID(id.name, id.value); err != nil {
+			return fmt.Errorf("%w: %w; set %s", errBadConfig, err, id.flag)
 		}
-	}
-	if c.TaskID != "" && !idPattern.MatchString(c.TaskID) {
-		return fmt.Errorf("%w: task ID %q must match %s: fix -task-id or TASKRUN_TASK_ID", errBadConfig, c.TaskID, idPattern)
 	}
 	return nil
 }

@@ -24,7 +24,6 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
-	"github.com/taskrun/taskrun/workspace"
 )
 
 // runOptions are the parsed flags of `taskrun run`.
@@ -187,12 +186,12 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log *slog.Logger) (*taskrun.Outcome, error) {
 	// Refuse bad IDs before connecting to anything.
 	for _, id := range []struct{ kind, v string }{{"--user user", o.user}, {"--task task", o.task}, {"--session session", o.session}, {"--run-id run", o.runID}} {
-		if err := workspace.ValidateID(id.kind, id.v); err != nil {
+		if err := model.ValidateID(id.kind, id.v); err != nil {
 			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 		}
 	}
 	if o.resumeFrom != "" {
-		if err := workspace.ValidateID("--resume-from run", o.resumeFrom); err != nil {
+		if err := model.ValidateID("--resume-from run", o.resumeFrom); err != nil {
 			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 		}
 	}
