@@ -53,4 +53,3 @@ func TestValidateIDTruncatesLongValues(t *testing.T) {
 	assert.Contains(t, err.Error(), `"`+strings.Repeat("x", 40)+`..."`)
 	assert.Less(t, len(err.Error()), 200)
 }
-
