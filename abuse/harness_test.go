@@ -3,11 +3,9 @@ package abuse_test
 import (
 	"context"
 	"crypto/rand"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
@@ -34,44 +33,9 @@ const testImage = "taskrun/testbox:local"
 // runTimeout bounds a run that is expected to end on its own.
 const runTimeout = 2 * time.Minute
 
-var (
-	helpersOnce sync.Once
-	helpersDir  string
-	helpersErr  error
-)
-
-// helpers returns a directory holding the static taskrun-probe: the one `make
-// build` made (TASKRUN_BIN_DIR), or one built for this test binary.
-func helpers(t *testing.T) string {
-	t.Helper()
-	helpersOnce.Do(func() {
-		if dir := os.Getenv("TASKRUN_BIN_DIR"); dir != "" {
-			helpersDir = dir
-			return
-		}
-		helpersDir, helpersErr = os.MkdirTemp("", "taskrun-abuse-helpers-")
-		if helpersErr != nil {
-			return
-		}
-		// The sandbox user (uid 10001) executes the probe from here.
-		if helpersErr = os.Chmod(helpersDir, 0o755); helpersErr != nil {
-			return
-		}
-		cmd := exec.Command("go", "build", "-o", helpersDir, "github.com/taskrun/taskrun/cmd/taskrun-probe")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			helpersErr = fmt.Errorf("build taskrun-probe: %w\n%s", err, out)
-		}
-	})
-	require.NoError(t, helpersErr)
-	return helpersDir
-}
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if helpersDir != "" && os.Getenv("TASKRUN_BIN_DIR") == "" {
-		os.RemoveAll(helpersDir)
-	}
+	testbin.Cleanup()
 	os.Exit(code)
 }
 
@@ -187,7 +151,7 @@ func (h *harness) input(t *testing.T, runID, script string) (taskrun.RunTaskInpu
 		Image:           testImage,
 		Command:         []string{"sh", "-c", script},
 		Policy:          sandbox.DefaultPolicy(),
-		HelpersDir:      helpers(t),
+		HelpersDir:      testbin.Dir(t),
 		Timeout:         runTimeout,
 		Logger:          slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}, rec

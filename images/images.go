@@ -37,6 +37,9 @@ type Definition struct {
 	Ref string
 	// Dockerfile is the path of the Dockerfile in the embedded set.
 	Dockerfile string
+	// DockerfileText, when set, is the Dockerfile itself, for images defined
+	// outside this package (tests).
+	DockerfileText []byte
 	// Files maps a name in the build context to the host file copied there.
 	Files map[string]string
 }
@@ -44,7 +47,7 @@ type Definition struct {
 // Agent defines taskrun/agent:local from the static taskrun-agent in binDir.
 func Agent(binDir string) (Definition, error) {
 	bin := filepath.Join(binDir, "taskrun-agent")
-	if err := requireStatic(bin); err != nil {
+	if err := RequireStatic(bin); err != nil {
 		return Definition{}, fmt.Errorf("%w; build it with `make build` (CGO_ENABLED=0 go build -o bin/ ./cmd/...)", err)
 	}
 	return Definition{Ref: AgentRef, Dockerfile: "agent/Dockerfile", Files: map[string]string{"taskrun-agent": bin}}, nil
@@ -54,7 +57,7 @@ func Agent(binDir string) (Definition, error) {
 func Testbox() (Definition, error) {
 	bin, err := exec.LookPath("busybox")
 	if err == nil {
-		err = requireStatic(bin)
+		err = RequireStatic(bin)
 	}
 	if err != nil {
 		return Definition{}, fmt.Errorf("%w: a static busybox is needed (%v); install it with `apt-get install busybox-static`", ErrMissingInput, err)
@@ -62,9 +65,9 @@ func Testbox() (Definition, error) {
 	return Definition{Ref: TestboxRef, Dockerfile: "testbox/Dockerfile", Files: map[string]string{"busybox": bin}}, nil
 }
 
-// requireStatic checks that path is an ELF executable with no dynamic loader,
-// so it runs in an image that has no libc.
-func requireStatic(path string) error {
+// RequireStatic checks that path is an ELF executable with no dynamic loader,
+// so it runs in an image that has no libc. The error wraps ErrMissingInput.
+func RequireStatic(path string) error {
 	f, err := elf.Open(path)
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrMissingInput, path, err)
@@ -72,7 +75,7 @@ func requireStatic(path string) error {
 	defer f.Close()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
-			return fmt.Errorf("%w: %s is dynamically linked; it must be static", ErrMissingInput, path)
+			return fmt.Errorf("%w: %s is dynamically linked; rebuild it with CGO_ENABLED=0", ErrMissingInput, path)
 		}
 	}
 	return nil
@@ -81,9 +84,12 @@ func requireStatic(path string) error {
 // WriteContext writes def's build context as a tar stream to w: the Dockerfile
 // and each input file, in a stable order.
 func WriteContext(def Definition, w io.Writer) error {
-	dockerfile, err := dockerfiles.ReadFile(def.Dockerfile)
-	if err != nil {
-		return fmt.Errorf("embedded dockerfile %s: %w", def.Dockerfile, err)
+	dockerfile := def.DockerfileText
+	if dockerfile == nil {
+		var err error
+		if dockerfile, err = dockerfiles.ReadFile(def.Dockerfile); err != nil {
+			return fmt.Errorf("embedded dockerfile %s: %w", def.Dockerfile, err)
+		}
 	}
 	tw := tar.NewWriter(w)
 	if err := tw.WriteHeader(&tar.Header{Name: "Dockerfile", Mode: 0o644, Size: int64(len(dockerfile))}); err != nil {

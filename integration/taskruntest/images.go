@@ -1,18 +1,13 @@
 package taskruntest
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
-	"debug/elf"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/docker/docker/api/types/image"
@@ -24,10 +19,6 @@ import (
 
 // DefaultRepo is the repository of images built without a Repo.
 const DefaultRepo = "taskruntest/image"
-
-// ErrNotStatic reports a binary that needs a dynamic loader, so it cannot
-// run in a FROM scratch image.
-var ErrNotStatic = errors.New("binary is not statically linked")
 
 // ImageSource is an image to build locally from a Dockerfile and host files.
 // Nothing is pulled as long as the Dockerfile starts FROM scratch or from a
@@ -52,11 +43,10 @@ type Image struct {
 // BuildImage builds src with testcontainers' FromDockerfile and returns the
 // image; remove it with Image.Remove.
 func BuildImage(ctx context.Context, src ImageSource) (*Image, error) {
-	var buf bytes.Buffer
-	if err := writeContext(&buf, src); err != nil {
-		return nil, err
+	if src.Dockerfile == "" {
+		return nil, fmt.Errorf("%w: ImageSource.Dockerfile is empty: give the Dockerfile's text", ErrBadOptions)
 	}
-	return buildArchive(ctx, src.Repo, buf.Bytes())
+	return BuildDefinition(ctx, src.Repo, images.Definition{DockerfileText: []byte(src.Dockerfile), Files: src.Files})
 }
 
 // BuildDefinition builds one of taskrun's own image definitions
@@ -65,7 +55,7 @@ func BuildImage(ctx context.Context, src ImageSource) (*Image, error) {
 func BuildDefinition(ctx context.Context, repo string, def images.Definition) (*Image, error) {
 	var buf bytes.Buffer
 	if err := images.WriteContext(def, &buf); err != nil {
-		return nil, fmt.Errorf("build context of %s: %w", def.Ref, err)
+		return nil, fmt.Errorf("build context: %w", err)
 	}
 	return buildArchive(ctx, repo, buf.Bytes())
 }
@@ -105,51 +95,6 @@ func (i *Image) Remove(ctx context.Context) error {
 	return nil
 }
 
-// writeContext writes src's Dockerfile and files as a tar build context.
-func writeContext(w io.Writer, src ImageSource) error {
-	if src.Dockerfile == "" {
-		return fmt.Errorf("%w: ImageSource.Dockerfile is empty: give the Dockerfile's text", ErrBadOptions)
-	}
-	tw := tar.NewWriter(w)
-	if err := tw.WriteHeader(&tar.Header{Name: "Dockerfile", Mode: 0o644, Size: int64(len(src.Dockerfile))}); err != nil {
-		return err
-	}
-	if _, err := io.WriteString(tw, src.Dockerfile); err != nil {
-		return err
-	}
-	names := make([]string, 0, len(src.Files))
-	for name := range src.Files {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		if err := addFile(tw, path.Clean(name), src.Files[name]); err != nil {
-			return err
-		}
-	}
-	return tw.Close()
-}
-
-func addFile(tw *tar.Writer, name, hostPath string) error {
-	f, err := os.Open(hostPath)
-	if err != nil {
-		return fmt.Errorf("%w: image file %s: %w", ErrBadOptions, name, err)
-	}
-	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if !info.Mode().IsRegular() {
-		return fmt.Errorf("%w: image file %s: %s is not a regular file", ErrBadOptions, name, hostPath)
-	}
-	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: info.Size(), ModTime: info.ModTime()}); err != nil {
-		return err
-	}
-	_, err = io.Copy(tw, f)
-	return err
-}
-
 // BuildStatic builds a Go command with CGO_ENABLED=0 into dir and returns the
 // binary's path. pkg is a package of the current module (e.g.
 // "github.com/taskrun/taskrun/cmd/taskrun-agent") or, with an @version,
@@ -175,17 +120,5 @@ func BuildStatic(ctx context.Context, dir, pkg string) (string, error) {
 }
 
 // RequireStatic checks that bin is an ELF executable without a dynamic
-// loader; the error wraps ErrNotStatic when it has one.
-func RequireStatic(bin string) error {
-	f, err := elf.Open(bin)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", bin, err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return fmt.Errorf("%w: %s; rebuild it with CGO_ENABLED=0", ErrNotStatic, bin)
-		}
-	}
-	return nil
-}
+// loader (images.RequireStatic).
+func RequireStatic(bin string) error { return images.RequireStatic(bin) }
