@@ -6,6 +6,8 @@ import (
 	"io"
 
 	"github.com/docker/docker/api/types/build"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/jsonmessage"
 	"github.com/moby/term"
@@ -14,7 +16,11 @@ import (
 // BuildAPI is the part of the Docker client the builder uses.
 type BuildAPI interface {
 	ImageBuild(ctx context.Context, buildContext io.Reader, options build.ImageBuildOptions) (build.ImageBuildResponse, error)
+	ImagesPrune(ctx context.Context, pruneFilter filters.Args) (image.PruneReport, error)
 }
+
+// LabelBuiltBy marks every image the builder makes.
+const LabelBuiltBy = "dev.taskrun.built-by"
 
 // Builder builds image definitions through a Docker engine.
 type Builder struct {
@@ -51,7 +57,7 @@ func (b *Builder) Build(ctx context.Context, def Definition) error {
 		ForceRemove: true,
 		PullParent:  false,
 		NetworkMode: "none",
-		Labels:      map[string]string{"dev.taskrun.built-by": "taskrun"},
+		Labels:      map[string]string{LabelBuiltBy: "taskrun"},
 	})
 	if client.IsErrConnectionFailed(err) {
 		return fmt.Errorf("build %s: cannot reach the Docker daemon; start dockerd or set DOCKER_HOST: %w", def.Ref, err)
@@ -64,6 +70,11 @@ func (b *Builder) Build(ctx context.Context, def Definition) error {
 	fd, isTerm := term.GetFdInfo(b.out)
 	if err := jsonmessage.DisplayJSONMessagesStream(resp.Body, b.out, fd, isTerm, nil); err != nil {
 		return fmt.Errorf("build %s: %w", def.Ref, err)
+	}
+	// A rebuild leaves the previous image untagged; drop those of ours.
+	if _, err := b.api.ImagesPrune(ctx, filters.NewArgs(
+		filters.Arg("dangling", "true"), filters.Arg("label", LabelBuiltBy+"=taskrun"))); err != nil {
+		return fmt.Errorf("prune replaced images: %w", err)
 	}
 	return nil
 }
