@@ -25,8 +25,11 @@ const (
 	stderrSpoolName    = "stderr.log"
 	cleanupTimeout     = 2 * time.Minute
 	defaultStopGrace   = 10 * time.Second
-	streamDrainTimeout = 2 * time.Minute
 )
+
+// streamDrainTimeout bounds how long a finished run waits for its output
+// consumers (a variable so tests can shorten it).
+var streamDrainTimeout = 2 * time.Minute
 
 // run drives the steps of a validated run. Whatever happens, it persists what
 // exists and reports a final status.
@@ -215,15 +218,17 @@ func (r *runner) spec() sandbox.Spec {
 // followers deliver the spooled output to its consumers: the stream sender
 // and the live stdout and stderr copies.
 type followers struct {
-	done chan error
-	n    int
+	done   chan error
+	n      int
+	cancel context.CancelFunc
 }
 
 // follow starts one goroutine per consumer. Each reads the spool from disk on
 // its own, so a slow or stalled consumer never blocks the container or the
 // other consumers.
 func (r *runner) follow(ctx context.Context, stdout, stderr *spool.Spool) *followers {
-	f := &followers{done: make(chan error, 3)}
+	ctx, cancel := context.WithCancel(ctx)
+	f := &followers{done: make(chan error, 3), cancel: cancel}
 	start := func(fn func() error) {
 		f.n++
 		go func() { f.done <- fn() }()
@@ -248,18 +253,25 @@ func (r *runner) follow(ctx context.Context, stdout, stderr *spool.Spool) *follo
 	return f
 }
 
-// wait waits for the followers, bounded so a dead control plane cannot hold
-// the run forever; undelivered bytes remain in the persisted output log.
+// wait waits for the followers to deliver everything, bounded so a dead
+// control plane cannot hold the run forever: past streamDrainTimeout they are
+// cancelled (undelivered bytes remain in the persisted output log).
 func (f *followers) wait() error {
+	defer f.cancel()
 	timer := time.NewTimer(streamDrainTimeout)
 	defer timer.Stop()
 	var errs []error
-	for range f.n {
+	for i := 0; i < f.n; i++ {
 		select {
 		case err := <-f.done:
 			errs = append(errs, err)
 		case <-timer.C:
-			return errors.Join(append(errs, errors.New("output consumers did not finish in time"))...)
+			errs = append(errs, errors.New("output consumers did not finish in time; the output log holds everything"))
+			f.cancel()
+			for ; i < f.n; i++ {
+				<-f.done
+			}
+			return errors.Join(errs...)
 		}
 	}
 	return errors.Join(errs...)

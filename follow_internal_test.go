@@ -1,0 +1,55 @@
+package taskrun
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/spool"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// stalledSender never accepts a delta until its context ends, like a control
+// plane that hangs.
+type stalledSender struct{ returned chan struct{} }
+
+func (s stalledSender) Send(ctx context.Context, _ string, _ workerclient.Delta) error {
+	<-ctx.Done()
+	close(s.returned)
+	return ctx.Err()
+}
+
+func (stalledSender) End(context.Context, string, int64) error { return nil }
+
+// A stalled stream consumer holds a finished run only for streamDrainTimeout;
+// then it is cancelled, and its goroutine ends.
+func TestFollowersGiveUpOnAStalledConsumer(t *testing.T) {
+	defer func(d time.Duration) { streamDrainTimeout = d }(streamDrainTimeout)
+	streamDrainTimeout = 200 * time.Millisecond
+
+	sender := stalledSender{returned: make(chan struct{})}
+	r := &runner{in: RunTaskInput{StreamSender: sender, Run: &model.TaskRun{ID: "r1"}}, log: slog.Default()}
+	dir := t.TempDir()
+	stdout, err := spool.New(filepath.Join(dir, "out"))
+	require.NoError(t, err)
+	stderr, err := spool.New(filepath.Join(dir, "err"))
+	require.NoError(t, err)
+	_, err = stdout.Write([]byte("bytes nobody takes"))
+	require.NoError(t, err)
+
+	f := r.follow(context.Background(), stdout, stderr)
+	require.NoError(t, stdout.Close())
+	require.NoError(t, stderr.Close())
+	assert.Error(t, f.wait(), "the stall is reported")
+	select {
+	case <-sender.returned:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stalled consumer was never cancelled")
+	}
+}
