@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,9 +17,11 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/examples"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // fakeUpstream is an OpenAI-style upstream that answers only requests that
@@ -108,4 +111,30 @@ func TestRunTaskModelBudgetFailsRun(t *testing.T) {
 	assert.True(t, strings.Contains(out.Reason, "max_requests=2"), out.Reason)
 	assert.Equal(t, model.StatusFailed, rec.last().Status)
 	require.NotNil(t, rec.last().Error)
+}
+
+// The model gateway works under gVisor too (runsc --host-uds=open): the
+// reference agent does the demo through the gateway's socket.
+func TestRunTaskAgentWithModelUnderGVisor(t *testing.T) {
+	h := newHarness(t)
+	requireRunsc(t, h)
+	rec := &recorder{}
+	in := h.input(rec, "gvisoragent1")
+	in.Image = taskrun.DefaultImage
+	in.Command = nil
+	in.HelpersDir = testbin.Dir(t)
+	in.Policy = sandbox.DefaultPolicy()
+	in.Policy.Runtime = sandbox.RuntimeGVisor
+	in.Model = config.ModelEntry{Provider: config.ProviderScripted, Name: gateway.DemoScriptName}
+	ws := t.TempDir()
+	require.NoError(t, os.CopyFS(ws, examples.DemoWorkspace()))
+	in.Task.WorkspaceDir = ws
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.NoError(t, err)
+	require.NotNil(t, out.Result.PromptTokens)
+	assert.Positive(t, *out.Result.PromptTokens)
+	rc, err := h.store.OpenArtifact(context.Background(), h.ref("gvisoragent1"), "report.md")
+	require.NoError(t, err)
+	rc.Close()
 }
