@@ -18,13 +18,13 @@ import (
 
 // In-container locations of the run contract (see DESIGN.md).
 const (
-	containerRunDir    = "/taskrun"
-	containerHome      = containerRunDir + "/home"
-	promptFileName     = "prompt.txt"
-	stdoutSpoolName    = "stdout.log"
-	stderrSpoolName    = "stderr.log"
-	cleanupTimeout     = 2 * time.Minute
-	defaultStopGrace   = 10 * time.Second
+	containerRunDir  = "/taskrun"
+	containerHome    = containerRunDir + "/home"
+	promptFileName   = "prompt.txt"
+	stdoutSpoolName  = "stdout.log"
+	stderrSpoolName  = "stderr.log"
+	cleanupTimeout   = 2 * time.Minute
+	defaultStopGrace = 10 * time.Second
 )
 
 // streamDrainTimeout bounds how long a finished run waits for its output
@@ -117,12 +117,13 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	}
 	defer func() { err = errors.Join(err, llm.finish(&r.out.Result)) }()
 
-	stdout, err := spool.New(filepath.Join(r.hostDir, stdoutSpoolName))
+	limit := spool.WithLimit(r.maxOutput())
+	stdout, err := spool.New(filepath.Join(r.hostDir, stdoutSpoolName), limit)
 	if err != nil {
 		return fmt.Errorf("stdout spool: %w", err)
 	}
 	defer stdout.Close()
-	stderr, err := spool.New(filepath.Join(r.hostDir, stderrSpoolName))
+	stderr, err := spool.New(filepath.Join(r.hostDir, stderrSpoolName), limit)
 	if err != nil {
 		return fmt.Errorf("stderr spool: %w", err)
 	}
@@ -181,7 +182,21 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	if err := followers.wait(); err != nil {
 		r.log.Warn("stream output", "err", err)
 	}
+	if r.out.DroppedOutputBytes = stdout.Dropped() + stderr.Dropped(); r.out.DroppedOutputBytes > 0 {
+		r.log.Warn("output over the cap was dropped", "cap_bytes", r.maxOutput(), "dropped_bytes", r.out.DroppedOutputBytes)
+	}
 	return errors.Join(auditErr, diskErr, probeErr, res.Err)
+}
+
+// maxOutput is the cap on each output stream kept; 0 means none.
+func (r *runner) maxOutput() int64 {
+	switch {
+	case r.in.MaxOutputBytes < 0:
+		return 0
+	case r.in.MaxOutputBytes == 0:
+		return DefaultMaxOutputBytes
+	}
+	return r.in.MaxOutputBytes
 }
 
 // spec is the container to run for this run.

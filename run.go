@@ -30,6 +30,9 @@ type Outcome struct {
 	Result RunResult `json:"result"`
 	// Artifacts are the stored artifacts, in path order.
 	Artifacts []persist.ObjectInfo `json:"artifacts,omitempty"`
+	// DroppedOutputBytes counts stdout and stderr bytes past MaxOutputBytes,
+	// drained from the container but not kept.
+	DroppedOutputBytes int64 `json:"dropped_output_bytes,omitempty"`
 	// Stored lists every object the run stored: logs, artifacts, output
 	// files, the trace, session state and the isolation record.
 	Stored []persist.ObjectInfo `json:"stored,omitempty"`

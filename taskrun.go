@@ -90,6 +90,11 @@ type RunTaskInput struct {
 	// KeepRunDir keeps the run directory on the host after a successful
 	// run; by default it is removed once everything is persisted.
 	KeepRunDir bool
+	// MaxOutputBytes caps the stdout and the stderr kept from the run, each:
+	// DefaultMaxOutputBytes when zero, no cap when negative. Output past the
+	// cap is drained from the container and counted but not kept, so a
+	// flooding agent cannot fill the host disk.
+	MaxOutputBytes int64
 	// DiskLimitBytes caps what the run may store under /taskrun:
 	// DefaultDiskLimitBytes when zero, no cap when negative.
 	DiskLimitBytes int64
@@ -108,6 +113,8 @@ type RunTaskInput struct {
 const (
 	DefaultImage   = "taskrun/agent:local"
 	DefaultTimeout = 30 * time.Minute
+	// DefaultMaxOutputBytes is the default of RunTaskInput.MaxOutputBytes.
+	DefaultMaxOutputBytes = 1 << 30
 	// MaxResultOutputBytes caps RunResult.Output. The complete output always
 	// goes to blob storage as output.log.
 	MaxResultOutputBytes = 1 << 20

@@ -434,3 +434,21 @@ func TestRunTaskLocalFilesAfterPersist(t *testing.T) {
 // releaseMount unmounts a run directory a failed persist left mounted, so
 // the test's temp dir can be removed.
 func releaseMount(dir string) { _ = exec.Command("umount", dir).Run() }
+
+// A stdout flood past MaxOutputBytes is drained from the container but not
+// kept: the host keeps the first MaxOutputBytes, the run still completes, and
+// the drop is reported.
+func TestRunTaskCapsKeptOutput(t *testing.T) {
+	h := newHarness(t)
+	rec := &recorder{}
+	in := h.input(rec, "flood1", "sh", "-c", "head -c 8388608 /dev/zero; echo done >&2")
+	in.MaxOutputBytes = 2 << 20
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.NoError(t, err)
+	assert.EqualValues(t, 6<<20, out.DroppedOutputBytes)
+	assert.Len(t, h.runFile(t, "flood1", taskrun.OutputLogName), 2<<20, "the host kept exactly the cap")
+	assert.Equal(t, 2<<20, rec.stream.Len(), "the stream stops at the cap too")
+	assert.True(t, rec.last().OutputTruncated)
+	assert.Equal(t, "done\n", h.runFile(t, "flood1", taskrun.StderrLogName))
+}

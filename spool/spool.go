@@ -32,22 +32,38 @@ type Spool struct {
 	wmu sync.Mutex // serializes writes to f
 	f   *os.File
 
-	mu     sync.Mutex // guards the fields below
-	size   int64
-	closed bool
+	// limit caps the bytes kept; 0 means no cap (see WithLimit).
+	limit int64
+
+	mu      sync.Mutex // guards the fields below
+	size    int64
+	dropped int64
+	closed  bool
 	werr   error
 	notify chan struct{} // closed and replaced whenever size or closed changes
 }
 
+// Option configures a Spool.
+type Option func(*Spool)
+
+// WithLimit caps the spool at n bytes: what is written past the cap is
+// accepted and counted (Dropped) but not kept, so a flooding writer can
+// neither fill the disk nor be blocked. n <= 0 means no cap.
+func WithLimit(n int64) Option { return func(s *Spool) { s.limit = max(n, 0) } }
+
 // New creates (or truncates) the file at path and returns a Spool appending to
 // it. The file is left in place after Close so it can be persisted as the run's
 // output log; removing it is the caller's job.
-func New(path string) (*Spool, error) {
+func New(path string, opts ...Option) (*Spool, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("spool: create %s (the directory must exist and be writable): %w", path, err)
 	}
-	return &Spool{path: path, f: f, notify: make(chan struct{})}, nil
+	s := &Spool{path: path, f: f, notify: make(chan struct{})}
+	for _, o := range opts {
+		o(s)
+	}
+	return s, nil
 }
 
 // Path returns the file the spool writes to.
@@ -68,16 +84,29 @@ func (s *Spool) Write(p []byte) (int, error) {
 	if werr != nil {
 		return 0, werr
 	}
-	n, err := s.f.Write(p)
+	keep := p
+	if s.limit > 0 {
+		keep = p[:min(int64(len(p)), max(s.limit-s.Size(), 0))]
+	}
+	n, err := s.f.Write(keep)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.size += int64(n)
 	if err != nil {
 		s.werr = fmt.Errorf("spool: write %s: %w", s.path, err)
-		err = s.werr
+		s.wakeLocked()
+		return n, s.werr
 	}
+	s.dropped += int64(len(p) - len(keep))
 	s.wakeLocked()
-	return n, err
+	return len(p), nil
+}
+
+// Dropped returns how many bytes were written past the limit and not kept.
+func (s *Spool) Dropped() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dropped
 }
 
 // Close ends the spool: readers drain what was written and then get io.EOF.

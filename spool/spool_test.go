@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -259,4 +260,22 @@ func BenchmarkWriteWithFollowingReader(b *testing.B) {
 	}
 	require.NoError(b, s.Close())
 	require.NoError(b, <-done)
+}
+
+// A spool with a limit keeps the first bytes up to it and counts, without
+// keeping or refusing, everything past it.
+func TestSpoolLimitKeepsHeadAndCountsTheRest(t *testing.T) {
+	s, err := spool.New(filepath.Join(t.TempDir(), "out"), spool.WithLimit(10))
+	require.NoError(t, err)
+	for _, chunk := range []string{"0123", "456789ab", "cdef"} {
+		n, err := s.Write([]byte(chunk))
+		require.NoError(t, err, "a flood past the limit is never refused")
+		assert.Equal(t, len(chunk), n)
+	}
+	require.NoError(t, s.Close())
+	assert.EqualValues(t, 10, s.Size())
+	assert.EqualValues(t, 6, s.Dropped())
+	data, err := os.ReadFile(s.Path())
+	require.NoError(t, err)
+	assert.Equal(t, "0123456789", string(data))
 }

@@ -55,6 +55,9 @@ func writeSummary(w io.Writer, runID, store string, out *taskrun.Outcome) {
 	if out.Reason != "" {
 		fmt.Fprintf(w, "  reason:    %s\n", out.Reason)
 	}
+	if out.DroppedOutputBytes > 0 {
+		fmt.Fprintf(w, "  output:    %d bytes past --max-output were dropped\n", out.DroppedOutputBytes)
+	}
 	if res.PromptTokens != nil {
 		fmt.Fprintf(w, "  tokens:    %d prompt, %d completion (metered by the gateway)\n", *res.PromptTokens, *res.CompletionTokens)
 	}

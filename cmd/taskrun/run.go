@@ -40,6 +40,7 @@ type runOptions struct {
 	runID      string
 	timeout    time.Duration
 	disk       int64
+	maxOutput  int64
 	helpersDir string
 	reap       bool
 	keep       bool
@@ -71,6 +72,7 @@ func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
 	memory := fs.String("memory", units.BytesSize(float64(o.policy.MemoryBytes)), "memory limit, e.g. 512m or 2g (no swap)")
 	cpus := fs.Float64("cpus", float64(o.policy.NanoCPUs)/1e9, "CPU limit")
 	fs.Int64Var(&o.policy.PidsLimit, "pids", o.policy.PidsLimit, "process limit")
+	maxOutput := fs.String("max-output", units.BytesSize(taskrun.DefaultMaxOutputBytes), "cap on the stdout (and the stderr) kept from the run; the rest is dropped")
 	disk := fs.String("disk", units.BytesSize(taskrun.DefaultDiskLimitBytes), "cap on what the run may store under /taskrun")
 	fs.StringVar(&o.helpersDir, "helpers-dir", executableDir(), "directory of the static in-sandbox helpers (taskrun-probe); empty disables the self-check")
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
@@ -100,6 +102,9 @@ func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
 		return o, fmt.Errorf("--memory %q: give a size such as 512m or 2g", *memory)
 	}
 	o.policy.MemoryBytes = mem
+	if o.maxOutput, err = units.RAMInBytes(*maxOutput); err != nil || o.maxOutput <= 0 {
+		return o, fmt.Errorf("--max-output %q: give a size such as 1g", *maxOutput)
+	}
 	if o.disk, err = units.RAMInBytes(*disk); err != nil || o.disk <= 0 {
 		return o, fmt.Errorf("--disk %q: give a size such as 2g", *disk)
 	}
@@ -244,6 +249,7 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		Timeout:         o.timeout,
 		DiskLimitBytes:  o.disk,
 		KeepRunDir:      o.keep,
+		MaxOutputBytes:  o.maxOutput,
 		HelpersDir:      o.helpersDir,
 		Stderr:          stderr,
 		Logger:          log,
