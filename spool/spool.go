@@ -39,8 +39,8 @@ type Spool struct {
 	size    int64
 	dropped int64
 	closed  bool
-	werr   error
-	notify chan struct{} // closed and replaced whenever size or closed changes
+	werr    error
+	notify  chan struct{} // closed and replaced whenever size or closed changes
 }
 
 // Option configures a Spool.
