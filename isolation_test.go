@@ -16,6 +16,7 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
 func TestMain(m *testing.M) {
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 // verdicts and the in-sandbox self-check's report.
 func TestRunTaskStoresIsolationRecordWithProbeReport(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "iso1", "sh", "-c", "echo agent ran")
 	in.HelpersDir = testbin.Dir(t)
 
@@ -45,7 +46,7 @@ func TestRunTaskStoresIsolationRecordWithProbeReport(t *testing.T) {
 		assert.NotEqual(t, audit.Fail, f.Status, "rule %s: %s", f.ID, f.Reason)
 	}
 	assert.False(t, record.Recheck().Failed())
-	final := rec.last()
+	final := last(t, rec)
 	require.NotNil(t, final.Container)
 	assert.Equal(t, record.ImageDigest, final.Container.ImageDigest)
 }
@@ -66,7 +67,7 @@ func (b loosenedBackend) Start(ctx context.Context, spec sandbox.Spec, p sandbox
 // starts: the self-check sees pids.max 512 where the policy says 256.
 func TestRunTaskProbeContradictionRefusesRun(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "refused1", "sh", "-c", "touch /taskrun/output/agent-ran")
 	in.HelpersDir = testbin.Dir(t)
 	in.Sandbox = loosenedBackend{Backend: h.backend, loosen: func(p *sandbox.Policy) { p.PidsLimit = 512 }}
@@ -89,7 +90,7 @@ func TestRunTaskProbeContradictionRefusesRun(t *testing.T) {
 // has a network although the policy says none.
 func TestRunTaskHostAuditRefusesNetworkedContainer(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "refused2", "sh", "-c", "sleep 30")
 	in.Sandbox = loosenedBackend{Backend: h.backend, loosen: func(p *sandbox.Policy) { p.NetworkMode = "bridge" }}
 
@@ -104,7 +105,7 @@ func TestRunTaskHostAuditRefusesNetworkedContainer(t *testing.T) {
 func TestRunTaskUnderGVisor(t *testing.T) {
 	h := newHarness(t)
 	requireRunsc(t, h)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "gvisor1", "sh", "-c", "dmesg | head -1")
 	in.HelpersDir = testbin.Dir(t)
 	in.Policy = sandbox.DefaultPolicy()

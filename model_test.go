@@ -22,6 +22,7 @@ import (
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
 // fakeUpstream is an OpenAI-style upstream that answers only requests that
@@ -63,7 +64,7 @@ func TestRunTaskNeverLetsTheModelKeyIn(t *testing.T) {
 	t.Setenv("TASKRUN_TEST_MODEL_KEY", canary)
 	upstream, calls := fakeUpstream(t, canary)
 
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "canary1", "sh", "-c", `
 /.taskrun/bin/taskrun-relay -- sh -c 'wget -qO /taskrun/artifacts/answer.json --header "Content-Type: application/json" \
   --post-data "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" $OPENAI_BASE_URL/chat/completions'
@@ -93,13 +94,13 @@ find /taskrun -type f ! -name '*.sock' -exec cat {} + 2>/dev/null
 	require.NotNil(t, out.Result.PromptTokens)
 	assert.Equal(t, 11, *out.Result.PromptTokens)
 	assert.Equal(t, 3, *out.Result.CompletionTokens)
-	assert.Equal(t, 11, *rec.last().PromptTokens, "the PATCH carries the metered tokens")
+	assert.Equal(t, 11, *last(t, rec).PromptTokens, "the PATCH carries the metered tokens")
 }
 
 // Exceeding the run's model budget FAILS the run with the budget as reason.
 func TestRunTaskModelBudgetFailsRun(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "budget1")
 	in.Image = taskrun.DefaultImage
 	in.Command = nil
@@ -109,8 +110,8 @@ func TestRunTaskModelBudgetFailsRun(t *testing.T) {
 	require.ErrorIs(t, err, gateway.ErrBudgetExceeded)
 	assert.Equal(t, model.StatusFailed, out.Status)
 	assert.True(t, strings.Contains(out.Reason, "max_requests=2"), out.Reason)
-	assert.Equal(t, model.StatusFailed, rec.last().Status)
-	require.NotNil(t, rec.last().Error)
+	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
+	require.NotNil(t, last(t, rec).Error)
 }
 
 // The model gateway works under gVisor too (runsc --host-uds=open): the
@@ -118,7 +119,7 @@ func TestRunTaskModelBudgetFailsRun(t *testing.T) {
 func TestRunTaskAgentWithModelUnderGVisor(t *testing.T) {
 	h := newHarness(t)
 	requireRunsc(t, h)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "gvisoragent1")
 	in.Image = taskrun.DefaultImage
 	in.Command = nil

@@ -29,6 +29,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
 // Seed: TaskRunUpdater { UpdateRunStatus(ctx, taskRunID, *PatchTaskRunRequest) error }
@@ -42,7 +43,7 @@ var (
 // also when StreamSender is nil.
 func TestSeedRunTaskWithoutStreamSenderKeepsFullOutput(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "nostream1", "sh", "-c", "echo one; echo two")
 	in.StreamSender = nil
 
@@ -51,22 +52,22 @@ func TestSeedRunTaskWithoutStreamSenderKeepsFullOutput(t *testing.T) {
 	assert.Equal(t, "one\ntwo\n", out.Result.OutputStr)
 	assert.Equal(t, []byte("one\ntwo\n"), out.Result.Output)
 	assert.Equal(t, "one\ntwo\n", h.runFile(t, "nostream1", taskrun.OutputLogName))
-	require.NotNil(t, rec.last().Output)
-	assert.Equal(t, "one\ntwo\n", *rec.last().Output)
-	assert.Zero(t, rec.stream.Len(), "nothing was streamed")
+	require.NotNil(t, last(t, rec).Output)
+	assert.Equal(t, "one\ntwo\n", *last(t, rec).Output)
+	assert.Zero(t, len(streamed(rec)), "nothing was streamed")
 }
 
 // Seed: RunTask returns an error for a failed run and nil for a successful one.
 func TestSeedRunTaskReturnsErrorOnlyOnFailure(t *testing.T) {
 	h := newHarness(t)
-	require.NoError(t, taskrun.RunTask(context.Background(), h.input(&recorder{}, "ok1", "true")))
-	require.ErrorIs(t, taskrun.RunTask(context.Background(), h.input(&recorder{}, "bad1", "false")), taskrun.ErrRunFailed)
+	require.NoError(t, taskrun.RunTask(context.Background(), h.input(&controlplanetest.Recorder{}, "ok1", "true")))
+	require.ErrorIs(t, taskrun.RunTask(context.Background(), h.input(&controlplanetest.Recorder{}, "bad1", "false")), taskrun.ErrRunFailed)
 }
 
 // Seed: RunResult's fields and their snake_case JSON names; EndTime is set.
 func TestSeedRunResultFields(t *testing.T) {
 	h := newHarness(t)
-	out, err := taskrun.Execute(context.Background(), h.input(&recorder{}, "fields1", "sh", "-c", "echo x > /taskrun/artifacts/a.txt; echo hi"))
+	out, err := taskrun.Execute(context.Background(), h.input(&controlplanetest.Recorder{}, "fields1", "sh", "-c", "echo x > /taskrun/artifacts/a.txt; echo hi"))
 	require.NoError(t, err)
 	res := out.Result
 	assert.Positive(t, res.EndTime)

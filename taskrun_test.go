@@ -1,7 +1,6 @@
 package taskrun_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/md5"
 	"crypto/rand"
@@ -14,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,47 +28,23 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
 const testImage = "taskrun/testbox:local"
 
-// recorder is a TaskRunUpdater and StreamSender that keeps what it was sent.
-type recorder struct {
-	mu      sync.Mutex
-	patches []workerclient.PatchTaskRunRequest
-	stream  bytes.Buffer
-	ended   bool
-	total   int64
+// last is the final PATCH rec received.
+func last(t *testing.T, rec *controlplanetest.Recorder) workerclient.PatchTaskRunRequest {
+	t.Helper()
+	p, ok := rec.Last()
+	require.True(t, ok, "the run was never reported")
+	return p
 }
 
-func (r *recorder) UpdateRunStatus(_ context.Context, _ string, req *workerclient.PatchTaskRunRequest) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.patches = append(r.patches, *req)
-	return nil
-}
-
-func (r *recorder) Send(_ context.Context, _ string, d workerclient.Delta) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if d.Offset != int64(r.stream.Len()) {
-		return errors.New("delta out of order")
-	}
-	r.stream.Write(d.Data)
-	return nil
-}
-
-func (r *recorder) End(_ context.Context, _ string, total int64) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.ended, r.total = true, total
-	return nil
-}
-
-func (r *recorder) last() workerclient.PatchTaskRunRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.patches[len(r.patches)-1]
+// streamed is the stdout rec received as deltas.
+func streamed(rec *controlplanetest.Recorder) string {
+	data, _, _ := rec.Stream()
+	return string(data)
 }
 
 // harness holds the real parts a run needs: Docker, a file:// store, a run root.
@@ -99,7 +73,7 @@ func newHarness(t *testing.T) *harness {
 }
 
 // input is a run of cmd in the test image for the harness's tenant.
-func (h *harness) input(rec *recorder, runID string, cmd ...string) taskrun.RunTaskInput {
+func (h *harness) input(rec *controlplanetest.Recorder, runID string, cmd ...string) taskrun.RunTaskInput {
 	return taskrun.RunTaskInput{
 		Task:            &model.Task{ID: "task1", UserID: h.tenant, ConversationID: "conv1", Prompt: "do the thing"},
 		Run:             &model.TaskRun{ID: runID, TaskID: "task1"},
@@ -164,7 +138,7 @@ printf 'last line without newline'
 // artifact, and PATCHes SUCCEEDED with them.
 func TestRunTaskSucceededPersistsEverythingAndReports(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	ws := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "AGENTS.md"), []byte("workspace rules"), 0o644))
 	in := h.input(rec, "run1", "sh", "-c", agentScript)
@@ -176,9 +150,10 @@ func TestRunTaskSucceededPersistsEverythingAndReports(t *testing.T) {
 	assert.Equal(t, model.StatusSucceeded, out.Status)
 	wantOut := "reading /taskrun/prompt.txt: do the thing\n# Run directory\nlast line without newline"
 	assert.Equal(t, wantOut, out.Result.OutputStr)
-	assert.Equal(t, wantOut, rec.stream.String(), "stream deltas carry every stdout byte in order")
-	assert.True(t, rec.ended)
-	assert.EqualValues(t, len(wantOut), rec.total)
+	assert.Equal(t, wantOut, streamed(rec), "stream deltas carry every stdout byte in order")
+	_, ended, total := rec.Stream()
+	assert.True(t, ended)
+	assert.EqualValues(t, len(wantOut), total)
 	assert.Equal(t, "traces/s1/rt_run1.jsonl", out.Result.TracePath)
 
 	ctx := context.Background()
@@ -189,7 +164,7 @@ func TestRunTaskSucceededPersistsEverythingAndReports(t *testing.T) {
 	assert.Equal(t, "{\"event\":\"done\"}\n", readAll(t, rc, err))
 	assert.Equal(t, "answer\n", h.runFile(t, "run1", "output/result.md"))
 
-	first, final := rec.patches[0], rec.last()
+	first, final := rec.Patches()[0], last(t, rec)
 	assert.Equal(t, model.StatusRunning, first.Status)
 	assert.Equal(t, model.StatusSucceeded, final.Status)
 	require.NotNil(t, final.TracePath)
@@ -206,7 +181,7 @@ func TestRunTaskSucceededPersistsEverythingAndReports(t *testing.T) {
 // RunTask: restores the session when a previous run is named.
 func TestRunTaskResumesPreviousSession(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	_, err := taskrun.Execute(context.Background(), h.input(rec, "first", "sh", "-c", agentScript))
 	require.NoError(t, err)
 
@@ -220,12 +195,12 @@ func TestRunTaskResumesPreviousSession(t *testing.T) {
 // Every failure path PATCHes FAILED with a reason and persists partial output.
 func TestRunTaskAgentFailurePersistsPartialOutput(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	out, err := taskrun.Execute(context.Background(), h.input(rec, "fail1", "sh", "-c", "echo partial; exit 3"))
 	require.ErrorIs(t, err, taskrun.ErrRunFailed)
 	assert.Equal(t, model.StatusFailed, out.Status)
 	assert.Equal(t, 3, out.Exit.ExitCode)
-	final := rec.last()
+	final := last(t, rec)
 	assert.Equal(t, model.StatusFailed, final.Status)
 	require.NotNil(t, final.Error)
 	assert.Equal(t, "agent exited with code 3", *final.Error)
@@ -234,28 +209,26 @@ func TestRunTaskAgentFailurePersistsPartialOutput(t *testing.T) {
 
 func TestRunTaskTimeoutFails(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "slow1", "sh", "-c", "echo started; sleep 600")
 	in.Timeout = 2 * time.Second
 	out, err := taskrun.Execute(context.Background(), in)
 	require.ErrorIs(t, err, taskrun.ErrRunFailed)
 	assert.True(t, out.Exit.TimedOut)
-	assert.Equal(t, model.StatusFailed, rec.last().Status)
-	assert.Contains(t, *rec.last().Error, "timed out")
+	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
+	assert.Contains(t, *last(t, rec).Error, "timed out")
 	assert.Equal(t, "started\n", h.runFile(t, "slow1", taskrun.OutputLogName))
 }
 
 func TestRunTaskCancelledReportsCancelled(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		// Cancel once the container is running.
 		for range 200 {
 			time.Sleep(50 * time.Millisecond)
-			rec.mu.Lock()
-			n := len(rec.patches)
-			rec.mu.Unlock()
+			n := len(rec.Patches())
 			if n > 0 {
 				break
 			}
@@ -265,12 +238,12 @@ func TestRunTaskCancelledReportsCancelled(t *testing.T) {
 	out, err := taskrun.Execute(ctx, h.input(rec, "cancel1", "sh", "-c", "sleep 600"))
 	require.ErrorIs(t, err, taskrun.ErrRunFailed)
 	assert.Equal(t, model.StatusCancelled, out.Status)
-	assert.Equal(t, model.StatusCancelled, rec.last().Status)
+	assert.Equal(t, model.StatusCancelled, last(t, rec).Status)
 }
 
 func TestRunTaskMissingImageFailsWithFix(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "noimg1")
 	in.Image = "taskrun/does-not-exist:local"
 	out, err := taskrun.Execute(context.Background(), in)
@@ -278,7 +251,7 @@ func TestRunTaskMissingImageFailsWithFix(t *testing.T) {
 	assert.Contains(t, err.Error(), "taskrun images build", "the error names the fix")
 	assert.Equal(t, model.StatusFailed, out.Status)
 	assert.Empty(t, out.ContainerID)
-	assert.Equal(t, model.StatusFailed, rec.last().Status)
+	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
 
 	keys, err := h.store.List(context.Background(), "tenants/")
 	require.NoError(t, err)
@@ -291,7 +264,7 @@ func TestRunTaskMissingImageFailsWithFix(t *testing.T) {
 func TestRunTaskRefusesBadIDsBeforeTouchingDisk(t *testing.T) {
 	h := newHarness(t)
 	for _, bad := range []string{"../escape", "a/b", "", ".."} {
-		rec := &recorder{}
+		rec := &controlplanetest.Recorder{}
 		in := h.input(rec, "okrun")
 		in.Task.ID = bad
 		_, err := taskrun.Execute(context.Background(), in)
@@ -299,8 +272,8 @@ func TestRunTaskRefusesBadIDsBeforeTouchingDisk(t *testing.T) {
 		entries, err := os.ReadDir(h.root)
 		require.NoError(t, err)
 		assert.Empty(t, entries, "nothing may be written for task ID %q", bad)
-		require.Len(t, rec.patches, 1, "a refused run is still reported")
-		assert.Equal(t, model.StatusFailed, rec.patches[0].Status)
+		require.Len(t, rec.Patches(), 1, "a refused run is still reported")
+		assert.Equal(t, model.StatusFailed, rec.Patches()[0].Status)
 	}
 }
 
@@ -308,16 +281,16 @@ func TestRunTaskRefusesBadIDsBeforeTouchingDisk(t *testing.T) {
 // the complete output goes to blob storage.
 func TestRunTaskCapsResultOutputButStoresItAll(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	size := taskrun.MaxResultOutputBytes + 4096
 	out, err := taskrun.Execute(context.Background(), h.input(rec, "big1", "sh", "-c", "head -c "+strconv.Itoa(size)+" /dev/zero | tr '\\0' x"))
 	require.NoError(t, err)
 	assert.True(t, strings.HasSuffix(out.Result.OutputStr, taskrun.TruncationMarker))
 	assert.Len(t, out.Result.Output, taskrun.MaxResultOutputBytes+len(taskrun.TruncationMarker))
-	assert.True(t, rec.last().OutputTruncated)
+	assert.True(t, last(t, rec).OutputTruncated)
 	stored := h.runFile(t, "big1", taskrun.OutputLogName)
 	assert.Len(t, stored, size)
-	assert.Equal(t, size, rec.stream.Len())
+	assert.Equal(t, size, len(streamed(rec)))
 }
 
 // A run cannot fill the host disk through /taskrun: writing past the run's
@@ -325,7 +298,7 @@ func TestRunTaskCapsResultOutputButStoresItAll(t *testing.T) {
 // watchdog stops the run and it FAILS (elsewhere).
 func TestRunTaskDiskCapHolds(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "diskfill1", "sh", "-c", "dd if=/dev/zero of=/taskrun/home/fill bs=1M count=256 2>&1; sleep 3")
 	in.DiskLimitBytes = 32 << 20
 
@@ -366,7 +339,7 @@ func TestRunTaskSessionRoundTrip10kFiles(t *testing.T) {
 			want = append(want, fmt.Sprintf("%o %s %x", mode.Perm(), "./"+filepath.Base(dir)+"/"+name, md5.Sum([]byte(data))))
 		}
 	}
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	first := h.input(rec, "tenk1", "true")
 	first.Task.WorkspaceDir = ws
 	first.Timeout = 5 * time.Minute
@@ -407,23 +380,23 @@ func TestRunTaskLocalFilesAfterPersist(t *testing.T) {
 		return taskrun.NewRuntimePathsFromRoot(h.root).RuntimeTaskRunDir(h.tenant, "conv1", "task1", run)
 	}
 
-	_, err := taskrun.Execute(context.Background(), h.input(&recorder{}, "clean1", "sh", "-c", "echo hi > $HOME/f"))
+	_, err := taskrun.Execute(context.Background(), h.input(&controlplanetest.Recorder{}, "clean1", "sh", "-c", "echo hi > $HOME/f"))
 	require.NoError(t, err)
 	assert.NoDirExists(t, runDir("clean1"))
 
-	kept := h.input(&recorder{}, "kept1", "sh", "-c", "echo hi > $HOME/f")
+	kept := h.input(&controlplanetest.Recorder{}, "kept1", "sh", "-c", "echo hi > $HOME/f")
 	kept.KeepRunDir = true
 	_, err = taskrun.Execute(context.Background(), kept)
 	require.NoError(t, err)
 	assert.FileExists(t, filepath.Join(runDir("kept1"), "home", "f"))
 
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	down := h.input(rec, "down1", "sh", "-c", "echo precious; echo hi > $HOME/f")
 	down.Persist = downStore{h.store}
 	out, err := taskrun.Execute(context.Background(), down)
 	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
 	assert.Equal(t, model.StatusFailed, out.Status)
-	assert.Contains(t, *rec.last().Error, "is kept")
+	assert.Contains(t, *last(t, rec).Error, "is kept")
 	assert.FileExists(t, filepath.Join(runDir("down1"), "home", "f"))
 	spool, err := os.ReadFile(runDir("down1") + ".executor/stdout.log")
 	require.NoError(t, err)
@@ -440,7 +413,7 @@ func releaseMount(dir string) { _ = exec.Command("umount", dir).Run() }
 // the drop is reported.
 func TestRunTaskCapsKeptOutput(t *testing.T) {
 	h := newHarness(t)
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "flood1", "sh", "-c", "head -c 8388608 /dev/zero; echo done >&2")
 	in.MaxOutputBytes = 2 << 20
 
@@ -448,7 +421,7 @@ func TestRunTaskCapsKeptOutput(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 6<<20, out.DroppedOutputBytes)
 	assert.Len(t, h.runFile(t, "flood1", taskrun.OutputLogName), 2<<20, "the host kept exactly the cap")
-	assert.Equal(t, 2<<20, rec.stream.Len(), "the stream stops at the cap too")
-	assert.True(t, rec.last().OutputTruncated)
+	assert.Equal(t, 2<<20, len(streamed(rec)), "the stream stops at the cap too")
+	assert.True(t, last(t, rec).OutputTruncated)
 	assert.Equal(t, "done\n", h.runFile(t, "flood1", taskrun.StderrLogName))
 }

@@ -274,7 +274,7 @@ func TestPathTraversalIDsAreRefused(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, keys, "%s ID %q stored something", s.kind, bad)
 
-			patches := rec.all()
+			patches := rec.Patches()
 			if s.kind == "run" {
 				assert.Empty(t, patches, "a bad run ID cannot name a PATCH URL")
 				continue

@@ -25,6 +25,7 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
 // testImage is the local busybox image every hostile workload runs in.
@@ -39,33 +40,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// recorder is a TaskRunUpdater that keeps every PATCH it was sent.
-type recorder struct {
-	mu      sync.Mutex
-	patches []workerclient.PatchTaskRunRequest
-}
-
-// UpdateRunStatus records req.
-func (r *recorder) UpdateRunStatus(_ context.Context, _ string, req *workerclient.PatchTaskRunRequest) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.patches = append(r.patches, *req)
-	return nil
-}
-
-// all returns a copy of the PATCHes received so far.
-func (r *recorder) all() []workerclient.PatchTaskRunRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]workerclient.PatchTaskRunRequest(nil), r.patches...)
-}
-
-// last is the final PATCH.
-func (r *recorder) last(t *testing.T) workerclient.PatchTaskRunRequest {
+// last is the final PATCH rec received.
+func last(t *testing.T, rec *controlplanetest.Recorder) workerclient.PatchTaskRunRequest {
 	t.Helper()
-	all := r.all()
-	require.NotEmpty(t, all, "the run was never reported")
-	return all[len(all)-1]
+	p, ok := rec.Last()
+	require.True(t, ok, "the run was never reported")
+	return p
 }
 
 // countingSender is a StreamSender that counts the streamed bytes without
@@ -136,9 +116,9 @@ func newHarness(t *testing.T) *harness {
 
 // input is a run of the shell script in the test image, with the
 // in-sandbox self-check and the default policy.
-func (h *harness) input(t *testing.T, runID, script string) (taskrun.RunTaskInput, *recorder) {
+func (h *harness) input(t *testing.T, runID, script string) (taskrun.RunTaskInput, *controlplanetest.Recorder) {
 	t.Helper()
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	return taskrun.RunTaskInput{
 		Task:            &model.Task{ID: "task1", UserID: h.tenant, ConversationID: "conv1", Prompt: "misbehave"},
 		Run:             &model.TaskRun{ID: runID, TaskID: "task1"},

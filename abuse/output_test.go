@@ -61,7 +61,7 @@ func TestStdoutFloodKeepsExecutorMemoryBounded(t *testing.T) {
 	assert.Len(t, out.Result.Output, taskrun.MaxResultOutputBytes+len(taskrun.TruncationMarker))
 	assert.True(t, strings.HasSuffix(out.Result.OutputStr, taskrun.TruncationMarker))
 	assert.Equal(t, strings.Repeat("x", 64), out.Result.OutputStr[:64])
-	assert.True(t, rec.last(t).OutputTruncated)
+	assert.True(t, last(t, rec).OutputTruncated)
 
 	key, err := persist.RunKey(h.ref("stdoutflood"), taskrun.OutputLogName)
 	require.NoError(t, err)

@@ -103,7 +103,7 @@ func TestForkBombStaysUnderPidsLimit(t *testing.T) {
 	assert.True(t, o.out.Exit.TimedOut)
 	assert.Equal(t, model.StatusFailed, o.out.Status)
 	assert.Equal(t, "timed out after 8s", o.out.Reason)
-	assert.Equal(t, model.StatusFailed, rec.last(t).Status)
+	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
 	h.assertNoContainers(t)
 }
 
@@ -138,7 +138,7 @@ func TestMemoryBombIsOOMKilled(t *testing.T) {
 	assert.Equal(t, model.StatusFailed, o.out.Status)
 	assert.Equal(t, "out of memory: the container exceeded its 64 MiB limit", o.out.Reason)
 	assert.Contains(t, o.out.Result.OutputStr, "tail exited 137", "the kernel killed the bomb with SIGKILL")
-	final := rec.last(t)
+	final := last(t, rec)
 	assert.Equal(t, model.StatusFailed, final.Status)
 	require.NotNil(t, final.Error)
 	assert.Equal(t, o.out.Reason, *final.Error)
@@ -193,7 +193,7 @@ func TestFillingRunDirHitsDiskCap(t *testing.T) {
 	out, err := taskrun.Execute(context.Background(), in)
 	if errors.Is(err, taskrun.ErrDiskLimit) {
 		assert.Equal(t, model.StatusFailed, out.Status, "the watchdog stopped the run")
-		assert.Equal(t, model.StatusFailed, rec.last(t).Status)
+		assert.Equal(t, model.StatusFailed, last(t, rec).Status)
 		return
 	}
 	require.NoError(t, err)
@@ -225,7 +225,7 @@ while :; do echo tick; sleep 1; done`)
 	assert.Equal(t, 128+9, out.Exit.ExitCode, "SIGKILL ended the container")
 	assert.Equal(t, model.StatusFailed, out.Status)
 	assert.Equal(t, "timed out after 3s", out.Reason)
-	assert.Equal(t, model.StatusFailed, rec.last(t).Status)
+	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
 
 	log := h.runFile(t, "noterm", taskrun.OutputLogName)
 	require.True(t, strings.HasPrefix(log, "armed\ntick\n"), "output: %q", log)

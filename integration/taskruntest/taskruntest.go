@@ -26,7 +26,6 @@
 package taskruntest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -36,7 +35,6 @@ import (
 	"maps"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,6 +50,7 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
 // Defaults of a run's identity and bounds.
@@ -218,7 +217,7 @@ func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Image == "" {
 		return nil, fmt.Errorf("%w: Image is required: name a local image such as taskrun/testbox:local", ErrBadOptions)
 	}
-	rec := &recorder{}
+	rec := &controlplanetest.Recorder{}
 	in := e.input(opts, rec)
 	out, err := taskrun.Execute(ctx, in)
 	if out == nil {
@@ -237,12 +236,13 @@ func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 	if out.ContainerID != "" {
 		res.ExitCode = out.Exit.ExitCode
 	}
-	res.Stream, res.StreamEnded, res.Patches = rec.snapshot()
+	res.Stream, res.StreamEnded, _ = rec.Stream()
+	res.Patches = rec.Patches()
 	return res, err
 }
 
 // input builds the RunTaskInput of opts.
-func (e *Env) input(opts Options, rec *recorder) taskrun.RunTaskInput {
+func (e *Env) input(opts Options, rec *controlplanetest.Recorder) taskrun.RunTaskInput {
 	taskID := defaultString(opts.TaskID, DefaultTaskID)
 	timeout := opts.Timeout
 	if timeout == 0 {
@@ -320,51 +320,6 @@ func RemoveContainers(ctx context.Context, labels map[string]string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// recorder is the run's TaskRunUpdater and StreamSender: it keeps what it was
-// sent and refuses deltas out of order.
-type recorder struct {
-	mu      sync.Mutex
-	patches []workerclient.PatchTaskRunRequest
-	stream  bytes.Buffer
-	ended   bool
-}
-
-// UpdateRunStatus records req.
-func (r *recorder) UpdateRunStatus(_ context.Context, _ string, req *workerclient.PatchTaskRunRequest) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.patches = append(r.patches, *req)
-	return nil
-}
-
-// Send appends d, which must start where the stream ends.
-func (r *recorder) Send(_ context.Context, _ string, d workerclient.Delta) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if d.Offset != int64(r.stream.Len()) {
-		return fmt.Errorf("taskruntest: delta at offset %d, stream has %d bytes", d.Offset, r.stream.Len())
-	}
-	r.stream.Write(d.Data)
-	return nil
-}
-
-// End records the end of the stream, whose total must match.
-func (r *recorder) End(_ context.Context, _ string, total int64) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if total != int64(r.stream.Len()) {
-		return fmt.Errorf("taskruntest: stream ended at %d bytes, received %d", total, r.stream.Len())
-	}
-	r.ended = true
-	return nil
-}
-
-func (r *recorder) snapshot() ([]byte, bool, []workerclient.PatchTaskRunRequest) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return bytes.Clone(r.stream.Bytes()), r.ended, append([]workerclient.PatchTaskRunRequest(nil), r.patches...)
 }
 
 func defaultString(v, def string) string {
