@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -24,7 +23,7 @@ func TestMain(m *testing.M) {
 }
 
 func auditCmd(args ...string) (string, string, int) {
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr syncBuffer
 	code := dispatch(context.Background(), append([]string{"audit"}, args...), &stdout, &stderr)
 	return stdout.String(), stderr.String(), code
 }
@@ -35,7 +34,7 @@ func TestAuditRechecksStoredRecord(t *testing.T) {
 		t.Skip("runs real containers")
 	}
 	store := "file://" + t.TempDir()
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr syncBuffer
 	code := dispatch(context.Background(), []string{
 		"run", "--root", t.TempDir(), "--store", store, "--helpers-dir", testbin.Dir(t), "--gc=false", "--user", tenant(t),
 		"--run-id", "audited1", "--image", testImage, "--json", "--", "true",

@@ -113,7 +113,7 @@ func cli(t *testing.T, args ...string) (string, string, int) {
 		t.Skip("runs real containers")
 	}
 	base := []string{"run", "--root", t.TempDir(), "--store", "file://" + t.TempDir(), "--helpers-dir", "", "--gc=false", "--user", tenant(t)}
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr syncBuffer
 	code := dispatch(context.Background(), append(base, args...), &stdout, &stderr)
 	return stdout.String(), stderr.String(), code
 }
@@ -248,7 +248,7 @@ func TestRunResumeFromSeesPreviousHome(t *testing.T) {
 	}
 	root, store := t.TempDir(), "file://"+t.TempDir()
 	run := func(args ...string) (string, string, int) {
-		var stdout, stderr bytes.Buffer
+		var stdout, stderr syncBuffer
 		base := []string{"run", "--root", root, "--store", store, "--helpers-dir", "", "--gc=false", "--user", tenant(t), "--image", testImage, "--session", "s"}
 		code := dispatch(context.Background(), append(base, args...), &stdout, &stderr)
 		return stdout.String(), stderr.String(), code
@@ -262,4 +262,23 @@ func TestRunResumeFromSeesPreviousHome(t *testing.T) {
 	_, stderr, code = run("--run-id", "third", "--resume-from", "nosuchrun", "--", "true")
 	assert.Equal(t, exitCannotRun, code)
 	assert.Contains(t, stderr, "nosuchrun")
+}
+
+// syncBuffer is a bytes.Buffer safe for the concurrent writers a run has:
+// the logger, the live output copy and the stream sender.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
