@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
 	"github.com/testcontainers/testcontainers-go"
@@ -89,7 +90,7 @@ func (i *Image) Remove(ctx context.Context) error {
 		return fmt.Errorf("docker client: %w", err)
 	}
 	defer cli.Close()
-	if _, err := cli.ImageRemove(ctx, i.Ref, image.RemoveOptions{PruneChildren: true}); err != nil && !client.IsErrNotFound(err) {
+	if _, err := cli.ImageRemove(ctx, i.Ref, image.RemoveOptions{PruneChildren: true}); err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("remove image %s: %w", i.Ref, err)
 	}
 	return nil
