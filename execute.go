@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/spool"
@@ -188,6 +190,17 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	return errors.Join(auditErr, diskErr, probeErr, res.Err)
 }
 
+// labels are the caller's labels plus the run dir's host path, which lets
+// `taskrun audit` check the bind mount's source exactly.
+func (r *runner) labels() map[string]string {
+	labels := maps.Clone(r.in.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[audit.LabelRunDir] = r.dirs.Dir
+	return labels
+}
+
 // maxOutput is the cap on each output stream kept; 0 means none.
 func (r *runner) maxOutput() int64 {
 	switch {
@@ -221,7 +234,7 @@ func (r *runner) spec() sandbox.Spec {
 			"TASKRUN_PROMPT_FILE=" + containerRunDir + "/" + promptFileName,
 		},
 		Mounts:    []sandbox.Mount{{Source: r.dirs.Dir, Target: containerRunDir}},
-		Labels:    r.in.Labels,
+		Labels:    r.labels(),
 		TenantID:  r.ref.UserID,
 		TaskID:    r.ref.TaskID,
 		RunID:     r.ref.RunID,
