@@ -41,10 +41,11 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	if runErr == nil {
 		runErr = r.execute(ctx)
 	}
+	r.out.Result.EndTime = time.Now().UnixMilli()
 	// Persisting and reporting must happen even when ctx was cancelled.
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	persistErr := r.persist(cleanupCtx)
+	persistErr := r.persist(cleanupCtx, runErr)
 	r.releaseLocal(persistErr)
 	return r.report(ctx, cleanupCtx, runErr, persistErr)
 }

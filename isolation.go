@@ -160,15 +160,16 @@ func (iso *isolation) probeVerdict(exit sandbox.Result) (*probe.Report, []string
 	return rep, nil, nil
 }
 
-// persistRecord stores the isolation record next to the run's other blobs.
-func (r *runner) persistRecord(ctx context.Context, iso *isolation, rep *probe.Report, contradictions []string) error {
-	if iso == nil || iso.posture == nil {
+// isolationRecord is the run's isolation record as JSON, or nil when no
+// container was inspected.
+func (r *runner) isolationRecord() []byte {
+	if r.iso == nil || r.iso.posture == nil {
 		return nil
 	}
-	rec := audit.NewRecord(r.ref.RunID, *iso.posture, iso.host, iso.opts, rep, contradictions, time.Now())
+	rec := audit.NewRecord(r.ref.RunID, *r.iso.posture, r.iso.host, r.iso.opts, r.probeReport, r.probeContradictions, time.Now())
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
-		return err
+		return nil // a Record always marshals
 	}
-	return r.stored(r.in.Persist.PutRunFile(ctx, r.ref, AuditRecordName, strings.NewReader(string(data)), "application/json"))
+	return data
 }

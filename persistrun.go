@@ -33,23 +33,28 @@ const (
 // persist stores whatever the run produced, even after a failure: the output
 // logs, the trace, artifacts, the final answer and the session state. Each step
 // runs regardless of the others; their errors are joined.
-func (r *runner) persist(ctx context.Context) error {
+//
+// runErr is kept with the local copy, so that RetryPersist can report the
+// run as RunTask would have.
+func (r *runner) persist(ctx context.Context, runErr error) error {
 	if r.out.ContainerID == "" {
 		return nil // the agent never ran: there is nothing of it to keep
 	}
+	r.out.Stored, r.out.Artifacts = nil, nil
 	var errs []error
 	keep := func(err error, what string) {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("persist %s: %w", what, err))
 		}
 	}
+	keep(r.keepLocalState(runErr), "local copy")
 	keep(r.persistLog(ctx, stdoutSpoolName, OutputLogName), "output log")
 	keep(r.persistLog(ctx, stderrSpoolName, StderrLogName), "stderr log")
 	keep(r.persistTrace(ctx), "trace")
 	keep(r.persistArtifacts(ctx), "artifacts")
 	keep(r.persistResultFiles(ctx), "output files")
 	keep(r.persistSessionState(ctx), "session state")
-	keep(r.persistRecord(ctx, r.iso, r.probeReport, r.probeContradictions), "isolation record")
+	keep(r.persistKept(ctx, keptRecordName, AuditRecordName, "application/json"), "isolation record")
 	if err := errors.Join(errs...); err != nil {
 		r.log.Error("persist failed; the run directory is kept for a retry", "dir", r.dirs.Dir, "err", err)
 		return err
@@ -60,7 +65,18 @@ func (r *runner) persist(ctx context.Context) error {
 // persistLog uploads one spooled stream and fills the result's output from
 // the stdout log.
 func (r *runner) persistLog(ctx context.Context, spoolName, objectName string) error {
-	f, err := os.Open(filepath.Join(r.hostDir, spoolName))
+	if objectName == OutputLogName {
+		if err := r.readResultOutput(filepath.Join(r.hostDir, spoolName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return r.persistKept(ctx, spoolName, objectName, "text/plain; charset=utf-8")
+}
+
+// persistKept uploads the executor-private file name as the run object
+// objectName; a file that does not exist is skipped.
+func (r *runner) persistKept(ctx context.Context, name, objectName, contentType string) error {
+	f, err := os.Open(filepath.Join(r.hostDir, name))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -68,17 +84,17 @@ func (r *runner) persistLog(ctx context.Context, spoolName, objectName string) e
 		return err
 	}
 	defer f.Close()
-	if objectName == OutputLogName {
-		if err := r.readResultOutput(f); err != nil {
-			return err
-		}
-	}
-	return r.stored(r.in.Persist.PutRunFile(ctx, r.ref, objectName, f, "text/plain; charset=utf-8"))
+	return r.stored(r.in.Persist.PutRunFile(ctx, r.ref, objectName, f, contentType))
 }
 
-// readResultOutput fills Output with the head of the stdout log, capped with
-// an explicit marker, and rewinds f.
-func (r *runner) readResultOutput(f *os.File) error {
+// readResultOutput fills Output with the head of the stdout log at path,
+// capped with an explicit marker.
+func (r *runner) readResultOutput(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
 	head, err := io.ReadAll(io.LimitReader(f, MaxResultOutputBytes+1))
 	if err != nil {
 		return err
@@ -86,8 +102,7 @@ func (r *runner) readResultOutput(f *os.File) error {
 	head, _ = capOutput(head, MaxResultOutputBytes)
 	r.out.Result.Output = head
 	r.out.Result.OutputStr = string(head)
-	_, err = f.Seek(0, io.SeekStart)
-	return err
+	return nil
 }
 
 // capOutput cuts output to limit bytes and appends TruncationMarker when it

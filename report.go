@@ -14,7 +14,9 @@ import (
 // outcome. runErr is the first error of preparing or running the container;
 // persistErr is the persist step's.
 func (r *runner) report(ctx, cleanupCtx context.Context, runErr, persistErr error) (*Outcome, error) {
-	r.out.Result.EndTime = time.Now().UnixMilli()
+	if r.out.Result.EndTime == 0 {
+		r.out.Result.EndTime = time.Now().UnixMilli()
+	}
 	r.out.Status, r.out.Reason = r.verdict(ctx, runErr, persistErr)
 
 	req := r.patch()

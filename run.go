@@ -56,6 +56,9 @@ func RunTask(ctx context.Context, input RunTaskInput) error {
 // the result (the CLI) or need the container's exit code.
 func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	r, err := newRunner(input)
+	if err == nil && input.Sandbox == nil {
+		err = fmt.Errorf("%w: Sandbox is required", ErrInvalidInput)
+	}
 	if err == nil {
 		err = r.preflight(ctx)
 	}
@@ -136,7 +139,6 @@ func validateInput(in RunTaskInput) error {
 	missing(in.Persist == nil, "Persist")
 	missing(in.ArtifactStorage == nil, "ArtifactStorage")
 	missing(in.Updater == nil, "Updater")
-	missing(in.Sandbox == nil, "Sandbox")
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -23,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
@@ -401,12 +401,8 @@ func TestRunTaskLocalFilesAfterPersist(t *testing.T) {
 	spool, err := os.ReadFile(runDir("down1") + ".executor/stdout.log")
 	require.NoError(t, err)
 	assert.Equal(t, "precious\n", string(spool), "the complete output is kept locally")
-	t.Cleanup(func() { releaseMount(runDir("down1")) })
+	t.Cleanup(func() { assert.NoError(t, diskcap.Release(runDir("down1"))) })
 }
-
-// releaseMount unmounts a run directory a failed persist left mounted, so
-// the test's temp dir can be removed.
-func releaseMount(dir string) { _ = exec.Command("umount", dir).Run() }
 
 // A stdout flood past MaxOutputBytes is drained from the container but not
 // kept: the host keeps the first MaxOutputBytes, the run still completes, and
@@ -424,4 +420,34 @@ func TestRunTaskCapsKeptOutput(t *testing.T) {
 	assert.Equal(t, 2<<20, len(streamed(rec)), "the stream stops at the cap too")
 	assert.True(t, last(t, rec).OutputTruncated)
 	assert.Equal(t, "done\n", h.runFile(t, "flood1", taskrun.StderrLogName))
+}
+
+// RetryPersist finishes a run whose store was down: everything the run kept
+// on the host reaches the store, the run is reported as it would have been,
+// and the local copy is gone.
+func TestRetryPersistAfterStoreOutage(t *testing.T) {
+	h := newHarness(t)
+	rec := &controlplanetest.Recorder{}
+	down := h.input(rec, "retry1", "sh", "-c", agentScript)
+	down.Persist = downStore{h.store}
+	_, err := taskrun.Execute(context.Background(), down)
+	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
+	require.Equal(t, model.StatusFailed, last(t, rec).Status)
+
+	retry := h.input(rec, "retry1")
+	retry.Sandbox = nil // RetryPersist runs nothing
+	out, err := taskrun.RetryPersist(context.Background(), retry)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusSucceeded, out.Status)
+	final := last(t, rec)
+	assert.Equal(t, model.StatusSucceeded, final.Status)
+	require.NotNil(t, final.TracePath)
+	require.NotNil(t, final.Artifact)
+	assert.Contains(t, h.runFile(t, "retry1", taskrun.OutputLogName), "last line without newline")
+	assert.Contains(t, h.runFile(t, "retry1", taskrun.AuditRecordName), out.ContainerID, "the isolation record was kept too")
+	assert.Equal(t, "answer\n", h.runFile(t, "retry1", "output/result.md"))
+	assert.NoDirExists(t, taskrun.NewRuntimePathsFromRoot(h.root).RuntimeTaskRunDir(h.tenant, "conv1", "task1", "retry1"))
+
+	_, err = taskrun.RetryPersist(context.Background(), retry)
+	require.ErrorIs(t, err, taskrun.ErrNothingKept, "nothing is left to retry")
 }

@@ -64,7 +64,7 @@ func Mount(ctx context.Context, dir string, size int64) (unmount func() error, e
 	} else if len(entries) > 0 {
 		return nil, ErrNotEmpty
 	}
-	img := filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+".diskcap.img")
+	img := imagePath(dir)
 	if err := makeImage(ctx, img, size); err != nil {
 		os.Remove(img)
 		return nil, err
@@ -89,6 +89,46 @@ func Mount(ctx context.Context, dir string, size int64) (unmount func() error, e
 		return nil, errors.Join(err, unmount())
 	}
 	return unmount, nil
+}
+
+// imagePath is where Mount keeps the filesystem image for dir.
+func imagePath(dir string) string {
+	return filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+".diskcap.img")
+}
+
+// Release undoes a Mount on dir made by another process (an executor that
+// has since exited): it unmounts dir if a filesystem is mounted there and
+// deletes the image. It discards the mounted contents, and is a no-op for a
+// dir with nothing mounted and no image.
+func Release(dir string) error {
+	mounted, err := isMountPoint(dir)
+	if err != nil {
+		return fmt.Errorf("diskcap: %w", err)
+	}
+	if mounted {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			return fmt.Errorf("diskcap: umount %s: %w: %s", dir, err, out)
+		}
+	}
+	if err := os.Remove(imagePath(dir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("diskcap: %w", err)
+	}
+	return nil
+}
+
+// isMountPoint reports whether dir is on another device than its parent.
+func isMountPoint(dir string) (bool, error) {
+	var st, parent syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, nil
+		}
+		return false, err
+	}
+	if err := syscall.Stat(filepath.Dir(dir), &parent); err != nil {
+		return false, err
+	}
+	return st.Dev != parent.Dev, nil
 }
 
 func supported() error {

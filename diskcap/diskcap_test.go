@@ -158,3 +158,24 @@ func TestUsageCountsHardLinksOnce(t *testing.T) {
 	assert.Equal(t, one, two)
 	assert.GreaterOrEqual(t, one, int64(1<<20))
 }
+
+// Release unmounts a cap left by a process that is gone, deletes its image,
+// and is a no-op the second time.
+func TestReleaseUndoesAMountFromElsewhere(t *testing.T) {
+	dir := newRunDir(t)
+	// The unmount func is dropped, as by an executor that exited.
+	_, err := Mount(context.Background(), dir, capSize)
+	if errors.Is(err, ErrUnsupported) {
+		t.Skipf("loop mounts unavailable here: %v", err)
+	}
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644))
+
+	require.NoError(t, Release(dir))
+	mounted, err := isMountPoint(dir)
+	require.NoError(t, err)
+	assert.False(t, mounted)
+	assert.NoFileExists(t, imagePath(dir))
+	assert.NoFileExists(t, filepath.Join(dir, "f"), "the mounted contents went with the mount")
+	require.NoError(t, Release(dir), "releasing twice is harmless")
+}

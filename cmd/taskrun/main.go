@@ -3,6 +3,7 @@
 //	taskrun run [flags] [-- CMD ARGS...]   run one task in a sandbox
 //	taskrun audit [CONTAINER...|--all]     check live containers against CIS §5 / PSS restricted
 //	taskrun gc [--dry-run]                 remove containers no live run owns
+//	taskrun persist --run-id R             upload a run kept after a store outage
 //	taskrun images build                   build the run images offline
 //	taskrun version                        print the version
 package main
@@ -43,6 +44,7 @@ var commands = map[string]command{
 	"run":     runRun,
 	"audit":   runAudit,
 	"gc":      runGC,
+	"persist": runPersist,
 	"images":  runImages,
 	"version": runVersion,
 }
@@ -70,6 +72,7 @@ Usage:
   taskrun run [flags] [-- CMD ARGS...]   run one task in a sandbox (taskrun run -h for flags)
   taskrun audit [CONTAINER...|--all]     audit containers against CIS Docker §5 and PSS restricted
   taskrun gc [--dry-run]                 remove containers that no live run owns
+  taskrun persist --run-id R             upload what a run kept on the host after a store outage
   taskrun images build                   build the run images offline (no registry)
   taskrun version                        print the version
 `)

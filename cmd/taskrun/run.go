@@ -233,7 +233,7 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 	}
 	in := taskrun.RunTaskInput{
 		Task: &model.Task{
-			ID: o.task, UserID: o.user, ConversationID: "cli",
+			ID: o.task, UserID: o.user, ConversationID: cliConversation,
 			Prompt: o.prompt, WorkspaceDir: o.workspace,
 		},
 		Run:             &model.TaskRun{ID: o.runID, TaskID: o.task, PreviousRunID: o.resumeFrom, Status: model.StatusRunning},
@@ -270,6 +270,9 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 	}
 	return out, err
 }
+
+// cliConversation is the conversation every CLI run belongs to.
+const cliConversation = "cli"
 
 // errCannotRun marks errors that kept the container from running (exit 125).
 var errCannotRun = errors.New("could not run")

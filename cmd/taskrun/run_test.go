@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +24,7 @@ import (
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
@@ -284,4 +287,40 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// After a store failure the run is kept on the host, and `taskrun persist`
+// uploads it once the store works again.
+func TestPersistRetriesAKeptRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real containers")
+	}
+	root, storeDir := t.TempDir(), t.TempDir()
+	store := "file://" + storeDir
+	// A file where the store needs its tenants directory breaks every upload.
+	blocker := filepath.Join(storeDir, "tenants")
+	require.NoError(t, os.WriteFile(blocker, nil, 0o644))
+
+	common := []string{"--root", root, "--store", store, "--user", tenant(t), "--run-id", "kept1"}
+	var stdout, stderr syncBuffer
+	code := dispatch(context.Background(), append(append([]string{"run"}, common...),
+		"--helpers-dir", "", "--gc=false", "--image", testImage, "--", "sh", "-c", "echo precious"), &stdout, &stderr)
+	require.Equal(t, exitFailure, code, stderr.String())
+	assert.Equal(t, "precious\n", stdout.String())
+
+	require.NoError(t, os.Remove(blocker))
+	stderr = syncBuffer{}
+	code = dispatch(context.Background(), append([]string{"persist"}, common...), &stdout, &stderr)
+	require.Equal(t, exitOK, code, stderr.String())
+	assert.Contains(t, stderr.String(), "SUCCEEDED")
+
+	st, err := persist.Open(context.Background(), store)
+	require.NoError(t, err)
+	defer st.Close()
+	rc, err := st.OpenRunFile(context.Background(), persist.RunRef{UserID: tenant(t), ConversationID: cliConversation, TaskID: "default", RunID: "kept1"}, taskrun.OutputLogName)
+	require.NoError(t, err)
+	defer rc.Close()
+	data, err := io.ReadAll(rc)
+	require.NoError(t, err)
+	assert.Equal(t, "precious\n", string(data))
 }
