@@ -156,7 +156,11 @@ func (r *runner) persistResultFiles(ctx context.Context) error {
 func (r *runner) persistSessionState(ctx context.Context) error {
 	pr, pw := io.Pipe()
 	go func() {
-		_, err := workspace.PackHome(ctx, r.dirs.Home, pw, workspace.PackOptions{Exclude: workspace.DefaultExcludes})
+		excludes := r.in.SessionExcludes
+		if excludes == nil {
+			excludes = workspace.DefaultExcludes
+		}
+		_, err := workspace.PackHome(ctx, r.dirs.Home, pw, workspace.PackOptions{Exclude: excludes})
 		pw.CloseWithError(err)
 	}()
 	err := r.stored(r.in.Persist.PutRunFile(ctx, r.ref, SessionStateName, pr, "application/gzip"))

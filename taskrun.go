@@ -87,6 +87,9 @@ type RunTaskInput struct {
 	// Labels are added to the run's container next to the dev.taskrun.*
 	// labels, e.g. a test framework's session labels so its reaper finds it.
 	Labels map[string]string
+	// SessionExcludes are the glob patterns (relative to home) left out of
+	// the session state; workspace.DefaultExcludes when nil.
+	SessionExcludes []string
 	// KeepRunDir keeps the run directory on the host after a successful
 	// run; by default it is removed once everything is persisted.
 	KeepRunDir bool

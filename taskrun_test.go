@@ -451,3 +451,20 @@ func TestRetryPersistAfterStoreOutage(t *testing.T) {
 	_, err = taskrun.RetryPersist(context.Background(), retry)
 	require.ErrorIs(t, err, taskrun.ErrNothingKept, "nothing is left to retry")
 }
+
+// SessionExcludes leaves matching paths out of the session state a resumed
+// run gets back.
+func TestRunTaskSessionExcludes(t *testing.T) {
+	h := newHarness(t)
+	rec := &controlplanetest.Recorder{}
+	first := h.input(rec, "excl1", "sh", "-c", "echo keep > $HOME/kept.txt; mkdir -p $HOME/build; echo tmp > $HOME/build/obj.o")
+	first.SessionExcludes = []string{"build"}
+	_, err := taskrun.Execute(context.Background(), first)
+	require.NoError(t, err)
+
+	second := h.input(rec, "excl2", "sh", "-c", "ls -A $HOME")
+	second.Run.PreviousRunID = "excl1"
+	out, err := taskrun.Execute(context.Background(), second)
+	require.NoError(t, err)
+	assert.Equal(t, "kept.txt\n", out.Result.OutputStr)
+}

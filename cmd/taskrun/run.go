@@ -24,6 +24,7 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workspace"
 )
 
 // runOptions are the parsed flags of `taskrun run`.
@@ -49,6 +50,7 @@ type runOptions struct {
 	server     string
 	token      string
 	model      config.ModelEntry
+	excludes   stringList
 	command    []string
 }
 
@@ -76,6 +78,7 @@ func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
 	disk := fs.String("disk", units.BytesSize(taskrun.DefaultDiskLimitBytes), "cap on what the run may store under /taskrun")
 	fs.StringVar(&o.helpersDir, "helpers-dir", executableDir(), "directory of the static in-sandbox helpers (taskrun-probe); empty disables the self-check")
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
+	fs.Var(&o.excludes, "session-exclude", "glob pattern (relative to home) left out of the session state; repeatable (default: "+strings.Join(workspace.DefaultExcludes, ", ")+")")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directory on the host after a successful run")
 	fs.BoolVar(&o.reap, "gc", true, "first remove leftover containers that no live run owns (as `taskrun gc`)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result on stdout; the run's stdout goes to stderr")
@@ -122,6 +125,16 @@ func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
 		return o, errors.New("--token needs --server")
 	}
 	return o, nil
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(v string) error {
+	*l = append(*l, v)
+	return nil
 }
 
 // parseModel fills m's provider and name from a --model value.
@@ -249,6 +262,7 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		Timeout:         o.timeout,
 		DiskLimitBytes:  o.disk,
 		KeepRunDir:      o.keep,
+		SessionExcludes: o.excludes,
 		MaxOutputBytes:  o.maxOutput,
 		HelpersDir:      o.helpersDir,
 		Stderr:          stderr,

@@ -85,6 +85,12 @@ func TestParseRunFlagsRejectsBadInput(t *testing.T) {
 	}
 }
 
+func TestParseRunFlagsSessionExcludes(t *testing.T) {
+	o, err := parseRunFlags([]string{"--session-exclude", "build", "--session-exclude", "*.log"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, stringList{"build", "*.log"}, o.excludes)
+}
+
 func TestParseRunFlagsModels(t *testing.T) {
 	o, err := parseRunFlags([]string{"--model", "scripted"}, io.Discard)
 	require.NoError(t, err)
