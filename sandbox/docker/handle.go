@@ -78,7 +78,10 @@ func (h *handle) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("attach to container %s: %w", shortID(h.id), err)
 	}
+	// The pump starts with the attach, so release can always wait for it,
+	// whichever step below fails.
 	h.attach, h.attached = att, true
+	go h.pump()
 	// ContainerWait sends its request before returning, so the daemon has the
 	// next-exit waiter registered before ContainerStart below.
 	waitC, errC := h.b.api.ContainerWait(h.runCtx, h.id, container.WaitConditionNextExit)
@@ -87,7 +90,6 @@ func (h *handle) start(ctx context.Context) error {
 		return fmt.Errorf("wait for container %s: %w", shortID(h.id), err)
 	default:
 	}
-	go h.pump()
 	go h.watch(waitC, errC)
 	if err := h.b.api.ContainerStart(ctx, h.id, container.StartOptions{}); err != nil {
 		return fmt.Errorf("start container %s: %w", shortID(h.id), err)
