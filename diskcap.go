@@ -40,6 +40,7 @@ func (r *runner) createRunDirs(ctx context.Context) error {
 	if err := workspace.CreateRunDir(r.dirs); err != nil {
 		return fmt.Errorf("create run directory: %w", err)
 	}
+	r.ownsRunDir = true
 	if limit := r.diskLimit(); limit > 0 && !r.in.KeepRunDir {
 		unmount, err := diskcap.Mount(ctx, r.dirs.Dir, limit)
 		switch {
@@ -95,6 +96,9 @@ func (r *runner) watchDisk(ctx context.Context, stop context.CancelFunc) func() 
 // are removed unless KeepRunDir. On a persist failure all of it stays: it is
 // the local copy for a retry.
 func (r *runner) releaseLocal(persistErr error) {
+	if !r.ownsRunDir {
+		return // another run's directory, or none: never touch it
+	}
 	if persistErr != nil {
 		r.log.Warn("run directory kept for a persist retry", "dir", r.dirs.Dir, "spools", r.hostDir)
 		return

@@ -79,6 +79,7 @@ func RetryPersist(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	if kept.RunError != "" {
 		runErr = errors.New(kept.RunError)
 	}
+	r.ownsRunDir = true // the kept copy is this run's
 	r.unmountDisk = func() error { return diskcap.Release(r.dirs.Dir) }
 	persistErr := r.persist(ctx, runErr)
 	r.releaseLocal(persistErr)

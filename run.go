@@ -80,6 +80,9 @@ type runner struct {
 	hostDir string
 	out     Outcome
 	started time.Time
+	// ownsRunDir is set once this run created its directory; only then may
+	// it remove it. A reused run ID must never touch the first run's files.
+	ownsRunDir bool
 	// unmountDisk releases the run dir's size-capped filesystem, if mounted.
 	unmountDisk func() error
 	// iso, probeReport and probeContradictions are the run's isolation

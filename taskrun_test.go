@@ -28,6 +28,7 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workspace"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
@@ -467,4 +468,26 @@ func TestRunTaskSessionExcludes(t *testing.T) {
 	out, err := taskrun.Execute(context.Background(), second)
 	require.NoError(t, err)
 	assert.Equal(t, "kept.txt\n", out.Result.OutputStr)
+}
+
+// A run that reuses the ID of a run whose copy is kept is refused, and the
+// kept copy survives for RetryPersist.
+func TestRunTaskReusedRunIDLeavesTheKeptCopy(t *testing.T) {
+	h := newHarness(t)
+	rec := &controlplanetest.Recorder{}
+	dir := taskrun.NewRuntimePathsFromRoot(h.root).RuntimeTaskRunDir(h.tenant, "conv1", "task1", "dup1")
+	down := h.input(rec, "dup1", "sh", "-c", "echo precious")
+	down.Persist = downStore{h.store}
+	_, err := taskrun.Execute(context.Background(), down)
+	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
+
+	_, err = taskrun.Execute(context.Background(), h.input(rec, "dup1", "sh", "-c", "echo second"))
+	require.ErrorIs(t, err, workspace.ErrRunDirInUse)
+	assert.DirExists(t, filepath.Join(dir, "home"), "the first run's kept copy is untouched")
+
+	retry := h.input(rec, "dup1")
+	retry.Sandbox = nil
+	_, err = taskrun.RetryPersist(context.Background(), retry)
+	require.NoError(t, err)
+	assert.Equal(t, "precious\n", h.runFile(t, "dup1", taskrun.OutputLogName))
 }
