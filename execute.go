@@ -25,8 +25,17 @@ const (
 	promptFileName   = "prompt.txt"
 	stdoutSpoolName  = "stdout.log"
 	stderrSpoolName  = "stderr.log"
-	cleanupTimeout   = 2 * time.Minute
 	defaultStopGrace = 10 * time.Second
+)
+
+// Budgets of the steps that run after the container, on a context detached
+// from the caller's cancellation.
+const (
+	// persistTimeout bounds all uploads of one run (logs up to
+	// DefaultMaxOutputBytes each, artifacts, session state).
+	persistTimeout = 30 * time.Minute
+	// cleanupTimeout bounds removing the container and the final report.
+	cleanupTimeout = 2 * time.Minute
 )
 
 // streamDrainTimeout bounds how long a finished run waits for its output
@@ -42,12 +51,15 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 		runErr = r.execute(ctx)
 	}
 	r.out.Result.EndTime = time.Now().UnixMilli()
-	// Persisting and reporting must happen even when ctx was cancelled.
-	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	persistErr := r.persist(cleanupCtx, runErr)
+	// Persisting and reporting happen even when ctx was cancelled, each with
+	// a budget of its own, so a slow store cannot starve the final report.
+	persistCtx, cancelPersist := context.WithTimeout(context.WithoutCancel(ctx), persistTimeout)
+	persistErr := r.persist(persistCtx, runErr)
+	cancelPersist()
 	r.releaseLocal(persistErr)
-	return r.report(ctx, cleanupCtx, runErr, persistErr)
+	reportCtx, cancelReport := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancelReport()
+	return r.report(ctx, reportCtx, runErr, persistErr)
 }
 
 // prepare materializes the run directory: dirs, the user's persistent files,

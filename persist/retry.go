@@ -81,11 +81,17 @@ func classify(ctx context.Context, op, key string, err error) error {
 	switch {
 	case gcerrors.Code(err) == gcerrors.NotFound && !isSource(err):
 		return fmt.Errorf("%w: %s %s: %w", ErrNotFound, op, key, err)
-	case transient(ctx, err):
+	case transient(ctx, err), deadlineHit(ctx, err):
 		return fmt.Errorf("%w: %s %s: %w", ErrStoreUnavailable, op, key, err)
 	default:
 		return fmt.Errorf("persist: %s %s: %w", op, key, err)
 	}
+}
+
+// deadlineHit reports whether the caller's deadline ran out while the store
+// had not answered: from the caller's side the store is unavailable.
+func deadlineHit(ctx context.Context, err error) bool {
+	return errors.Is(ctx.Err(), context.DeadlineExceeded) && !isSource(err)
 }
 
 func isSource(err error) bool {
@@ -111,6 +117,9 @@ func (s *Store) do(ctx context.Context, op, key string, f func(context.Context) 
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if deadlineHit(ctx, err) {
+				return fmt.Errorf("%w: %s %s: %w (last error: %w)", ErrStoreUnavailable, op, key, ctx.Err(), err)
+			}
 			return fmt.Errorf("persist: %s %s: %w (last error: %w)", op, key, ctx.Err(), err)
 		case <-t.C:
 		}

@@ -156,3 +156,25 @@ func TestOpenS3Parameters(t *testing.T) {
 		assert.Error(t, err, u)
 	}
 }
+
+// A store that never answers within the caller's deadline is reported as
+// unavailable, not as a plain context error, so callers keep the local copy.
+func TestHangingStoreIsUnavailableAtTheDeadline(t *testing.T) {
+	s3test.SetCredentialEnv(t)
+	release := make(chan struct{})
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release); hang.Close() })
+	st, err := persist.Open(context.Background(), s3URLAt(strings.TrimPrefix(hang.URL, "http://")))
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = st.PutRunFile(ctx, persist.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "r"}, "output.log", strings.NewReader("x"), "text/plain")
+	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
+}
