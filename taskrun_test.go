@@ -28,8 +28,8 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
-	"github.com/taskrun/taskrun/workspace"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
+	"github.com/taskrun/taskrun/workspace"
 )
 
 const testImage = "taskrun/testbox:local"
