@@ -177,12 +177,8 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	endDiskWatch := r.watchDisk(ctx, stop)
 
 	followers := r.follow(ctx, stdout, stderr)
-	if err := r.in.Updater.UpdateRunStatus(ctx, r.in.Run.ID, &workerclient.PatchTaskRunRequest{
-		Status:    model.StatusRunning,
-		StartedAt: ptr(r.started.UnixMilli()),
-		Container: r.containerInfo(),
-	}); err != nil {
-		r.log.Warn("report RUNNING", "err", err)
+	if auditErr == nil {
+		r.reportRunning(ctx)
 	}
 
 	res := h.Wait(waitCtx)
@@ -223,6 +219,25 @@ func (r *runner) maxOutput() int64 {
 		return DefaultMaxOutputBytes
 	}
 	return r.in.MaxOutputBytes
+}
+
+// reportRunning sends the RUNNING PATCH in the background, so a slow
+// control plane never delays supervising the container; report waits for it
+// before the final PATCH, which keeps the two in order.
+func (r *runner) reportRunning(ctx context.Context) {
+	done := make(chan struct{})
+	r.runningReported = done
+	req := &workerclient.PatchTaskRunRequest{
+		Status:    model.StatusRunning,
+		StartedAt: ptr(r.started.UnixMilli()),
+		Container: r.containerInfo(),
+	}
+	go func() {
+		defer close(done)
+		if err := r.in.Updater.UpdateRunStatus(ctx, r.in.Run.ID, req); err != nil {
+			r.log.Warn("report RUNNING", "err", err)
+		}
+	}()
 }
 
 // spec is the container to run for this run.
@@ -266,17 +281,23 @@ type followers struct {
 
 // follow starts one goroutine per consumer. Each reads the spool from disk on
 // its own, so a slow or stalled consumer never blocks the container or the
-// other consumers.
+// other consumers. They run on a context detached from the caller's: after a
+// cancellation the container's last output (written during its stop grace)
+// is still delivered, within streamDrainTimeout.
 func (r *runner) follow(ctx context.Context, stdout, stderr *spool.Spool) *followers {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	f := &followers{done: make(chan error, 3), cancel: cancel}
-	start := func(fn func() error) {
+	start := func(s *spool.Spool, consume func(io.Reader) error) {
 		f.n++
-		go func() { f.done <- fn() }()
+		go func() {
+			rd := s.NewReaderContext(ctx, 0)
+			defer rd.Close()
+			f.done <- consume(rd)
+		}()
 	}
-	if s := r.in.StreamSender; s != nil {
-		start(func() error {
-			_, err := workerclient.Pump(ctx, stdout.NewReaderContext(ctx, 0), r.in.Run.ID, s, workerclient.PumpOptions{})
+	if sender := r.in.StreamSender; sender != nil {
+		start(stdout, func(rd io.Reader) error {
+			_, err := workerclient.Pump(ctx, rd, r.in.Run.ID, sender, workerclient.PumpOptions{})
 			return err
 		})
 	}
@@ -285,8 +306,8 @@ func (r *runner) follow(ctx context.Context, stdout, stderr *spool.Spool) *follo
 		s *spool.Spool
 	}{{r.in.Stdout, stdout}, {r.in.Stderr, stderr}} {
 		if c.w != nil {
-			start(func() error {
-				_, err := io.Copy(c.w, c.s.NewReaderContext(ctx, 0))
+			start(c.s, func(rd io.Reader) error {
+				_, err := io.Copy(c.w, rd)
 				return err
 			})
 		}
@@ -295,26 +316,24 @@ func (r *runner) follow(ctx context.Context, stdout, stderr *spool.Spool) *follo
 }
 
 // wait waits for the followers to deliver everything, bounded so a dead
-// control plane cannot hold the run forever: past streamDrainTimeout they are
-// cancelled (undelivered bytes remain in the persisted output log).
+// control plane or a blocked writer cannot hold the run: past
+// streamDrainTimeout they are cancelled and left to finish on their own
+// (undelivered bytes remain in the persisted output log; done is buffered,
+// so no follower blocks on reporting).
 func (f *followers) wait() error {
-	defer f.cancel()
 	timer := time.NewTimer(streamDrainTimeout)
 	defer timer.Stop()
 	var errs []error
-	for i := 0; i < f.n; i++ {
+	for range f.n {
 		select {
 		case err := <-f.done:
 			errs = append(errs, err)
 		case <-timer.C:
-			errs = append(errs, errors.New("output consumers did not finish in time; the output log holds everything"))
 			f.cancel()
-			for ; i < f.n; i++ {
-				<-f.done
-			}
-			return errors.Join(errs...)
+			return errors.Join(append(errs, errors.New("output consumers did not finish in time; the output log holds everything"))...)
 		}
 	}
+	f.cancel()
 	return errors.Join(errs...)
 }
 

@@ -53,3 +53,35 @@ func TestFollowersGiveUpOnAStalledConsumer(t *testing.T) {
 		t.Fatal("the stalled consumer was never cancelled")
 	}
 }
+
+// blockedWriter never returns from Write, like a paused terminal pager.
+type blockedWriter struct{}
+
+func (blockedWriter) Write([]byte) (int, error) { select {} }
+
+// A live copy whose writer blocks holds a finished run only for
+// streamDrainTimeout too, even though a blocked Write cannot be cancelled.
+func TestFollowersDoNotWaitForABlockedWriter(t *testing.T) {
+	defer func(d time.Duration) { streamDrainTimeout = d }(streamDrainTimeout)
+	streamDrainTimeout = 200 * time.Millisecond
+
+	r := &runner{in: RunTaskInput{Stdout: blockedWriter{}, Run: &model.TaskRun{ID: "r1"}}, log: slog.Default()}
+	dir := t.TempDir()
+	stdout, err := spool.New(filepath.Join(dir, "out"))
+	require.NoError(t, err)
+	stderr, err := spool.New(filepath.Join(dir, "err"))
+	require.NoError(t, err)
+	_, err = stdout.Write([]byte("to a pager that never reads"))
+	require.NoError(t, err)
+	require.NoError(t, stdout.Close())
+	require.NoError(t, stderr.Close())
+
+	done := make(chan error, 1)
+	go func() { done <- r.follow(context.Background(), stdout, stderr).wait() }()
+	select {
+	case err := <-done:
+		assert.Error(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a blocked writer held the run")
+	}
+}

@@ -23,6 +23,12 @@ func (r *runner) report(ctx, cleanupCtx context.Context, runErr, persistErr erro
 	if a := r.reportedArtifact(); a != nil {
 		req.Artifact = a
 	}
+	if r.runningReported != nil {
+		select {
+		case <-r.runningReported:
+		case <-cleanupCtx.Done():
+		}
+	}
 	var err error
 	if r.out.Status != model.StatusSucceeded {
 		err = &RunError{Status: r.out.Status, Reason: r.out.Reason, Err: errors.Join(runErr, persistErr)}

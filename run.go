@@ -80,6 +80,8 @@ type runner struct {
 	hostDir string
 	out     Outcome
 	started time.Time
+	// runningReported is closed once the RUNNING PATCH was sent (or gave up).
+	runningReported <-chan struct{}
 	// ownsRunDir is set once this run created its directory; only then may
 	// it remove it. A reused run ID must never touch the first run's files.
 	ownsRunDir bool

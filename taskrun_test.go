@@ -221,6 +221,8 @@ func TestRunTaskTimeoutFails(t *testing.T) {
 	assert.Equal(t, "started\n", h.runFile(t, "slow1", taskrun.OutputLogName))
 }
 
+// A cancelled run is stopped with its grace period, reported CANCELLED, and
+// what it printed while stopping still reaches the stream and the store.
 func TestRunTaskCancelledReportsCancelled(t *testing.T) {
 	h := newHarness(t)
 	rec := &controlplanetest.Recorder{}
@@ -229,17 +231,18 @@ func TestRunTaskCancelledReportsCancelled(t *testing.T) {
 		// Cancel once the container is running.
 		for range 200 {
 			time.Sleep(50 * time.Millisecond)
-			n := len(rec.Patches())
-			if n > 0 {
+			if strings.Contains(streamed(rec), "hi") {
 				break
 			}
 		}
 		cancel()
 	}()
-	out, err := taskrun.Execute(ctx, h.input(rec, "cancel1", "sh", "-c", "sleep 600"))
+	out, err := taskrun.Execute(ctx, h.input(rec, "cancel1", "sh", "-c", "trap 'echo bye; exit 0' TERM; echo hi; sleep 600 & wait"))
 	require.ErrorIs(t, err, taskrun.ErrRunFailed)
 	assert.Equal(t, model.StatusCancelled, out.Status)
 	assert.Equal(t, model.StatusCancelled, last(t, rec).Status)
+	assert.Equal(t, "hi\nbye\n", streamed(rec), "the output written during the stop grace is streamed")
+	assert.Equal(t, "hi\nbye\n", h.runFile(t, "cancel1", taskrun.OutputLogName))
 }
 
 func TestRunTaskMissingImageFailsWithFix(t *testing.T) {
