@@ -51,6 +51,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 		runErr = r.execute(ctx)
 	}
 	r.out.Result.EndTime = time.Now().UnixMilli()
+	r.out.Status, r.out.Reason = r.verdict(ctx, runErr)
 	// Persisting and reporting happen even when ctx was cancelled, each with
 	// a budget of its own, so a slow store cannot starve the final report.
 	persistCtx, cancelPersist := context.WithTimeout(context.WithoutCancel(ctx), persistTimeout)
@@ -59,7 +60,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	r.releaseLocal(persistErr)
 	reportCtx, cancelReport := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancelReport()
-	return r.report(ctx, reportCtx, runErr, persistErr)
+	return r.report(reportCtx, runErr, persistErr)
 }
 
 // prepare materializes the run directory: dirs, the user's persistent files,

@@ -10,14 +10,18 @@ import (
 	"github.com/taskrun/taskrun/workerclient"
 )
 
-// report decides the final status, sends the final PATCH and returns the
-// outcome. runErr is the first error of preparing or running the container;
-// persistErr is the persist step's.
-func (r *runner) report(ctx, cleanupCtx context.Context, runErr, persistErr error) (*Outcome, error) {
+// report settles the final status from the run's verdict (r.out.Status and
+// Reason, see verdict) and the persist step's error, sends the final PATCH
+// and returns the outcome. runErr is the first error of preparing or running
+// the container; persistErr is the persist step's.
+func (r *runner) report(cleanupCtx context.Context, runErr, persistErr error) (*Outcome, error) {
 	if r.out.Result.EndTime == 0 {
 		r.out.Result.EndTime = time.Now().UnixMilli()
 	}
-	r.out.Status, r.out.Reason = r.verdict(ctx, runErr, persistErr)
+	if persistErr != nil {
+		r.out.Status, r.out.Reason = model.StatusFailed, joinReasons(r.out.Reason,
+			fmt.Sprintf("%v (the run directory %s is kept; `taskrun persist` retries)", persistErr, r.dirs.Dir))
+	}
 
 	req := r.patch()
 	if a := r.reportedArtifact(); a != nil {
@@ -57,8 +61,8 @@ func (e *RunError) Error() string { return fmt.Sprintf("run %s: %s", e.Status, e
 // Unwrap returns ErrRunFailed and the underlying errors.
 func (e *RunError) Unwrap() []error { return []error{ErrRunFailed, e.Err} }
 
-// verdict maps what happened to a status and a reason.
-func (r *runner) verdict(ctx context.Context, runErr, persistErr error) (model.RunStatus, string) {
+// verdict maps what happened before persisting to a status and a reason.
+func (r *runner) verdict(ctx context.Context, runErr error) (model.RunStatus, string) {
 	exit := r.out.Exit
 	switch {
 	case ctx.Err() != nil:
@@ -69,12 +73,27 @@ func (r *runner) verdict(ctx context.Context, runErr, persistErr error) (model.R
 		return model.StatusFailed, fmt.Sprintf("timed out after %s", r.spec().Timeout)
 	case exit.OOMKilled:
 		return model.StatusFailed, fmt.Sprintf("out of memory: the container exceeded its %d MiB limit", r.policy.MemoryBytes>>20)
+	case exit.Cancelled:
+		return model.StatusCancelled, "run cancelled"
 	case exit.ExitCode != 0:
 		return model.StatusFailed, fmt.Sprintf("agent exited with code %d", exit.ExitCode)
-	case persistErr != nil:
-		return model.StatusFailed, fmt.Sprintf("%v (the run directory %s is kept)", persistErr, r.dirs.Dir)
 	}
 	return model.StatusSucceeded, ""
+}
+
+// joinReasons joins the non-empty reasons with "; ".
+func joinReasons(reasons ...string) string {
+	var out string
+	for _, r := range reasons {
+		switch {
+		case r == "":
+		case out == "":
+			out = r
+		default:
+			out += "; " + r
+		}
+	}
+	return out
 }
 
 // reportedArtifact is the artifact named in the PATCH: the first stored

@@ -170,18 +170,26 @@ func validateInput(in RunTaskInput) error {
 	return errors.Join(errs...)
 }
 
-// failEarly reports a run refused before it touched disk or Docker. The PATCH
-// is sent only when the run ID itself is valid, since it names the URL.
+// failEarly reports a run refused before it touched disk or Docker: FAILED,
+// or CANCELLED when the caller cancelled meanwhile. The PATCH is sent only
+// when the run ID itself is valid, since it names the URL, and on a context
+// of its own so that a cancellation cannot swallow it.
 func (r *runner) failEarly(ctx context.Context, cause error) (*Outcome, error) {
-	r.out = Outcome{Status: model.StatusFailed, Reason: cause.Error()}
+	status := model.StatusFailed
+	if ctx.Err() != nil {
+		status = model.StatusCancelled
+	}
+	r.out = Outcome{Status: status, Reason: cause.Error()}
 	r.out.Result.EndTime = time.Now().UnixMilli()
 	in := r.in
 	if in.Updater != nil && in.Run != nil && model.ValidateID("run", in.Run.ID) == nil {
-		if err := in.Updater.UpdateRunStatus(ctx, in.Run.ID, r.patch()); err != nil {
-			cause = errors.Join(cause, fmt.Errorf("report FAILED: %w", err))
+		reportCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := in.Updater.UpdateRunStatus(reportCtx, in.Run.ID, r.patch()); err != nil {
+			cause = errors.Join(cause, fmt.Errorf("report %s: %w", status, err))
 		}
 	}
-	return &r.out, &RunError{Status: model.StatusFailed, Reason: r.out.Reason, Err: cause}
+	return &r.out, &RunError{Status: status, Reason: r.out.Reason, Err: cause}
 }
 
 // patch builds the PATCH body for the current outcome.

@@ -145,6 +145,7 @@ type RunResult struct {
 	PromptTokens     *int `json:"prompt_tokens"`
 	CompletionTokens *int `json:"completion_tokens"`
 	// TracePath is the trace's key in run-global storage,
-	// traces/<session>/rt_<agentRunID>.jsonl; empty when the agent wrote none.
+	// traces/<session>/rt_<agentRunID>.jsonl; empty when there is no trace
+	// (with a model configured the executor creates it, so it is set).
 	TracePath string `json:"trace_path"`
 }

@@ -494,3 +494,39 @@ func TestRunTaskReusedRunIDLeavesTheKeptCopy(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "precious\n", h.runFile(t, "dup1", taskrun.OutputLogName))
 }
+
+// A run that timed out while its store was down says both, and the retry
+// reports the run's own verdict (the timeout), as RunTask would have.
+func TestRetryPersistKeepsTheRunsVerdict(t *testing.T) {
+	h := newHarness(t)
+	rec := &controlplanetest.Recorder{}
+	down := h.input(rec, "slowdown1", "sh", "-c", "echo started; sleep 600")
+	down.Timeout = 2 * time.Second
+	down.Persist = downStore{h.store}
+	out, err := taskrun.Execute(context.Background(), down)
+	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
+	assert.Contains(t, out.Reason, "timed out after 2s")
+	assert.Contains(t, out.Reason, "taskrun persist", "the reason says the outputs wait on the host")
+
+	retry := h.input(rec, "slowdown1")
+	retry.Sandbox = nil
+	out, err = taskrun.RetryPersist(context.Background(), retry)
+	require.ErrorIs(t, err, taskrun.ErrRunFailed)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.Equal(t, "timed out after 2s", out.Reason)
+	assert.Equal(t, "timed out after 2s", *last(t, rec).Error)
+	assert.Equal(t, "started\n", h.runFile(t, "slowdown1", taskrun.OutputLogName))
+}
+
+// A run cancelled before it started is reported CANCELLED, and the report
+// is delivered although the caller's context is done.
+func TestRunTaskCancelledBeforeStart(t *testing.T) {
+	h := newHarness(t)
+	rec := &controlplanetest.Recorder{}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out, err := taskrun.Execute(ctx, h.input(rec, "early1", "true"))
+	require.ErrorIs(t, err, taskrun.ErrRunFailed)
+	assert.Equal(t, model.StatusCancelled, out.Status)
+	assert.Equal(t, model.StatusCancelled, last(t, rec).Status)
+}

@@ -278,7 +278,7 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		in.StreamSender = workerclient.NewWriterStreamSender(runStdout)
 	}
 	out, err := taskrun.Execute(ctx, in)
-	if err != nil && out != nil && out.ContainerID == "" && out.Status != model.StatusSucceeded {
+	if err != nil && out != nil && out.ContainerID == "" && out.Status == model.StatusFailed {
 		// Nothing ran: the container could not be started.
 		return out, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
@@ -303,7 +303,7 @@ func exitCode(out *taskrun.Outcome, err error) int {
 		return exitTimeout
 	case out.Status == model.StatusCancelled:
 		return exitInterrupted
-	case out.Exit.ExitCode != 0:
+	case out.Exit.ExitCode > 0:
 		return out.Exit.ExitCode
 	case err != nil:
 		return exitFailure

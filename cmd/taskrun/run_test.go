@@ -112,6 +112,7 @@ func TestExitCodeFollowsDockerRun(t *testing.T) {
 	assert.Equal(t, 125, exitCode(nil, errCannotRun))
 	assert.Equal(t, 130, exitCode(&taskrun.Outcome{Status: model.StatusCancelled}, taskrun.ErrRunFailed))
 	assert.Equal(t, 1, exitCode(&taskrun.Outcome{Status: model.StatusFailed}, taskrun.ErrRunFailed))
+	assert.Equal(t, 1, exitCode(&taskrun.Outcome{Status: model.StatusFailed, Exit: sandbox.Result{ExitCode: -1}}, taskrun.ErrRunFailed), "an unknown exit code is a failure, not 255")
 }
 
 // cli runs `taskrun run` in-process against the real engine, with its own
