@@ -68,22 +68,21 @@ func (r *runner) watchDisk(ctx context.Context, stop context.CancelFunc) func() 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	fired := make(chan int64, 1)
-	done := make(chan struct{})
+	done := make(chan error, 1)
 	go func() {
-		defer close(done)
-		err := diskcap.Watch(ctx, r.dirs.Dir, limit, diskWatchInterval, func(used int64) {
+		done <- diskcap.Watch(ctx, r.dirs.Dir, limit, diskWatchInterval, func(used int64) {
 			fired <- used
 			stop()
 		})
-		if err != nil && !errors.Is(err, context.Canceled) {
-			r.log.Warn("disk watchdog", "err", err)
-		}
 	}()
 	return func() error {
 		cancel()
-		<-done
+		watchErr := <-done
 		select {
 		case used := <-fired:
+			if errors.Is(watchErr, diskcap.ErrUnmeasurable) {
+				return fmt.Errorf("%w: %w", ErrDiskLimit, watchErr)
+			}
 			return fmt.Errorf("%w: %d bytes used, cap %d", ErrDiskLimit, used, limit)
 		default:
 			return nil

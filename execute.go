@@ -149,7 +149,11 @@ func (r *runner) execute(ctx context.Context) (err error) {
 	spec.Env = append(spec.Env, llm.env()...)
 	r.iso = r.newIsolation()
 	var stderrSink io.Writer = stderr
-	if probe := r.probePath(); probe != "" {
+	probe, err := r.probePath()
+	if err != nil {
+		return err
+	}
+	if probe != "" {
 		if stderrSink, err = r.iso.apply(&spec, filepath.Dir(probe), stderr); err != nil {
 			return fmt.Errorf("self-check: %w", err)
 		}

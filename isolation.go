@@ -58,16 +58,22 @@ func (r *runner) newIsolation() *isolation {
 	return iso
 }
 
-// probePath is the host path of the self-check binary, or "" when absent.
-func (r *runner) probePath() string {
+// probePath is the host path of the self-check binary, or "" when the run
+// has no helpers directory. A helpers directory without a usable probe is an
+// error: the self-check is never skipped silently.
+func (r *runner) probePath() (string, error) {
 	if r.in.HelpersDir == "" {
-		return ""
+		return "", nil
 	}
 	p := filepath.Join(r.in.HelpersDir, ProbeBinary)
-	if info, err := os.Stat(p); err != nil || !info.Mode().IsRegular() {
-		return ""
+	info, err := os.Stat(p)
+	if err == nil && !info.Mode().IsRegular() {
+		err = errors.New("not a regular file")
 	}
-	return p
+	if err != nil {
+		return "", fmt.Errorf("%w: self-check %s: %w; build it with `make build`, or run without a helpers directory", ErrIsolation, p, err)
+	}
+	return p, nil
 }
 
 // apply adds the self-check to spec and returns the stderr writer that

@@ -134,3 +134,20 @@ func requireRunsc(t *testing.T, h *harness) {
 		t.Skip("runsc is not registered with dockerd")
 	}
 }
+
+// A helpers directory without the self-check refuses the run up front: the
+// self-check is never skipped silently.
+func TestRunTaskRefusesMissingSelfCheck(t *testing.T) {
+	h := newHarness(t)
+	rec := &controlplanetest.Recorder{}
+	in := h.input(rec, "noprobe1", "true")
+	in.HelpersDir = t.TempDir()
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.ErrorIs(t, err, taskrun.ErrIsolation)
+	assert.Empty(t, out.ContainerID)
+	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
+	entries, err := os.ReadDir(h.root)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing written on disk")
+}

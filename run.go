@@ -122,8 +122,12 @@ func newRunner(in RunTaskInput) (*runner, error) {
 	return r, nil
 }
 
-// preflight refuses a run whose image is missing before anything is written.
+// preflight refuses a run whose self-check or image is missing before
+// anything is written.
 func (r *runner) preflight(ctx context.Context) error {
+	if _, err := r.probePath(); err != nil {
+		return err
+	}
 	if c, ok := r.in.Sandbox.(sandbox.ImageChecker); ok {
 		return c.CheckImage(ctx, r.spec().Image)
 	}

@@ -182,6 +182,13 @@ func adoptRoot(dir string, was os.FileInfo) error {
 	return nil
 }
 
+// measure is Usage; tests replace it to make a tree unmeasurable.
+var measure = Usage
+
+// ErrUnmeasurable is returned by Watch, after it called over, when the
+// directory's usage could not be measured.
+var ErrUnmeasurable = errors.New("diskcap: usage cannot be measured")
+
 // MaxEntries bounds Usage's walk.
 const MaxEntries = 1_000_000
 
@@ -230,19 +237,23 @@ func Usage(dir string) (int64, error) {
 
 // Watch polls dir's usage every interval and calls over once, with the usage
 // measured, when it exceeds limit (or the tree is too large to measure); then
-// it returns nil. It returns ctx's error when ctx ends first, and a walk error
-// when dir cannot be measured.
+// it returns nil. When dir cannot be measured it also calls over, and returns
+// an error wrapping ErrUnmeasurable. It returns ctx's error when ctx ends
+// first.
 func Watch(ctx context.Context, dir string, limit int64, interval time.Duration, over func(used int64)) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		used, err := Usage(dir)
+		used, err := measure(dir)
 		switch {
 		case errors.Is(err, ErrTooManyFiles) || (err == nil && used > limit):
 			over(used)
 			return nil
 		case err != nil:
-			return fmt.Errorf("diskcap: measure %s: %w", dir, err)
+			// Fail closed: a tree the watchdog cannot measure (an unreadable
+			// directory planted by the run) is treated as over the cap.
+			over(used)
+			return fmt.Errorf("%w: %s: %w", ErrUnmeasurable, dir, err)
 		}
 		select {
 		case <-ctx.Done():

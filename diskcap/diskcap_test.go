@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -178,4 +179,16 @@ func TestReleaseUndoesAMountFromElsewhere(t *testing.T) {
 	assert.NoFileExists(t, imagePath(dir))
 	assert.NoFileExists(t, filepath.Join(dir, "f"), "the mounted contents went with the mount")
 	require.NoError(t, Release(dir), "releasing twice is harmless")
+}
+
+// A tree the watchdog cannot measure (say, a directory the run made
+// unreadable) counts as over the cap: the watchdog fails closed.
+func TestWatchFailsClosedWhenUnmeasurable(t *testing.T) {
+	defer func(f func(string) (int64, error)) { measure = f }(measure)
+	measure = func(string) (int64, error) { return 0, fs.ErrPermission }
+
+	fired := false
+	err := Watch(context.Background(), t.TempDir(), 1<<30, time.Millisecond, func(int64) { fired = true })
+	require.ErrorIs(t, err, ErrUnmeasurable)
+	assert.True(t, fired, "over is called for an unmeasurable tree")
 }
