@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -27,6 +28,10 @@ type Config struct {
 	EgressTimeout time.Duration
 	// WalkRoot is where the socket walk starts.
 	WalkRoot string
+	// RunDir is the agent-controlled run dir, left out of the walk so that
+	// filling it cannot exhaust MaxWalkEntries. Sockets mounted there are
+	// still found through the mount targets. Default DefaultRunDir.
+	RunDir string
 	// MaxWalkEntries bounds the socket walk.
 	MaxWalkEntries int
 	// SocketTimeout bounds each Docker GET /info attempt.
@@ -40,6 +45,7 @@ const (
 	DefaultDNSName        = "example.com"
 	DefaultEgressTimeout  = 2 * time.Second
 	DefaultMaxWalkEntries = 20000
+	DefaultRunDir         = "/taskrun"
 	DefaultSocketTimeout  = time.Second
 )
 
@@ -58,6 +64,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WalkRoot == "" {
 		c.WalkRoot = "/"
+	}
+	if c.RunDir == "" {
+		c.RunDir = DefaultRunDir
 	}
 	if c.MaxWalkEntries <= 0 {
 		c.MaxWalkEntries = DefaultMaxWalkEntries
@@ -97,6 +106,7 @@ func Collect(ctx context.Context, nonce string, cfg Config) Report {
 	go func() { defer wg.Done(); sockets, docker, walkErr = findDockerSockets(ctx, cfg, r.Mounts) }()
 	wg.Wait()
 	r.UnixSockets, r.DockerSockets = sockets, docker
+	r.SocketSearchComplete = walkErr == nil
 	note(walkErr)
 	r.CollectedAt = time.Now().UTC()
 	return r
@@ -214,28 +224,37 @@ func probeEgress(ctx context.Context, cfg Config) []Egress {
 }
 
 // findDockerSockets looks for unix sockets and asks each for Docker's
-// GET /info. Mount targets are checked first, whatever their number, so a
-// bind-mounted socket is never missed; then WalkRoot is walked (skipping /proc
-// and /sys, never following symlinks, at most MaxWalkEntries entries).
+// GET /info. Mount targets and the well-known Docker socket paths are checked
+// first, whatever their number, so a bind-mounted socket is never missed; then
+// WalkRoot is walked (skipping /proc, /sys and the run dir, never following
+// symlinks, at most MaxWalkEntries entries). walkErr is nil only when the walk
+// covered everything it meant to.
 func findDockerSockets(ctx context.Context, cfg Config, mounts []Mount) (all, docker []string, walkErr error) {
 	found := map[string]bool{}
+	direct := slices.Clone(wellKnownSockets)
 	for _, m := range mounts {
-		if fi, err := os.Lstat(m.Target); err == nil && fi.Mode()&fs.ModeSocket != 0 && !found[m.Target] {
-			found[m.Target] = true
-			all = append(all, m.Target)
+		direct = append(direct, m.Target)
+	}
+	for _, p := range direct {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&fs.ModeSocket != 0 && !found[p] {
+			found[p] = true
+			all = append(all, p)
 		}
 	}
 	seen := 0
 	walkErr = filepath.WalkDir(cfg.WalkRoot, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			if p == cfg.WalkRoot {
+				return fmt.Errorf("socket walk of %s: %w", p, err)
+			}
 			return nil // unreadable entries are skipped, not fatal
+		}
+		if d.IsDir() && (p == "/proc" || p == "/sys" || p == cfg.RunDir) {
+			return filepath.SkipDir
 		}
 		seen++
 		if seen > cfg.MaxWalkEntries {
 			return errWalkBound
-		}
-		if d.IsDir() && (p == "/proc" || p == "/sys") {
-			return filepath.SkipDir
 		}
 		if d.Type()&fs.ModeSocket != 0 && !found[p] {
 			found[p] = true
@@ -253,6 +272,10 @@ func findDockerSockets(ctx context.Context, cfg Config, mounts []Mount) (all, do
 }
 
 var errWalkBound = errors.New("socket walk stopped at its entry bound; sockets beyond it were not checked")
+
+// wellKnownSockets are where Docker's socket usually lives; they are checked
+// directly, so a socket in a listable-but-unreadable directory is found too.
+var wellKnownSockets = []string{"/var/run/docker.sock", "/run/docker.sock"}
 
 // answersDocker reports whether the unix socket at path serves the Docker
 // Engine API (GET /info answered with an Api-Version header).

@@ -33,7 +33,8 @@ type Expectation struct {
 	PidsMax *int64 `json:"pids_max,omitempty"`
 	// MemoryLimit requires this memory limit in bytes.
 	MemoryLimit *int64 `json:"memory_limit,omitempty"`
-	// NoDockerSocket requires that no unix socket answers Docker's GET /info.
+	// NoDockerSocket requires that no unix socket answers Docker's GET /info
+	// and that the socket search was complete.
 	NoDockerSocket bool `json:"no_docker_socket,omitempty"`
 }
 
@@ -83,6 +84,7 @@ func (e Expectation) Contradictions(r Report) []string {
 		add(r.MemoryLimit != *e.MemoryLimit, "memory limit is %s, expected %d", limitString(r.MemoryLimit), *e.MemoryLimit)
 	}
 	add(e.NoDockerSocket && len(r.DockerSockets) > 0, "Docker API reachable through %v", r.DockerSockets)
+	add(e.NoDockerSocket && !r.SocketSearchComplete, "socket search was incomplete, cannot confirm no Docker socket")
 	return out
 }
 

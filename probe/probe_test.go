@@ -3,6 +3,10 @@ package probe
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,7 +17,8 @@ import (
 func sampleReport(nonce string) Report {
 	return Report{Nonce: nonce, UID: 10001, GID: 10001, NoNewPrivs: 1, Seccomp: 2, RootfsReadOnly: true,
 		RootfsWriteError: "read-only file system", ProcSysReadOnly: true, PidsMax: 256, MemoryLimit: 1 << 30,
-		Egress: []Egress{{Name: "tcp", Target: "1.1.1.1:443", Error: "network is unreachable"}}}
+		SocketSearchComplete: true,
+		Egress:               []Egress{{Name: "tcp", Target: "1.1.1.1:443", Error: "network is unreachable"}}}
 }
 
 func TestInterceptorSplitWrites(t *testing.T) {
@@ -137,22 +142,23 @@ func TestContradictions(t *testing.T) {
 	assert.Empty(t, full.Contradictions(sampleReport("n")))
 
 	breaks := map[string]func(*Report){
-		"uid 0":           func(r *Report) { r.UID = 0 },
-		"capabilities":    func(r *Report) { r.CapEff = 1 << 21 },
-		"bounding":        func(r *Report) { r.CapBnd = 1 },
-		"nnp":             func(r *Report) { r.NoNewPrivs = 0 },
-		"nnp unknown":     func(r *Report) { r.NoNewPrivs = Unknown },
-		"seccomp":         func(r *Report) { r.Seccomp = 0 },
-		"rootfs mount rw": func(r *Report) { r.RootfsReadOnly = false },
-		"rootfs writable": func(r *Report) { r.RootfsWriteError = "" },
-		"proc sys":        func(r *Report) { r.ProcSysReadOnly = false },
-		"egress":          func(r *Report) { r.Egress[0].Reachable = true },
-		"interface":       func(r *Report) { r.Interfaces = []string{"eth0"} },
-		"no egress probe": func(r *Report) { r.Egress = nil },
-		"pids":            func(r *Report) { r.PidsMax = 512 },
-		"pids unknown":    func(r *Report) { r.PidsMax = Unknown },
-		"memory":          func(r *Report) { r.MemoryLimit = Unlimited },
-		"docker socket":   func(r *Report) { r.DockerSockets = []string{"/var/run/docker.sock"} },
+		"uid 0":            func(r *Report) { r.UID = 0 },
+		"capabilities":     func(r *Report) { r.CapEff = 1 << 21 },
+		"bounding":         func(r *Report) { r.CapBnd = 1 },
+		"nnp":              func(r *Report) { r.NoNewPrivs = 0 },
+		"nnp unknown":      func(r *Report) { r.NoNewPrivs = Unknown },
+		"seccomp":          func(r *Report) { r.Seccomp = 0 },
+		"rootfs mount rw":  func(r *Report) { r.RootfsReadOnly = false },
+		"rootfs writable":  func(r *Report) { r.RootfsWriteError = "" },
+		"proc sys":         func(r *Report) { r.ProcSysReadOnly = false },
+		"egress":           func(r *Report) { r.Egress[0].Reachable = true },
+		"interface":        func(r *Report) { r.Interfaces = []string{"eth0"} },
+		"no egress probe":  func(r *Report) { r.Egress = nil },
+		"pids":             func(r *Report) { r.PidsMax = 512 },
+		"pids unknown":     func(r *Report) { r.PidsMax = Unknown },
+		"memory":           func(r *Report) { r.MemoryLimit = Unlimited },
+		"docker socket":    func(r *Report) { r.DockerSockets = []string{"/var/run/docker.sock"} },
+		"search cut short": func(r *Report) { r.SocketSearchComplete = false },
 	}
 	for name, br := range breaks {
 		r := sampleReport("n")
@@ -191,10 +197,70 @@ func TestCollectOnHost(t *testing.T) {
 	dir := t.TempDir()
 	cfg := Config{WalkRoot: dir, TCPTarget: "127.0.0.1:1", MetadataTarget: "127.0.0.1:2", DNSName: "invalid.", EgressTimeout: 200e6}
 	r := Collect(context.Background(), "host", cfg)
+	assert.True(t, r.SocketSearchComplete, "errors: %v", r.Errors)
 	assert.NotEqual(t, Unknown, r.Seccomp)
 	assert.NotEmpty(t, r.Mounts)
 	require.Len(t, r.Egress, 3)
 	for _, e := range r.Egress {
 		assert.False(t, e.Reachable, "%s %s", e.Name, e.Target)
 	}
+}
+
+// fillDir creates n empty files in dir.
+func fillDir(t *testing.T, dir string, n int) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for i := range n {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d", i)), nil, 0o600))
+	}
+}
+
+// listenUnix serves a unix socket at path until the test ends.
+func listenUnix(t *testing.T, path string) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+}
+
+func TestSocketWalkBoundFailsClosed(t *testing.T) {
+	root := t.TempDir()
+	fillDir(t, filepath.Join(root, "var"), 50)
+	cfg := Config{WalkRoot: root, RunDir: filepath.Join(root, "taskrun"), MaxWalkEntries: 10}.withDefaults()
+
+	_, _, err := findDockerSockets(context.Background(), cfg, nil)
+	require.ErrorIs(t, err, errWalkBound)
+
+	r := sampleReport("n")
+	r.SocketSearchComplete = err == nil
+	bad := Expectation{NoDockerSocket: true}.Contradictions(r)
+	require.Len(t, bad, 1)
+	assert.Contains(t, bad[0], "socket search was incomplete")
+}
+
+func TestSocketWalkSkipsRunDirButNotItsMounts(t *testing.T) {
+	root := t.TempDir()
+	runDir := filepath.Join(root, "taskrun")
+	fillDir(t, runDir, 100)
+	require.NoError(t, os.Mkdir(filepath.Join(root, "var"), 0o755))
+	outside := filepath.Join(root, "var", "s.sock")
+	listenUnix(t, outside)
+	walkedOnly := filepath.Join(runDir, "walked.sock")
+	listenUnix(t, walkedOnly)
+	mounted := filepath.Join(runDir, "mounted.sock")
+	listenUnix(t, mounted)
+	cfg := Config{WalkRoot: root, RunDir: runDir, MaxWalkEntries: 10, SocketTimeout: 200e6}.withDefaults()
+
+	all, docker, err := findDockerSockets(context.Background(), cfg, []Mount{{Target: mounted}})
+	require.NoError(t, err, "a full run dir must not exhaust the walk bound")
+	assert.Contains(t, all, outside, "sockets outside the run dir are walked")
+	assert.Contains(t, all, mounted, "a socket mounted into the run dir is still checked")
+	assert.NotContains(t, all, walkedOnly, "the run dir itself is not walked")
+	assert.NotContains(t, docker, outside, "a plain socket does not answer Docker's API")
+}
+
+func TestSocketWalkUnreadableRootIsIncomplete(t *testing.T) {
+	cfg := Config{WalkRoot: filepath.Join(t.TempDir(), "missing")}.withDefaults()
+	_, _, err := findDockerSockets(context.Background(), cfg, nil)
+	assert.Error(t, err)
 }

@@ -76,6 +76,10 @@ type Report struct {
 	// DockerSockets are those that answered Docker's GET /info.
 	UnixSockets   []string `json:"unix_sockets,omitempty"`
 	DockerSockets []string `json:"docker_sockets,omitempty"`
+	// SocketSearchComplete is true when the socket walk covered everything
+	// it meant to (it did not stop at its entry bound, was not cancelled and
+	// could read its root); otherwise DockerSockets may miss some.
+	SocketSearchComplete bool `json:"socket_search_complete"`
 	// Errors lists observations that could not be made.
 	Errors []string `json:"errors,omitempty"`
 	// CollectedAt is when collection finished (container clock).
