@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 const (
 	gatewayDirName         = ".gateway"
 	gatewaySocketName      = "model.sock"
+	gatewayRecordName      = "gateway.jsonl"
 	containerGatewaySocket = containerRunDir + "/" + gatewayDirName + "/" + gatewaySocketName
 )
 
@@ -23,6 +25,9 @@ const (
 type modelAccess struct {
 	gw    *gateway.Gateway
 	trace *os.File
+	// record is the executor-owned copy of the gateway's exchanges: the
+	// shared trace is writable by the agent, this one is not.
+	record *os.File
 }
 
 // startModel starts the run's model gateway when a model is configured. The
@@ -37,18 +42,25 @@ func (r *runner) startModel(ctx context.Context) (*modelAccess, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create trace: %w", err)
 	}
+	record, err := os.OpenFile(filepath.Join(r.hostDir, gatewayRecordName), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		trace.Close()
+		return nil, fmt.Errorf("create gateway record: %w", err)
+	}
 	gw, err := gateway.Start(ctx, gateway.Config{
 		SocketPath: filepath.Join(r.dirs.Dir, gatewayDirName, gatewaySocketName),
 		Model:      r.in.Model,
-		Trace:      trace,
-		Logger:     r.log,
-		AgentUID:   workspace.SandboxOwner.UID,
+		// The protected record first: a full run dir must not cost it.
+		Trace:    io.MultiWriter(record, trace),
+		Logger:   r.log,
+		AgentUID: workspace.SandboxOwner.UID,
 	})
 	if err != nil {
 		trace.Close()
+		record.Close()
 		return nil, fmt.Errorf("start model gateway: %w", err)
 	}
-	return &modelAccess{gw: gw, trace: trace}, nil
+	return &modelAccess{gw: gw, trace: trace, record: record}, nil
 }
 
 // env is what the agent needs to reach the model.
@@ -68,13 +80,19 @@ func (m *modelAccess) finish(res *RunResult) error {
 	err := m.gw.Err()
 	u := m.gw.Usage()
 	res.PromptTokens, res.CompletionTokens = ptr(u.PromptTokens), ptr(u.CompletionTokens)
-	return errors.Join(err, m.gw.Close(), m.trace.Close())
+	return errors.Join(err, m.gw.Close(), m.trace.Close(), m.record.Close())
 }
 
 // createTrace creates global/traces/<session>/rt_<run>.jsonl for the sandbox
 // user, before the container starts.
 func (r *runner) createTrace() (*os.File, error) {
 	return workspace.CreateSandboxFile(r.dirs.Global, r.tracePath(), workspace.SandboxOwner)
+}
+
+// gatewayRecordPath is the key, in run-global storage, of the executor-owned
+// record of the gateway's exchanges, next to the trace.
+func (r *runner) gatewayRecordPath() string {
+	return path.Join("traces", r.in.SessionID, "gw_"+r.ref.RunID+".jsonl")
 }
 
 // tracePath is this run's trace key in run-global storage.

@@ -72,6 +72,7 @@ cat /taskrun/artifacts/answer.json; echo
 env
 cat /proc/*/environ | tr '\0' '\n'
 find /taskrun -type f ! -name '*.sock' -exec cat {} + 2>/dev/null
+echo forged > /taskrun/global/traces/s1/gw_canary1.jsonl
 `)
 	in.HelpersDir = testbin.Dir(t)
 	in.Model = config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-test", BaseURL: upstream.URL, APIKeyEnv: "TASKRUN_TEST_MODEL_KEY"}
@@ -93,6 +94,13 @@ find /taskrun -type f ! -name '*.sock' -exec cat {} + 2>/dev/null
 	}
 	require.NotNil(t, out.Result.PromptTokens)
 	assert.Equal(t, 11, *out.Result.PromptTokens)
+	rc, err := h.store.OpenGlobalFile(context.Background(), h.tenant, "traces/s1/gw_canary1.jsonl")
+	require.NoError(t, err, "the executor-owned gateway record is stored")
+	record, err := io.ReadAll(rc)
+	rc.Close()
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(string(record), "\n"), "one exchange, one line")
+	assert.NotContains(t, string(record), "forged", "the agent cannot write the gateway record")
 	assert.Equal(t, 3, *out.Result.CompletionTokens)
 	assert.Equal(t, 11, *last(t, rec).PromptTokens, "the PATCH carries the metered tokens")
 }

@@ -51,6 +51,7 @@ func (r *runner) persist(ctx context.Context, runErr error) error {
 	keep(r.persistLog(ctx, stdoutSpoolName, OutputLogName), "output log")
 	keep(r.persistLog(ctx, stderrSpoolName, StderrLogName), "stderr log")
 	keep(r.persistTrace(ctx), "trace")
+	keep(r.persistGatewayRecord(ctx), "gateway record")
 	keep(r.persistArtifacts(ctx), "artifacts")
 	keep(r.persistResultFiles(ctx), "output files")
 	keep(r.persistSessionState(ctx), "session state")
@@ -123,6 +124,10 @@ func (r *runner) persistTrace(ctx context.Context) error {
 		if !strings.HasPrefix(f.RelPath, prefix) {
 			return nil
 		}
+		if f.RelPath == r.gatewayRecordPath() {
+			r.log.Warn("ignored a file the agent wrote in place of the gateway record", "path", f.RelPath)
+			return nil // the executor's own copy is the only gateway record
+		}
 		if err := r.stored(r.in.Persist.PutGlobalFile(ctx, r.ref.UserID, f.RelPath, f.Reader, "application/x-ndjson")); err != nil {
 			return err
 		}
@@ -131,6 +136,20 @@ func (r *runner) persistTrace(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// persistGatewayRecord uploads the executor-owned record of the model
+// exchanges as traces/<session>/gw_<run>.jsonl, when the run had a model.
+func (r *runner) persistGatewayRecord(ctx context.Context) error {
+	f, err := os.Open(filepath.Join(r.hostDir, gatewayRecordName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return r.stored(r.in.Persist.PutGlobalFile(ctx, r.ref.UserID, r.gatewayRecordPath(), f, "application/x-ndjson"))
 }
 
 // persistArtifacts uploads every regular file under artifacts/.
