@@ -61,8 +61,12 @@ type CollectReport struct {
 	// Files and Bytes count what was handed to visit.
 	Files int64 `json:"files"`
 	Bytes int64 `json:"bytes"`
-	// Skipped lists every entry not handed to visit, with the reason.
+	// Skipped lists the entries not handed to visit, with the reason: the
+	// first MaxSkips of them.
 	Skipped []Skip `json:"skipped,omitempty"`
+	// DroppedSkips counts the skipped entries not listed in Skipped because
+	// it already held MaxSkips; len(Skipped)+DroppedSkips entries were skipped.
+	DroppedSkips int64 `json:"dropped_skips,omitempty"`
 }
 
 // Collect hands every regular file under root to visit, in path order, after
@@ -71,10 +75,12 @@ type CollectReport struct {
 // root is walked through os.Root one directory at a time; each file is
 // Lstat-ed, opened with O_NOFOLLOW|O_NONBLOCK and fstat-ed again, and used only
 // if it is still the same regular file. Symlinks (wherever they point), FIFOs,
-// sockets, devices, mount points, entries replaced during the walk and files
-// over the caps are skipped and listed in CollectReport.Skipped with the
-// reason. Nothing outside root is ever opened, and no special file can make
-// Collect block.
+// sockets, devices, mount points, entries replaced during the walk, files
+// over the caps, the contents of directories MaxDepth levels down and paths
+// longer than MaxPathBytes are skipped and listed in CollectReport.Skipped
+// with the reason (the first MaxSkips; the rest are counted in
+// CollectReport.DroppedSkips). Nothing outside root is ever opened, and no
+// special file can make Collect block.
 //
 // An error from visit stops the walk and is returned, except one wrapping
 // ErrFileChanged (the Reader's report that the file changed size while being
@@ -87,7 +93,10 @@ func Collect(ctx context.Context, root string, opts CollectOptions, visit func(c
 	}
 	defer top.Close()
 	c := &collector{ctx: ctx, opts: opts.withDefaults(), visit: visit}
-	if err := walkTree(ctx, top, info, c); err != nil {
+	err = walkTree(ctx, top, info, c)
+	c.report.Skipped = c.skips.kept()
+	c.report.DroppedSkips = c.skips.dropped
+	if err != nil {
 		return c.report, fmt.Errorf("collect %s: %w", root, err)
 	}
 	return c.report, nil
@@ -97,13 +106,14 @@ type collector struct {
 	ctx    context.Context
 	opts   CollectOptions
 	visit  func(ctx context.Context, f CollectedFile) error
+	skips  skipList
 	report CollectReport
 }
 
 func (c *collector) exclude(string) bool { return false }
 
 func (c *collector) skip(rel, reason string) {
-	c.report.Skipped = append(c.report.Skipped, Skip{Path: rel, Reason: reason})
+	c.skips.add(rel, reason)
 }
 
 func (c *collector) enterDir(node, *dirRef) (func() error, error) {

@@ -44,8 +44,12 @@ type CopyStats struct {
 	Symlinks int64 `json:"symlinks"`
 	// Bytes is the total size of the file contents copied.
 	Bytes int64 `json:"bytes"`
-	// Skipped lists the entries left out, with the reason.
+	// Skipped lists the entries left out, with the reason: the
+	// first MaxSkips of them.
 	Skipped []Skip `json:"skipped,omitempty"`
+	// DroppedSkips counts the skipped entries not listed in Skipped because
+	// it already held MaxSkips; len(Skipped)+DroppedSkips entries were skipped.
+	DroppedSkips int64 `json:"dropped_skips,omitempty"`
 }
 
 // CopyTree copies the contents of src into the existing directory dst
@@ -54,8 +58,10 @@ type CopyStats struct {
 // It copies regular files, directories and symlinks with their permission
 // bits (set-id and sticky bits are dropped) and modification times. Symlinks
 // are copied as links only when their target is relative and resolves inside
-// src; others are skipped. FIFOs, sockets and devices are skipped. Every skip
-// is recorded with its reason in CopyStats.Skipped. Hard links are copied as
+// src; others are skipped. FIFOs, sockets and devices, the contents of
+// directories MaxDepth levels down and paths longer than MaxPathBytes are
+// skipped. Every skip is recorded with its reason in CopyStats.Skipped (the
+// first MaxSkips; the rest are counted in CopyStats.DroppedSkips). Hard links are copied as
 // separate files. Nothing outside src is read and nothing outside dst written:
 // both are accessed through os.Root and symlinks are never followed.
 //
@@ -110,8 +116,8 @@ type copier struct {
 
 	files, dirs, symlinks, bytes atomic.Int64
 
-	mu      sync.Mutex
-	skipped []Skip
+	mu    sync.Mutex
+	skips skipList
 }
 
 func newCopier(ctx context.Context, srcTop, dstTop *os.Root, opts CopyOptions) *copier {
@@ -133,11 +139,12 @@ func (c *copier) stats() CopyStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return CopyStats{
-		Files:    c.files.Load(),
-		Dirs:     c.dirs.Load(),
-		Symlinks: c.symlinks.Load(),
-		Bytes:    c.bytes.Load(),
-		Skipped:  slices.Clone(c.skipped),
+		Files:        c.files.Load(),
+		Dirs:         c.dirs.Load(),
+		Symlinks:     c.symlinks.Load(),
+		Bytes:        c.bytes.Load(),
+		Skipped:      c.skips.kept(),
+		DroppedSkips: c.skips.dropped,
 	}
 }
 
@@ -145,7 +152,7 @@ func (c *copier) exclude(string) bool { return false }
 
 func (c *copier) skip(rel, reason string) {
 	c.mu.Lock()
-	c.skipped = append(c.skipped, Skip{Path: rel, Reason: reason})
+	c.skips.add(rel, reason)
 	c.mu.Unlock()
 }
 

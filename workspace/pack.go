@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/klauspost/compress/gzip"
@@ -40,8 +39,12 @@ type PackStats struct {
 	// Excluded counts entries (whole subtrees for directories) matched by
 	// PackOptions.Exclude.
 	Excluded int64 `json:"excluded"`
-	// Skipped lists the entries left out for safety or caps, with the reason.
+	// Skipped lists the entries left out for safety or caps, with the reason: the
+	// first MaxSkips of them.
 	Skipped []Skip `json:"skipped,omitempty"`
+	// DroppedSkips counts the skipped entries not listed in Skipped because
+	// it already held MaxSkips; len(Skipped)+DroppedSkips entries were skipped.
+	DroppedSkips int64 `json:"dropped_skips,omitempty"`
 }
 
 // PackHome streams home as a gzip-compressed tar archive into w, with paths
@@ -50,9 +53,11 @@ type PackStats struct {
 // It keeps regular files, directories and symlinks with their permission bits
 // and modification times (to the second). Symlinks are recorded as symlinks,
 // never followed, and only when they are relative and resolve inside home
-// (UnpackHome would reject the archive otherwise). FIFOs, sockets, devices and
-// entries over the size or count caps are skipped and recorded in
-// PackStats.Skipped. home is read through os.Root with O_NOFOLLOW|O_NONBLOCK
+// (UnpackHome would reject the archive otherwise). FIFOs, sockets, devices,
+// entries over the size or count caps, the contents of directories MaxDepth
+// levels down and paths longer than MaxPathBytes are skipped and recorded in
+// PackStats.Skipped (the first MaxSkips; the rest are counted in
+// PackStats.DroppedSkips). home is read through os.Root with O_NOFOLLOW|O_NONBLOCK
 // opens, so nothing outside it is read and no special file can block it.
 // Call it only after the container has stopped.
 func PackHome(ctx context.Context, home string, w io.Writer, opts PackOptions) (PackStats, error) {
@@ -77,7 +82,8 @@ func PackHome(ctx context.Context, home string, w io.Writer, opts PackOptions) (
 		err = gz.Close()
 	}
 	p.stats.CompressedBytes = cw.n
-	p.stats.Skipped = slices.Clip(p.stats.Skipped)
+	p.stats.Skipped = p.skips.kept()
+	p.stats.DroppedSkips = p.skips.dropped
 	if err != nil {
 		return p.stats, fmt.Errorf("pack home %s: %w", home, err)
 	}
@@ -100,6 +106,7 @@ type packer struct {
 	ex      *excluder
 	limits  PackOptions
 	entries int64
+	skips   skipList
 	stats   PackStats
 }
 
@@ -112,7 +119,7 @@ func (p *packer) exclude(rel string) bool {
 }
 
 func (p *packer) skip(rel, reason string) {
-	p.stats.Skipped = append(p.stats.Skipped, Skip{Path: rel, Reason: reason})
+	p.skips.add(rel, reason)
 }
 
 // admit counts one more entry, or records a skip when the cap is reached.

@@ -120,7 +120,9 @@ const trailerLimit = 1 << 20
 // device node or FIFO (or any other type but file, directory and symlink), or
 // when it is a symlink whose target is absolute or resolves outside dest.
 // Exceeding a limit fails with an error wrapping ErrLimitExceeded; the ratio
-// limit is checked while decompressing, so a bomb is stopped early.
+// limit is checked while decompressing, so a bomb is stopped early. Entry
+// names longer than MaxPathBytes or deeper than MaxDepth components exceed a
+// limit too (PackHome never writes them).
 //
 // Files and directories get their archived permission bits (set-id and sticky
 // bits dropped) and modification times, and belong to opts.Owner when set and
@@ -273,6 +275,9 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 	if err := x.budget.entry(); err != nil {
 		return err
 	}
+	if err := checkNameSize(hdr.Name); err != nil {
+		return err
+	}
 	name, err := entryName(hdr.Name)
 	if err != nil || name == "." {
 		return err
@@ -296,6 +301,22 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 	default:
 		return unsafeEntry(hdr.Name, "unsupported entry type %q; only files, directories and symlinks are restored", hdr.Typeflag)
 	}
+}
+
+// checkNameSize refuses names longer than MaxPathBytes (ignoring a trailing
+// slash) or with more than MaxDepth components, before any work proportional
+// to their depth is done for them.
+func checkNameSize(raw string) error {
+	trimmed := strings.TrimSuffix(raw, "/")
+	if len(trimmed) > MaxPathBytes {
+		return fmt.Errorf("%w: entry %q... is %d bytes long, over the %d-byte path limit (MaxPathBytes)",
+			ErrLimitExceeded, trimmed[:64], len(trimmed), MaxPathBytes)
+	}
+	if n := strings.Count(path.Clean(trimmed), "/") + 1; n > MaxDepth {
+		return fmt.Errorf("%w: entry %q has %d path components, over the %d-level limit (MaxDepth)",
+			ErrLimitExceeded, trimmed, n, MaxDepth)
+	}
+	return nil
 }
 
 // entryName validates a raw archive name and returns it cleaned.

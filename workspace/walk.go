@@ -21,12 +21,54 @@ type Skip struct {
 	Reason string `json:"reason"`
 }
 
+// Bounds on the trees the walkers descend into and the archive names
+// UnpackHome accepts, so that a hostile tree cannot exhaust file descriptors,
+// memory or time. The walkers keep one directory open per level.
+const (
+	// MaxDepth is the deepest path, in components, that is walked or
+	// restored: a directory MaxDepth levels down is kept, its contents are
+	// skipped with a reason.
+	MaxDepth = 256
+	// MaxPathBytes is the longest path (relative to the walked root, without
+	// a trailing slash) that is walked or restored; longer entries are
+	// skipped with a reason.
+	MaxPathBytes = 4096
+	// MaxSkips is how many skipped entries a report lists; further skips are
+	// only counted (see DroppedSkips in PackStats, CopyStats and
+	// CollectReport), so a tree of millions of FIFOs cannot fill memory.
+	MaxSkips = 1000
+)
+
 // Skip reasons shared by the walkers.
 const (
 	reasonReplaced   = "replaced during walk"
 	reasonOtherFS    = "directory on another filesystem (mount point); not crossed"
 	reasonNotRegular = "not a regular file after open"
 )
+
+var (
+	reasonTooDeep = fmt.Sprintf("contents not walked: deeper than %d levels (MaxDepth)", MaxDepth)
+	reasonTooLong = fmt.Sprintf("path longer than %d bytes (MaxPathBytes)", MaxPathBytes)
+)
+
+// skipList keeps the first MaxSkips skips and counts the rest.
+type skipList struct {
+	list    []Skip
+	dropped int64
+}
+
+func (s *skipList) add(rel, reason string) {
+	if len(s.list) >= MaxSkips {
+		s.dropped++
+		return
+	}
+	s.list = append(s.list, Skip{Path: rel, Reason: reason})
+}
+
+// kept returns a copy of the listed skips, nil when there are none.
+func (s *skipList) kept() []Skip {
+	return slices.Clone(s.list)
+}
 
 // dirRef is an open directory shared by the walker and the workers that copy
 // files out of it; the last release closes it.
@@ -102,15 +144,18 @@ func openTop(dir string) (*os.Root, fs.FileInfo, error) {
 
 // walkTree walks every entry below top (not top itself) depth-first in name
 // order. topInfo is top's Lstat result from openTop. It does not close top.
+// The contents of directories MaxDepth levels down and entries whose path is
+// longer than MaxPathBytes are reported to the visitor's skip, never walked.
 func walkTree(ctx context.Context, top *os.Root, topInfo fs.FileInfo, v visitor) error {
 	w := &walker{dev: deviceOf(topInfo), v: v}
 	ref := newDirRef(top)
 	ref.acquire() // the caller keeps top open
 	defer ref.release()
-	return w.walkDir(ctx, ref, "")
+	return w.walkDir(ctx, ref, "", 0)
 }
 
-func (w *walker) walkDir(ctx context.Context, dir *dirRef, rel string) error {
+// walkDir walks the entries of dir, which is depth levels below the root.
+func (w *walker) walkDir(ctx context.Context, dir *dirRef, rel string, depth int) error {
 	names, err := readDirNames(dir.root)
 	if err != nil {
 		return fmt.Errorf("read directory %q: %w", displayRel(rel), err)
@@ -123,14 +168,23 @@ func (w *walker) walkDir(ctx context.Context, dir *dirRef, rel string) error {
 		if w.v.exclude(childRel) {
 			continue
 		}
-		if err := w.visit(ctx, dir, childRel, name); err != nil {
+		if depth >= MaxDepth {
+			w.v.skip(rel, reasonTooDeep)
+			return nil
+		}
+		if len(childRel) > MaxPathBytes {
+			w.v.skip(childRel, reasonTooLong)
+			continue
+		}
+		if err := w.visit(ctx, dir, childRel, name, depth+1); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (w *walker) visit(ctx context.Context, dir *dirRef, rel, name string) error {
+// visit handles the entry name of dir, found at rel, depth levels down.
+func (w *walker) visit(ctx context.Context, dir *dirRef, rel, name string, depth int) error {
 	info, err := dir.root.Lstat(name)
 	if err != nil {
 		w.v.skip(rel, "cannot stat: "+errText(err))
@@ -140,7 +194,7 @@ func (w *walker) visit(ctx context.Context, dir *dirRef, rel, name string) error
 	mode := info.Mode()
 	switch {
 	case mode.IsDir():
-		return w.visitDir(ctx, n)
+		return w.visitDir(ctx, n, depth)
 	case mode.IsRegular():
 		return w.v.file(n)
 	case mode&fs.ModeSymlink != 0:
@@ -156,7 +210,7 @@ func (w *walker) visit(ctx context.Context, dir *dirRef, rel, name string) error
 	}
 }
 
-func (w *walker) visitDir(ctx context.Context, n node) error {
+func (w *walker) visitDir(ctx context.Context, n node, depth int) error {
 	if deviceOf(n.info) != w.dev {
 		w.v.skip(n.rel, reasonOtherFS)
 		return nil
@@ -178,7 +232,7 @@ func (w *walker) visitDir(ctx context.Context, n node) error {
 	if err != nil || leave == nil {
 		return err
 	}
-	walkErr := w.walkDir(ctx, ref, n.rel)
+	walkErr := w.walkDir(ctx, ref, n.rel, depth)
 	return errors.Join(walkErr, leave())
 }
 

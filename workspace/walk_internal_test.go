@@ -121,7 +121,7 @@ func TestVisitDirRefusesSwappedDirectory(t *testing.T) {
 
 			rec := &recorder{skips: map[string]string{}}
 			w := &walker{dev: deviceOf(n.info), v: rec}
-			require.NoError(t, w.visitDir(t.Context(), n))
+			require.NoError(t, w.visitDir(t.Context(), n, 1))
 			assert.Contains(t, rec.skips["d"], tt.reason)
 			assert.Empty(t, rec.entered)
 		})
