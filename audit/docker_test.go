@@ -146,6 +146,11 @@ func TestDockerFixturesFlagExactlyTheirRule(t *testing.T) {
 		{"json-file uncapped", func(f *fixture) { f.hc.LogConfig.Config = map[string]string{"max-size": "-1"} }, []string{"TR:log-capped"}},
 		{"workdir /proc/self", func(f *fixture) { f.cfg.WorkingDir = "/proc/self" }, []string{"TR:workdir-not-proc"}},
 		{"no ulimits", func(f *fixture) { f.hc.Ulimits = nil }, []string{"5.19"}},
+		{"executor tmpfs options", func(f *fixture) { f.hc.Tmpfs["/tmp"] = "rw,exec,nosuid,nodev,size=16777216" }, nil},
+		{"tmpfs without size", func(f *fixture) { f.hc.Tmpfs["/tmp"] = "rw,nosuid,nodev" }, []string{"TR:tmpfs"}},
+		{"tmpfs through Mounts", func(f *fixture) {
+			f.hc.Mounts = append(f.hc.Mounts, mount.Mount{Type: mount.TypeTmpfs, Target: "/scratch", TmpfsOptions: &mount.TmpfsOptions{SizeBytes: 1 << 20}})
+		}, []string{"TR:tmpfs"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -69,25 +69,46 @@ func isSensitiveMount(m Mount) bool {
 	return false
 }
 
+// below reports whether p lies strictly below root.
+func below(p, root string) bool {
+	return p != root && under(p, root)
+}
+
 // runDirAllowed reports whether src may be mounted at RunDirTarget: it must be
-// the policy's RunDir, else the LabelRunDir path, else a dir named after the
-// LabelRun value; the second result says what was expected.
+// strictly below RunsRoot when that is set, and be the policy's RunDir, else
+// the LabelRunDir path (trusted only strictly below RunsRoot), else a dir
+// named after the LabelRun value; the second result says what was expected.
 func (c checkCtx) runDirAllowed(src string) (bool, string) {
 	mp := c.opts.Mounts
-	if mp.RunsRoot != "" && !under(src, path.Clean(mp.RunsRoot)) {
-		return false, fmt.Sprintf("run dir %s is not under %s", src, mp.RunsRoot)
+	root := path.Clean(mp.RunsRoot)
+	if mp.RunsRoot != "" && !below(src, root) {
+		return false, fmt.Sprintf("run dir %s is not strictly below %s", src, mp.RunsRoot)
 	}
+	label := c.p.Labels[LabelRunDir]
 	switch {
 	case mp.RunDir != "":
 		return src == path.Clean(mp.RunDir), "expected " + mp.RunDir
-	case c.p.Labels[LabelRunDir] != "":
-		want := path.Clean(c.p.Labels[LabelRunDir])
+	case label != "" && mp.RunsRoot != "" && below(path.Clean(label), root):
+		want := path.Clean(label)
 		return src == want, "expected " + want + " (label " + LabelRunDir + ")"
 	case c.p.Labels[LabelRun] != "":
 		run := c.p.Labels[LabelRun]
 		return path.Base(src) == run, "expected a dir named " + run + " (label " + LabelRun + ")"
 	}
-	return false, "cannot tie it to the run: no " + LabelRunDir + " or " + LabelRun + " label"
+	return false, "cannot tie it to the run: no " + LabelRun + " label, and no " + LabelRunDir + " label below a configured RunsRoot"
+}
+
+// helperAllowed reports whether a bind mount under HelperTarget is allowed,
+// and if not, why.
+func (c checkCtx) helperAllowed(m Mount) (bool, string) {
+	dst := path.Clean("/" + m.Destination)
+	if m.RW {
+		return false, fmt.Sprintf("helper %s is writable", dst)
+	}
+	if dir := c.opts.Mounts.HelpersDir; dir != "" && !under(path.Clean("/"+m.Source), path.Clean(dir)) {
+		return false, fmt.Sprintf("helper %s from %s is not from the helpers dir %s", dst, m.Source, dir)
+	}
+	return true, ""
 }
 
 func (c checkCtx) classify(m Mount) (mountClass, string) {
@@ -108,8 +129,8 @@ func (c checkCtx) classify(m Mount) (mountClass, string) {
 		}
 		return mountOK, ""
 	case under(dst, HelperTarget) && m.Type == "bind" && !c.opts.Mounts.ForbidHelpers:
-		if m.RW {
-			return mountNotAllowed, fmt.Sprintf("helper %s is writable", dst)
+		if ok, why := c.helperAllowed(m); !ok {
+			return mountNotAllowed, why
 		}
 		return mountOK, ""
 	}

@@ -88,14 +88,22 @@ type Options struct {
 // Everything else fails.
 type MountPolicy struct {
 	// RunDir is the exact host path expected at RunDirTarget. When empty it
-	// is derived from the container's labels: LabelRunDir if present,
+	// is derived from the container's labels: LabelRunDir, but only when
+	// RunsRoot is set and the label names a path strictly below it;
 	// otherwise the source's last element must equal LabelRun.
 	RunDir string `json:"run_dir,omitempty"`
-	// RunsRoot, when set, is a host directory the run dir must lie under.
+	// RunsRoot, when set, is a host directory the run dir must lie strictly
+	// below (RunsRoot itself, holding every run, is rejected).
 	RunsRoot string `json:"runs_root,omitempty"`
 	// ForbidHelpers rejects the read-only bind mounts under HelperTarget
 	// that are otherwise allowed.
 	ForbidHelpers bool `json:"forbid_helpers,omitempty"`
+	// HelpersDir, when set, is the host directory helper mounts must come
+	// from: each bind mount under HelperTarget must have it, or a path below
+	// it, as its source. When empty any non-sensitive host path is accepted
+	// as a helper source (rule 5.6 still rejects sensitive trees); helpers
+	// must be read-only either way.
+	HelpersDir string `json:"helpers_dir,omitempty"`
 }
 
 // DefaultOptions returns the design's policy: network none, helpers allowed,

@@ -64,6 +64,7 @@ var rules = []rule{
 	{"5.6", SourceCIS, "no sensitive host directory mounted", checkSensitiveDirs},
 	{"5.20", SourceCIS, "no shared mount propagation", checkPropagation},
 	{"TR:only-run-mount", SourceTaskrun, "only the run's own dir, tmpfs and read-only helpers mounted (PSS hostPath)", checkOnlyRunMount},
+	{"TR:tmpfs", SourceTaskrun, "every tmpfs mount nosuid, nodev and size-capped", checkTmpfs},
 	{"5.18", SourceCIS, "no host devices", checkDevices},
 	{"5.8", SourceCIS, "no published ports (PSS hostPort)", checkPorts},
 	{"5.15", SourceCIS, "restart policy \"no\"", checkRestart},

@@ -33,8 +33,8 @@ func compliant() Posture {
 		Mounts: []Mount{
 			{Type: "bind", Source: "/srv/taskrun/users/u/conversations/c/tasks/t/runs/run-1", Destination: "/taskrun", RW: true, Propagation: "rprivate"},
 			{Type: "bind", Source: "/var/lib/taskrun/bin/taskrun-probe", Destination: "/.taskrun/bin/taskrun-probe", Propagation: "rprivate"},
-			{Type: "tmpfs", Destination: "/tmp", RW: true},
 		},
+		Tmpfs:         map[string]string{"/tmp": "rw,exec,nosuid,nodev,size=268435456"},
 		RestartPolicy: "no",
 		MaskedPaths:   []string{"/proc/kcore", "/proc/keys"},
 		ReadonlyPaths: []string{"/proc/bus", "/proc/sys"},
@@ -109,6 +109,15 @@ func TestEachBreakFailsExactlyItsRule(t *testing.T) {
 		{"TR:only-run-mount", func(p *Posture) {
 			p.Mounts = append(p.Mounts, Mount{Type: "volume", Source: "/var/lib/docker/volumes/v/_data", Destination: "/data", RW: true})
 		}},
+		{"TR:tmpfs", func(p *Posture) { p.Tmpfs["/tmp"] = "rw,nodev,size=16m" }},
+		{"TR:tmpfs", func(p *Posture) { p.Tmpfs["/tmp"] = "rw,nosuid,size=16m" }},
+		{"TR:tmpfs", func(p *Posture) { p.Tmpfs["/tmp"] = "rw,nosuid,nodev" }},
+		{"TR:tmpfs", func(p *Posture) { p.Tmpfs["/tmp"] = "rw,nosuid,nodev,size=0" }},
+		{"TR:tmpfs", func(p *Posture) { p.Tmpfs["/tmp"] = "" }},
+		{"TR:tmpfs", func(p *Posture) { p.Tmpfs["/tmp"] = "nosuid,nodev,size=16m,suid" }},
+		{"TR:tmpfs", func(p *Posture) { p.Tmpfs["/tmp"] = "nosuid,nodev,size=16m,dev" }},
+		{"TR:tmpfs", func(p *Posture) { p.Tmpfs["/scratch"] = "rw" }},
+		{"TR:tmpfs", func(p *Posture) { p.Mounts = append(p.Mounts, Mount{Type: "tmpfs", Destination: "/scratch", RW: true}) }},
 		{"5.18", func(p *Posture) { p.Devices = []string{"/dev/null:/dev/null"} }},
 		{"5.18", func(p *Posture) { p.DeviceRequests = 1 }},
 		{"5.8", func(p *Posture) { p.PortBindings = []string{"80/tcp->:8080"} }},
@@ -179,12 +188,84 @@ func TestOptions(t *testing.T) {
 	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, Options{Mounts: MountPolicy{RunDir: "/srv/elsewhere/run-1"}}).FailedIDs())
 }
 
+func TestRunDirStrictlyBelowRunsRoot(t *testing.T) {
+	p := compliant()
+	p.Mounts[0].Source = "/srv/taskrun/runs"
+	p.Labels[LabelRun] = "runs"
+	assert.Empty(t, Check(p, fullHost, Options{}).FailedIDs(), "without RunsRoot the run ID rule decides")
+	for _, mp := range []MountPolicy{
+		{RunsRoot: "/srv/taskrun/runs"},
+		{RunsRoot: "/srv/taskrun/runs/"},
+		{RunsRoot: "/srv/taskrun/runs", RunDir: "/srv/taskrun/runs"},
+	} {
+		assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, Options{Mounts: mp}).FailedIDs(), "%+v: the runs root itself holds every run", mp)
+	}
+	assert.Empty(t, Check(p, fullHost, Options{Mounts: MountPolicy{RunsRoot: "/srv/taskrun"}}).FailedIDs())
+}
+
+func TestHelpersDir(t *testing.T) {
+	p := compliant() // helper from /var/lib/taskrun/bin/taskrun-probe
+	cases := []struct {
+		dir, src string
+		ok       bool
+	}{
+		{"/var/lib/taskrun/bin", "/var/lib/taskrun/bin/taskrun-probe", true},
+		{"/var/lib/taskrun/bin/", "/var/lib/taskrun/bin/taskrun-probe", true},
+		{"/var/lib/taskrun/bin", "/var/lib/taskrun/bin", true},
+		{"/var/lib/taskrun/bin", "/var/lib/taskrun/binx/taskrun-probe", false},
+		{"/var/lib/taskrun/bin", "/home/u/evil/taskrun-probe", false},
+		{"/var/lib/taskrun/bin", "/var/lib/taskrun/bin/../runs/x", false},
+		{"", "/home/u/evil/taskrun-probe", true},
+	}
+	for _, tc := range cases {
+		p.Mounts[1].Source = tc.src
+		r := Check(p, fullHost, Options{Mounts: MountPolicy{HelpersDir: tc.dir}})
+		if tc.ok {
+			assert.Empty(t, r.FailedIDs(), "%+v", tc)
+		} else {
+			assert.Equal(t, []string{"TR:only-run-mount"}, r.FailedIDs(), "%+v", tc)
+		}
+	}
+	p = compliant()
+	p.Mounts[1].RW = true
+	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, Options{}).FailedIDs(), "helpers are read-only even without HelpersDir")
+}
+
+func TestTmpfsOptionsAccepted(t *testing.T) {
+	for _, opts := range []string{
+		"rw,exec,nosuid,nodev,size=268435456", // the executor's format
+		"rw,nosuid,nodev,size=16m",
+		"nodev,nosuid,size=65536k",
+		"suid,nosuid,dev,nodev,size=50%",
+	} {
+		p := compliant()
+		p.Tmpfs["/tmp"] = opts
+		assert.Empty(t, Check(p, fullHost, Options{}).FailedIDs(), opts)
+	}
+}
+
 func TestRunDirFromLabels(t *testing.T) {
+	rooted := Options{Mounts: MountPolicy{RunsRoot: "/srv/taskrun"}}
 	p := compliant()
 	p.Labels[LabelRunDir] = p.Mounts[0].Source
-	assert.Empty(t, Check(p, fullHost, Options{}).FailedIDs())
+	assert.Empty(t, Check(p, fullHost, rooted).FailedIDs())
 	p.Labels[LabelRunDir] = "/srv/taskrun/other/run-1"
-	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, Options{}).FailedIDs())
+	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, rooted).FailedIDs(), "a trusted label names another dir")
+
+	// Without RunsRoot, or with a label not strictly below it, the label is
+	// not trusted and the run ID rule decides.
+	p = compliant()
+	p.Labels[LabelRunDir] = "/elsewhere"
+	p.Mounts[0].Source = "/elsewhere"
+	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, Options{}).FailedIDs(), "untrusted label, dir not named after the run")
+	p = compliant()
+	delete(p.Labels, LabelRun)
+	p.Labels[LabelRunDir] = p.Mounts[0].Source
+	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, Options{}).FailedIDs(), "label alone is not trusted without RunsRoot")
+	assert.Empty(t, Check(p, fullHost, rooted).FailedIDs(), "label trusted below RunsRoot")
+	p.Labels[LabelRunDir] = "/srv/taskrun"
+	p.Mounts[0].Source = "/srv/taskrun"
+	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, rooted).FailedIDs(), "a label equal to RunsRoot is not trusted")
 
 	p = compliant()
 	delete(p.Labels, LabelRun)
