@@ -28,7 +28,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/netutil"
 
 	"github.com/taskrun/taskrun/config"
 )
@@ -59,9 +62,21 @@ type Config struct {
 	// HTTPClient sends upstream requests; nil uses a client with sane timeouts.
 	// Ignored by the scripted provider.
 	HTTPClient *http.Client
-	// RequestTimeout bounds one upstream exchange; 0 means 10 minutes.
+	// RequestTimeout bounds one upstream exchange, and how long a request
+	// waits for the one in flight; 0 means 10 minutes.
 	RequestTimeout time.Duration
+	// CloseGrace is how long Close lets an exchange in flight finish before
+	// cancelling it (and charging an estimate); 0 means 15 seconds.
+	CloseGrace time.Duration
 }
+
+// Server limits: the agent gets a few connections, and slow clients cannot
+// hold them forever.
+const (
+	maxConnections    = 8
+	readHeaderTimeout = 10 * time.Second
+	readTimeout       = 2 * time.Minute
+)
 
 // Usage is what the run has spent so far.
 type Usage struct {
@@ -75,14 +90,22 @@ func (u Usage) TotalTokens() int { return u.PromptTokens + u.CompletionTokens }
 
 // Gateway is a running per-run model gateway.
 type Gateway struct {
-	cfg      Config
-	log      *slog.Logger
-	up       *upstream
-	meter    *meter
-	trace    *traceWriter
-	ln       net.Listener
-	srv      *http.Server
-	served   chan error
+	cfg    Config
+	log    *slog.Logger
+	up     *upstream
+	meter  *meter
+	trace  *traceWriter
+	srv    *http.Server
+	served chan error
+	// sem holds the one exchange in flight.
+	sem chan struct{}
+	// waiting counts requests waiting in acquire.
+	waiting atomic.Int32
+	// closing is closed when Close starts: waiting requests give up.
+	closing chan struct{}
+	// abortCtx is cancelled when Close stops waiting for the exchange in flight.
+	abortCtx context.Context
+	abort    context.CancelFunc
 	closeMu  sync.Mutex
 	closed   bool
 	closeErr error
@@ -90,6 +113,11 @@ type Gateway struct {
 
 // Start validates cfg, prepares the upstream (reading the API key on the host),
 // listens on cfg.SocketPath and serves until Close or ctx is cancelled.
+//
+// The gateway accepts at most a few connections at a time and runs one
+// exchange at a time; concurrent requests wait their turn (see
+// chatCompletions). To read the final spend, call Close first, then Usage
+// and Err: Close waits for the exchange in flight to be metered.
 func Start(ctx context.Context, cfg Config) (*Gateway, error) {
 	if cfg.SocketPath == "" {
 		return nil, fmt.Errorf("%w: SocketPath is empty: set it to <runDir>/.gateway/model.sock", ErrBadConfig)
@@ -103,6 +131,9 @@ func Start(ctx context.Context, cfg Config) (*Gateway, error) {
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = 10 * time.Minute
 	}
+	if cfg.CloseGrace == 0 {
+		cfg.CloseGrace = 15 * time.Second
+	}
 	up, err := newUpstream(cfg)
 	if err != nil {
 		return nil, err
@@ -112,19 +143,28 @@ func Start(ctx context.Context, cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "gateway", "socket", cfg.SocketPath),
-		up:     up,
-		meter:  newMeter(cfg.Model.MaxTokens, cfg.Model.MaxRequests),
-		trace:  newTraceWriter(cfg.Trace, up.key),
-		ln:     ln,
-		served: make(chan error, 1),
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "gateway", "socket", cfg.SocketPath),
+		up:      up,
+		meter:   newMeter(cfg.Model.MaxTokens, cfg.Model.MaxRequests),
+		trace:   newTraceWriter(cfg.Trace, up.key),
+		served:  make(chan error, 1),
+		sem:     make(chan struct{}, 1),
+		closing: make(chan struct{}),
 	}
-	g.srv = &http.Server{Handler: g.routes(), ReadHeaderTimeout: 10 * time.Second}
-	go func() { g.served <- g.srv.Serve(ln) }()
+	g.abortCtx, g.abort = context.WithCancel(context.Background())
+	g.srv = &http.Server{
+		Handler:           g.routes(),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+	}
+	go func() { g.served <- g.srv.Serve(netutil.LimitListener(ln, maxConnections)) }()
 	go func() {
-		<-ctx.Done()
-		_ = g.Close()
+		select {
+		case <-ctx.Done():
+			_ = g.Close()
+		case <-g.closing:
+		}
 	}()
 	g.log.Info("model gateway started", "provider", cfg.Model.Provider, "model", up.publicName)
 	return g, nil
@@ -209,15 +249,47 @@ func (g *Gateway) SocketPath() string { return g.cfg.SocketPath }
 // (TASKRUN_MODEL): the upstream model's name, or "scripted".
 func (g *Gateway) ModelName() string { return g.up.publicName }
 
-// Usage returns the tokens and requests spent so far.
+// Usage returns the tokens and requests spent so far; after Close returns
+// it is final.
 func (g *Gateway) Usage() Usage { return g.meter.usage() }
 
 // Err returns nil while the run is within budget, else an error wrapping
-// ErrBudgetExceeded that names the budget.
+// ErrBudgetExceeded that names the budget; after Close returns it is final.
 func (g *Gateway) Err() error { return g.meter.err() }
 
-// Close stops serving, waits briefly for in-flight exchanges and removes the
-// socket. It is safe to call more than once.
+// errClosing refuses requests that arrive or wait while the gateway closes.
+var errClosing = errors.New("model gateway is shutting down")
+
+// acquire waits until no other exchange is in flight and returns the
+// function that ends this one.
+func (g *Gateway) acquire(ctx context.Context) (func(), error) {
+	g.waiting.Add(1)
+	defer g.waiting.Add(-1)
+	timer := time.NewTimer(g.cfg.RequestTimeout)
+	defer timer.Stop()
+	select {
+	case g.sem <- struct{}{}:
+	case <-g.closing:
+		return nil, errClosing
+	case <-ctx.Done():
+		return nil, fmt.Errorf("request abandoned while waiting for the one in flight: %w", ctx.Err())
+	case <-timer.C:
+		return nil, fmt.Errorf("another request was in flight for %s: send one request at a time", g.cfg.RequestTimeout)
+	}
+	select {
+	case <-g.closing:
+		<-g.sem
+		return nil, errClosing
+	default:
+		return func() { <-g.sem }, nil
+	}
+}
+
+// Close stops serving, lets the exchange in flight finish for up to
+// Config.CloseGrace (then cancels it, charging an estimate if it reported
+// no usage), waits until it is metered and removes the socket. Requests
+// still waiting are refused. After Close returns, Usage and Err are final.
+// It is safe to call more than once.
 func (g *Gateway) Close() error {
 	g.closeMu.Lock()
 	defer g.closeMu.Unlock()
@@ -225,11 +297,16 @@ func (g *Gateway) Close() error {
 		return g.closeErr
 	}
 	g.closed = true
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	close(g.closing)
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.CloseGrace)
 	defer cancel()
 	if err := g.srv.Shutdown(ctx); err != nil {
+		g.abort()
 		g.srv.Close()
 	}
+	g.abort()
+	// Take the exchange slot for good: the exchange in flight is metered and no other starts.
+	g.sem <- struct{}{}
 	if err := <-g.served; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		g.closeErr = fmt.Errorf("gateway serve: %w", err)
 	}

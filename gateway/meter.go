@@ -54,6 +54,16 @@ func (m *meter) exceed(err error) {
 	}
 }
 
+// remainingTokens is what is left of the token budget, 0 without one.
+func (m *meter) remainingTokens() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.maxTokens <= 0 {
+		return 0
+	}
+	return max(m.maxTokens-m.used.TotalTokens(), 1)
+}
+
 func (m *meter) usage() Usage {
 	m.mu.Lock()
 	defer m.mu.Unlock()

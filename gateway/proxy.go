@@ -51,7 +51,8 @@ func (g *Gateway) models(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// chatRequest is the part of a chat completions request the gateway reads.
+// chatRequest is the part of a chat completions request the scripted
+// upstream reads.
 type chatRequest struct {
 	Stream        bool `json:"stream"`
 	StreamOptions *struct {
@@ -59,7 +60,17 @@ type chatRequest struct {
 	} `json:"stream_options"`
 }
 
+// bodyReadTimeout bounds reading one request body.
+const bodyReadTimeout = 2 * time.Minute
+
 // chatCompletions meters, forwards and traces one chat completion.
+//
+// Exchanges run one at a time: a request arriving while another is in
+// flight waits, before its body is read, until the other is metered (or its
+// client goes away, RequestTimeout passes or the gateway closes). The
+// upstream exchange is detached from the agent's connection: when the agent
+// hangs up, the gateway reads the upstream answer to its end anyway so its
+// usage is metered, and an answer without usage is charged an estimate.
 func (g *Gateway) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	x := &exchange{Time: start.UTC(), Seq: exchangeSeq.Add(1), Path: r.URL.Path}
@@ -69,72 +80,94 @@ func (g *Gateway) chatCompletions(w http.ResponseWriter, r *http.Request) {
 			g.log.Warn("write gateway trace", "err", err)
 		}
 	}()
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	release, err := g.acquire(r.Context())
+	if err != nil {
+		g.fail(w, x, http.StatusServiceUnavailable, "gateway_busy", err.Error())
+		return
+	}
+	defer release()
+	body, err := readBody(w, r)
 	if err != nil {
 		g.fail(w, x, http.StatusRequestEntityTooLarge, "invalid_request_error", fmt.Sprintf("read request: %v", err))
 		return
 	}
 	x.Request = json.RawMessage(body)
-	upBody, req, err := g.rewrite(body)
+	req, err := parseChatBody(body)
 	if err != nil {
 		x.Request = nil
 		g.fail(w, x, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	x.Stream = req.Stream
+	x.Stream = req.stream
 	if err := g.meter.admit(); err != nil {
 		g.log.Warn("model request refused", "err", err)
 		g.fail(w, x, http.StatusTooManyRequests, "budget_exceeded", err.Error())
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout)
+	upBody, err := req.upstreamBody(g.up.model, g.meter.remainingTokens())
+	if err != nil {
+		g.fail(w, x, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	ctx, cancel := g.exchangeContext(r.Context())
 	defer cancel()
+	upStatus := g.forward(ctx, w, upBody, req, x)
+	if x.Usage == nil && (upStatus == http.StatusOK || ctx.Err() != nil) {
+		g.estimate(x, len(body), req.completionCap)
+	}
+}
+
+// readBody reads a request body within maxRequestBody and bodyReadTimeout,
+// then lifts the read deadline so a long streamed answer is not cut short.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	_ = rc.SetReadDeadline(time.Time{})
+	return body, err
+}
+
+// exchangeContext is the context of one upstream exchange: it keeps the
+// request's values but not its cancellation, ends after RequestTimeout and
+// is cancelled when Close gives up waiting.
+func (g *Gateway) exchangeContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.cfg.RequestTimeout)
+	stop := context.AfterFunc(g.abortCtx, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
+
+// forward sends the request upstream and relays the answer to the agent,
+// metering the usage it reports. It returns the upstream's status, 0 if the
+// upstream did not answer.
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, upBody []byte, req *chatBody, x *exchange) int {
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = http.NewResponseController(w).SetWriteDeadline(deadline)
+	}
 	resp, err := g.up.send(ctx, upBody)
 	if err != nil {
 		g.fail(w, x, http.StatusBadGateway, "upstream_error", err.Error())
-		return
+		return 0
 	}
 	defer resp.Body.Close()
 	x.Status = resp.StatusCode
 	mediaType, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	if req.Stream && resp.StatusCode == http.StatusOK && mediaType == "text/event-stream" {
-		keepUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-		g.relayStream(w, resp.Body, keepUsage, x)
-		return
+	if req.stream && resp.StatusCode == http.StatusOK && mediaType == "text/event-stream" {
+		g.relayStream(w, resp.Body, req.includeUsage, x)
+		return resp.StatusCode
 	}
 	g.relayBody(w, resp, x)
+	return resp.StatusCode
 }
 
-// rewrite parses the agent's request and returns the upstream body: the
-// configured model replaces whatever the agent named, and streamed requests
-// always ask for usage so tokens can be metered.
-func (g *Gateway) rewrite(body []byte) ([]byte, chatRequest, error) {
-	var req chatRequest
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return nil, req, fmt.Errorf("request body must be a JSON object: %w", err)
-	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, req, fmt.Errorf("request body: %w", err)
-	}
-	model, _ := json.Marshal(g.up.model)
-	fields["model"] = model
-	if req.Stream {
-		opts := map[string]json.RawMessage{}
-		if raw, ok := fields["stream_options"]; ok && string(raw) != "null" {
-			if err := json.Unmarshal(raw, &opts); err != nil {
-				return nil, req, fmt.Errorf("stream_options must be an object: %w", err)
-			}
-		}
-		opts["include_usage"] = json.RawMessage("true")
-		raw, _ := json.Marshal(opts)
-		fields["stream_options"] = raw
-	}
-	out, err := json.Marshal(fields)
-	if err != nil {
-		return nil, req, fmt.Errorf("encode upstream request: %w", err)
-	}
-	return out, req, nil
+// estimate charges an exchange that reached the upstream but reported no
+// usage: a token per 4 request bytes plus the completion limit, if any.
+func (g *Gateway) estimate(x *exchange, requestBytes, completionCap int) {
+	x.UsageEstimated = true
+	g.log.Warn("upstream reported no usage: charging an estimate", "seq", x.Seq, "prompt_tokens", requestBytes/4, "completion_tokens", completionCap)
+	g.record(x, tokenUsage{PromptTokens: requestBytes / 4, CompletionTokens: completionCap, TotalTokens: requestBytes/4 + completionCap})
 }
 
 // relayBody passes a whole (non-streamed or error) response through,
@@ -176,7 +209,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, body io.Reader, keepUsage b
 	rd := bufio.NewReaderSize(body, 64<<10)
 	skipBlank := false
 	var usage *tokenUsage
-relay:
+	agentGone := false
 	for {
 		line, err := rd.ReadBytes('\n')
 		if len(line) > 0 {
@@ -191,9 +224,14 @@ relay:
 				skipBlank = false
 			default:
 				skipBlank = false
+				if agentGone {
+					break
+				}
 				if _, werr := w.Write(out); werr != nil {
+					// Keep reading: the usage chunk comes last.
 					x.Error = fmt.Sprintf("write to agent: %v", werr)
-					break relay
+					agentGone = true
+					break
 				}
 				if flusher != nil {
 					flusher.Flush()

@@ -13,17 +13,19 @@ const redacted = "[REDACTED]"
 
 // exchange is one trace line: a request from the agent and what came of it.
 type exchange struct {
-	Time       time.Time         `json:"ts"`
-	Seq        int64             `json:"seq"`
-	Path       string            `json:"path"`
-	Stream     bool              `json:"stream"`
-	Status     int               `json:"status"`
-	DurationMS int64             `json:"duration_ms"`
-	Usage      *tokenUsage       `json:"usage,omitempty"`
-	Request    json.RawMessage   `json:"request,omitempty"`
-	Response   json.RawMessage   `json:"response,omitempty"`
-	Chunks     []json.RawMessage `json:"chunks,omitempty"`
-	Error      string            `json:"error,omitempty"`
+	Time       time.Time   `json:"ts"`
+	Seq        int64       `json:"seq"`
+	Path       string      `json:"path"`
+	Stream     bool        `json:"stream"`
+	Status     int         `json:"status"`
+	DurationMS int64       `json:"duration_ms"`
+	Usage      *tokenUsage `json:"usage,omitempty"`
+	// UsageEstimated is true when the upstream reported no usage and Usage is the gateway's estimate.
+	UsageEstimated bool              `json:"usage_estimated,omitempty"`
+	Request        json.RawMessage   `json:"request,omitempty"`
+	Response       json.RawMessage   `json:"response,omitempty"`
+	Chunks         []json.RawMessage `json:"chunks,omitempty"`
+	Error          string            `json:"error,omitempty"`
 }
 
 // maxTracedChunks bounds the stream chunks one trace line keeps.
