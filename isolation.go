@@ -51,11 +51,19 @@ func (r *runner) newIsolation() *isolation {
 		nonce:  strings.ToLower(rand.Text()),
 		expect: expectation(r.policy),
 		opts: audit.Options{
-			Mounts:        audit.MountPolicy{RunDir: r.dirs.Dir},
+			Mounts:        audit.MountPolicy{RunDir: r.dirs.Dir, HelpersDir: r.helpersDir()},
 			RequireGVisor: r.policy.Runtime == sandbox.RuntimeGVisor,
 		},
 	}
 	return iso
+}
+
+// helpersDir is the helpers directory as mounted, or "" for none.
+func (r *runner) helpersDir() string {
+	if r.in.HelpersDir == "" {
+		return ""
+	}
+	return filepath.Clean(r.in.HelpersDir)
 }
 
 // probePath is the host path of the self-check binary, or "" when the run

@@ -206,6 +206,9 @@ func (r *runner) collect(ctx context.Context, root string, visit func(context.Co
 	for _, s := range rep.Skipped {
 		r.log.Warn("skipped file in run output", "root", filepath.Base(root), "path", s.Path, "reason", s.Reason)
 	}
+	if rep.DroppedSkips > 0 {
+		r.log.Warn("more files skipped in run output", "root", filepath.Base(root), "count", rep.DroppedSkips)
+	}
 	return err
 }
 

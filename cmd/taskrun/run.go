@@ -222,6 +222,11 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 	if err != nil {
 		return nil, fmt.Errorf("%w: --root: %w", errCannotRun, err)
 	}
+	if o.helpersDir != "" {
+		if o.helpersDir, err = filepath.Abs(o.helpersDir); err != nil {
+			return nil, fmt.Errorf("%w: --helpers-dir: %w", errCannotRun, err)
+		}
+	}
 	store, err := persist.Open(ctx, o.store)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --store: %w", errCannotRun, err)
