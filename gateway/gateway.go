@@ -15,6 +15,18 @@
 // 0600; otherwise (a non-root executor cannot chown) it is made 0777, which
 // lets any local user who can traverse the run directory connect: keep run
 // directories 0700-traversable only by the executor and the agent's uid.
+//
+// Limits: the gateway serves at most a few connections at once, bounds how
+// long a client may take to send its request, and runs one exchange at a
+// time, so a run's budget cannot be overshot by parallel requests and its
+// memory stays bounded; a concurrent request waits for its turn. With a
+// token budget, the completion limits sent upstream are clamped to what is
+// left of it. An exchange is metered even when the agent hangs up mid-way,
+// and one whose upstream reports no usage is charged an estimate.
+//
+// Finishing a run: call Close first, then read Usage and Err. Close waits for
+// the exchange in flight (for up to Config.CloseGrace, then cancels it), so
+// only after it returns are Usage and Err final.
 package gateway
 
 import (
@@ -298,13 +310,13 @@ func (g *Gateway) Close() error {
 	}
 	g.closed = true
 	close(g.closing)
+	defer g.abort()
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.CloseGrace)
 	defer cancel()
 	if err := g.srv.Shutdown(ctx); err != nil {
 		g.abort()
 		g.srv.Close()
 	}
-	g.abort()
 	// Take the exchange slot for good: the exchange in flight is metered and no other starts.
 	g.sem <- struct{}{}
 	if err := <-g.served; err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -160,8 +160,7 @@ func TestExchangesRunOneAtATime(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		n := inflight.Add(1)
 		defer inflight.Add(-1)
-		if n > most.Load() {
-			most.Store(n)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 		}
 		entered <- struct{}{}
 		<-release

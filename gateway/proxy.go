@@ -144,7 +144,9 @@ func (g *Gateway) exchangeContext(parent context.Context) (context.Context, cont
 // upstream did not answer.
 func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, upBody []byte, req *chatBody, x *exchange) int {
 	if deadline, ok := ctx.Deadline(); ok {
-		_ = http.NewResponseController(w).SetWriteDeadline(deadline)
+		rc := http.NewResponseController(w)
+		_ = rc.SetWriteDeadline(deadline)
+		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
 	}
 	resp, err := g.up.send(ctx, upBody)
 	if err != nil {
