@@ -77,10 +77,11 @@ func (m *modelAccess) finish(res *RunResult) error {
 	if m == nil {
 		return nil
 	}
-	err := m.gw.Err()
+	// Usage and Err are final only once Close has returned.
+	closeErr := m.gw.Close()
 	u := m.gw.Usage()
 	res.PromptTokens, res.CompletionTokens = ptr(u.PromptTokens), ptr(u.CompletionTokens)
-	return errors.Join(err, m.gw.Close(), m.trace.Close(), m.record.Close())
+	return errors.Join(m.gw.Err(), closeErr, m.trace.Close(), m.record.Close())
 }
 
 // createTrace creates global/traces/<session>/rt_<run>.jsonl for the sandbox
