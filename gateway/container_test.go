@@ -21,6 +21,7 @@ import (
 
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/examples"
+	"github.com/taskrun/taskrun/internal/lockedbuf"
 )
 
 // testboxImage is the local busybox image container tests use.
@@ -100,7 +101,7 @@ func checkContainerIsolation(t *testing.T, cli *client.Client, relayBin, runtime
 	seen := make(chan map[string]any, 8)
 	up := fakeOpenAI(t, seen)
 	runDir := agentRunDir(t)
-	var trace syncBuffer
+	var trace lockedbuf.Buffer
 	g, err := Start(context.Background(), Config{
 		SocketPath: filepath.Join(runDir, ".gateway", "model.sock"),
 		Model:      config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-test", BaseURL: up.URL + "/v1", APIKeyEnv: "TASKRUN_TEST_CANARY_KEY"},

@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/examples"
+	"github.com/taskrun/taskrun/internal/lockedbuf"
 )
 
 // quietLogger keeps test output readable.
@@ -29,28 +29,10 @@ var quietLogger = slog.New(slog.DiscardHandler)
 // testKey is a canary: it must reach the upstream and nothing else.
 const testKey = "sk-canary-7f3e9b1c2d4a5e6f"
 
-// syncBuffer is a trace sink safe for the gateway's concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // start runs a gateway for m on a socket in a temp dir.
-func start(t *testing.T, m config.ModelEntry) (*Gateway, *http.Client, *syncBuffer) {
+func start(t *testing.T, m config.ModelEntry) (*Gateway, *http.Client, *lockedbuf.Buffer) {
 	t.Helper()
-	trace := &syncBuffer{}
+	trace := &lockedbuf.Buffer{}
 	g, err := Start(context.Background(), Config{SocketPath: filepath.Join(t.TempDir(), ".gateway", "model.sock"), Model: m, Trace: trace, Logger: quietLogger})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, g.Close()) })

@@ -20,12 +20,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/internal/lockedbuf"
 )
 
 // startConfig runs a gateway for cfg on a socket in a temp dir.
-func startConfig(t *testing.T, cfg Config) (*Gateway, *http.Client, *syncBuffer) {
+func startConfig(t *testing.T, cfg Config) (*Gateway, *http.Client, *lockedbuf.Buffer) {
 	t.Helper()
-	trace := &syncBuffer{}
+	trace := &lockedbuf.Buffer{}
 	cfg.SocketPath = filepath.Join(t.TempDir(), ".gateway", "model.sock")
 	cfg.Trace = trace
 	cfg.Logger = quietLogger

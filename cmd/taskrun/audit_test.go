@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/persist"
 )
@@ -23,7 +24,7 @@ func TestMain(m *testing.M) {
 }
 
 func auditCmd(args ...string) (string, string, int) {
-	var stdout, stderr syncBuffer
+	var stdout, stderr lockedbuf.Buffer
 	code := dispatch(context.Background(), append([]string{"audit"}, args...), &stdout, &stderr)
 	return stdout.String(), stderr.String(), code
 }
@@ -34,7 +35,7 @@ func TestAuditRechecksStoredRecord(t *testing.T) {
 		t.Skip("runs real containers")
 	}
 	store := "file://" + t.TempDir()
-	var stdout, stderr syncBuffer
+	var stdout, stderr lockedbuf.Buffer
 	code := dispatch(context.Background(), []string{
 		"run", "--root", t.TempDir(), "--store", store, "--helpers-dir", testbin.Dir(t), "--gc=false", "--user", tenant(t),
 		"--run-id", "audited1", "--image", testImage, "--json", "--", "true",

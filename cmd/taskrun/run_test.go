@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -23,6 +22,7 @@ import (
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/gateway"
+	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
@@ -123,7 +123,7 @@ func cli(t *testing.T, args ...string) (string, string, int) {
 		t.Skip("runs real containers")
 	}
 	base := []string{"run", "--root", t.TempDir(), "--store", "file://" + t.TempDir(), "--helpers-dir", "", "--gc=false", "--user", tenant(t)}
-	var stdout, stderr syncBuffer
+	var stdout, stderr lockedbuf.Buffer
 	code := dispatch(context.Background(), append(base, args...), &stdout, &stderr)
 	return stdout.String(), stderr.String(), code
 }
@@ -261,7 +261,7 @@ func TestRunResumeFromSeesPreviousHome(t *testing.T) {
 	}
 	root, store := t.TempDir(), "file://"+t.TempDir()
 	run := func(args ...string) (string, string, int) {
-		var stdout, stderr syncBuffer
+		var stdout, stderr lockedbuf.Buffer
 		base := []string{"run", "--root", root, "--store", store, "--helpers-dir", "", "--gc=false", "--user", tenant(t), "--image", testImage, "--session", "s"}
 		code := dispatch(context.Background(), append(base, args...), &stdout, &stderr)
 		return stdout.String(), stderr.String(), code
@@ -277,25 +277,6 @@ func TestRunResumeFromSeesPreviousHome(t *testing.T) {
 	assert.Contains(t, stderr, "nosuchrun")
 }
 
-// syncBuffer is a bytes.Buffer safe for the concurrent writers a run has:
-// the logger, the live output copy and the stream sender.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // After a store failure the run is kept on the host, and `taskrun persist`
 // uploads it once the store works again.
 func TestPersistRetriesAKeptRun(t *testing.T) {
@@ -309,14 +290,14 @@ func TestPersistRetriesAKeptRun(t *testing.T) {
 	require.NoError(t, os.WriteFile(blocker, nil, 0o644))
 
 	common := []string{"--root", root, "--store", store, "--user", tenant(t), "--run-id", "kept1"}
-	var stdout, stderr syncBuffer
+	var stdout, stderr lockedbuf.Buffer
 	code := dispatch(context.Background(), append(append([]string{"run"}, common...),
 		"--helpers-dir", "", "--gc=false", "--image", testImage, "--", "sh", "-c", "echo precious"), &stdout, &stderr)
 	require.Equal(t, exitFailure, code, stderr.String())
 	assert.Equal(t, "precious\n", stdout.String())
 
 	require.NoError(t, os.Remove(blocker))
-	stderr = syncBuffer{}
+	stderr = lockedbuf.Buffer{}
 	code = dispatch(context.Background(), append([]string{"persist"}, common...), &stdout, &stderr)
 	require.Equal(t, exitOK, code, stderr.String())
 	assert.Contains(t, stderr.String(), "SUCCEEDED")

@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
@@ -170,7 +171,7 @@ func (s *suite) capture(t *testing.T, script string, tweak func(*run)) (sandbox.
 	t.Helper()
 	ctx := caseContext(t)
 	labels := s.caseLabels(t)
-	var out, errOut lockedBuffer
+	var out, errOut lockedbuf.Buffer
 	r := s.newRun(labels, script)
 	r.stdout, r.stderr = &out, &errOut
 	if tweak != nil {
@@ -319,7 +320,7 @@ func (s *suite) testConcurrent(t *testing.T) {
 	b := s.newBackend(t)
 	var wg sync.WaitGroup
 	results := make([]sandbox.Result, n)
-	outs := make([]lockedBuffer, n)
+	outs := make([]lockedbuf.Buffer, n)
 	errs := make([]error, n)
 	for i := range n {
 		wg.Go(func() {
@@ -527,26 +528,6 @@ func slowReadAll(path string, want int) []byte {
 		time.Sleep(time.Millisecond)
 	}
 	return out.Bytes()
-}
-
-// lockedBuffer is a bytes.Buffer safe to read while a stream writes it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-// Write implements io.Writer.
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// String returns what was written so far.
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // countingWriter counts the bytes written through it.
