@@ -46,6 +46,7 @@ type handle struct {
 
 	exited   chan struct{}
 	exitCode int64
+	memory   memoryWatch
 	waitErr  error
 
 	waitOnce  sync.Once
@@ -95,6 +96,7 @@ func (h *handle) start(ctx context.Context) error {
 		return fmt.Errorf("start container %s: %w", shortID(h.id), err)
 	}
 	h.started = time.Now()
+	go h.memory.watch(h.id, h.exited)
 	return nil
 }
 
@@ -254,6 +256,13 @@ func (h *handle) streamErr() error {
 	return fmt.Errorf("read output of container %s: %w", shortID(h.id), h.pumpErr)
 }
 
+// oomInferred reports an OOM kill the engine missed: the memory cgroup hit
+// its limit and the container died of SIGKILL (exit 137) that the backend did
+// not send (see oom.go).
+func oomInferred(res *sandbox.Result, hitLimit bool) bool {
+	return hitLimit && res.ExitCode == 137 && !res.TimedOut && !res.Cancelled
+}
+
 // inspectResult fills the exit code, OOM flag and times from the container's
 // state. On cgroup v1 the engine sets OOMKilled from the memory cgroup's OOM
 // event for the container. On cgroup v2 it depends on memory.events oom_kill
@@ -274,7 +283,7 @@ func (h *handle) inspectResult(ctx context.Context, res *sandbox.Result) error {
 		return fmt.Errorf("inspect container %s after exit: no state", shortID(h.id))
 	}
 	res.ExitCode = info.State.ExitCode
-	res.OOMKilled = info.State.OOMKilled
+	res.OOMKilled = info.State.OOMKilled || oomInferred(res, h.memory.hitLimit.Load())
 	res.StartedAt = parseTime(info.State.StartedAt)
 	res.FinishedAt = parseTime(info.State.FinishedAt)
 	// The engine stamps StartedAt when its start call returns and FinishedAt
