@@ -9,7 +9,9 @@
 // and the container log, network egress to an IP, DNS and the cloud metadata
 // address, symlinks and FIFOs planted in the outputs, looking for the Docker
 // socket, writing /proc/sys, reading the executor's secrets, path traversal
-// through IDs and a process that ignores SIGTERM. Each test names the
+// through IDs, a process that ignores SIGTERM, and raw system calls into
+// kernel surface the sandbox takes away (io_uring, AF_VSOCK and other socket
+// families, userfaultfd, perf_event_open, bpf). Each test names the
 // protection it proves in its comment and fails if that protection is
 // removed. Some cases are repeated under gVisor (runtime runsc) when the
 // engine has it.

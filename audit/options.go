@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/docker/docker/api/types/system"
+
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 // Labels the executor puts on every run container that the audit reads.
@@ -81,6 +83,21 @@ type Options struct {
 	// RequiredUlimits are the ulimit names rule 5.19 requires.
 	// Empty means nofile and core.
 	RequiredUlimits []string `json:"required_ulimits,omitempty"`
+	// SeccompProfile is the seccomp profile rule TR:seccomp-profile requires.
+	// Empty means taskrun's own profile (package sandbox/seccomp).
+	SeccompProfile SeccompProfile `json:"seccomp_profile"`
+}
+
+// SeccompProfile names a seccomp profile: a name for people and the digest
+// ("sha256:<hex>") of its JSON document, which is what the rule compares.
+type SeccompProfile struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
+}
+
+// TaskrunSeccompProfile names the profile every taskrun run container gets.
+func TaskrunSeccompProfile() SeccompProfile {
+	return SeccompProfile{Name: seccomp.Name, SHA256: seccomp.SHA256()}
 }
 
 // MountPolicy says which mounts a run container may have: the run's own dir
@@ -107,11 +124,13 @@ type MountPolicy struct {
 }
 
 // DefaultOptions returns the design's policy: network none, helpers allowed,
-// no gVisor requirement, nofile and core ulimits required.
+// no gVisor requirement, nofile and core ulimits required, taskrun's seccomp
+// profile.
 func DefaultOptions() Options {
 	return Options{
 		AllowedNetworkModes: []string{"none"},
 		RequiredUlimits:     []string{"nofile", "core"},
+		SeccompProfile:      TaskrunSeccompProfile(),
 	}
 }
 
@@ -122,6 +141,9 @@ func (o Options) withDefaults() Options {
 	}
 	if len(o.RequiredUlimits) == 0 {
 		o.RequiredUlimits = d.RequiredUlimits
+	}
+	if o.SeccompProfile.SHA256 == "" {
+		o.SeccompProfile = d.SeccompProfile
 	}
 	return o
 }

@@ -14,27 +14,31 @@ import (
 	"strings"
 
 	"github.com/docker/docker/api/types/container"
+
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 // Posture is the security-relevant part of one container's `docker inspect`
 // document, flattened and with stable JSON names so it can be stored.
 type Posture struct {
-	ID              string            `json:"id"`
-	Name            string            `json:"name,omitempty"`
-	Image           string            `json:"image,omitempty"`
-	Labels          map[string]string `json:"labels,omitempty"`
-	User            string            `json:"user"`
-	WorkingDir      string            `json:"working_dir,omitempty"`
-	Privileged      bool              `json:"privileged"`
-	CapAdd          []string          `json:"cap_add,omitempty"`
-	CapDrop         []string          `json:"cap_drop,omitempty"`
-	SecurityOpt     []string          `json:"security_opt,omitempty"`
-	AppArmorProfile string            `json:"apparmor_profile,omitempty"`
-	ReadonlyRootfs  bool              `json:"readonly_rootfs"`
-	Memory          int64             `json:"memory"`
-	MemorySwap      int64             `json:"memory_swap"`
-	NanoCPUs        int64             `json:"nano_cpus"`
-	CPUQuota        int64             `json:"cpu_quota,omitempty"`
+	ID         string            `json:"id"`
+	Name       string            `json:"name,omitempty"`
+	Image      string            `json:"image,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	User       string            `json:"user"`
+	WorkingDir string            `json:"working_dir,omitempty"`
+	Privileged bool              `json:"privileged"`
+	CapAdd     []string          `json:"cap_add,omitempty"`
+	CapDrop    []string          `json:"cap_drop,omitempty"`
+	// SecurityOpt lists the security options; an inline seccomp profile
+	// appears as "seccomp=sha256:<hex>", the digest of its JSON.
+	SecurityOpt     []string `json:"security_opt,omitempty"`
+	AppArmorProfile string   `json:"apparmor_profile,omitempty"`
+	ReadonlyRootfs  bool     `json:"readonly_rootfs"`
+	Memory          int64    `json:"memory"`
+	MemorySwap      int64    `json:"memory_swap"`
+	NanoCPUs        int64    `json:"nano_cpus"`
+	CPUQuota        int64    `json:"cpu_quota,omitempty"`
 	// PidsLimit is nil when the inspect document has no limit at all.
 	PidsLimit         *int64            `json:"pids_limit,omitempty"`
 	NetworkMode       string            `json:"network_mode"`
@@ -118,7 +122,7 @@ func FromInspect(resp container.InspectResponse) (Posture, error) {
 		Privileged:        hc.Privileged,
 		CapAdd:            hc.CapAdd,
 		CapDrop:           hc.CapDrop,
-		SecurityOpt:       hc.SecurityOpt,
+		SecurityOpt:       securityOptsByDigest(hc.SecurityOpt),
 		AppArmorProfile:   resp.AppArmorProfile,
 		ReadonlyRootfs:    hc.ReadonlyRootfs,
 		Memory:            hc.Memory,
@@ -170,4 +174,22 @@ func FromInspect(resp container.InspectResponse) (Posture, error) {
 		}
 	}
 	return p, nil
+}
+
+// securityOptsByDigest replaces an inline seccomp profile (a JSON document of
+// tens of KiB) by its digest, which names it exactly.
+func securityOptsByDigest(opts []string) []string {
+	if opts == nil {
+		return nil
+	}
+	out := make([]string, len(opts))
+	for i, o := range opts {
+		out[i] = o
+		for _, sep := range []string{"=", ":"} {
+			if v, ok := strings.CutPrefix(o, "seccomp"+sep); ok && strings.HasPrefix(strings.TrimSpace(v), "{") {
+				out[i] = "seccomp" + sep + seccomp.Digest([]byte(v))
+			}
+		}
+	}
+	return out
 }
