@@ -1,0 +1,104 @@
+package abuse_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/internal/testbin"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/uidpool"
+)
+
+const inotifyHogPkg = "./internal/testbin/inotifyhog"
+
+// inotifyStarvation runs A, which opens every inotify instance its uid may
+// have and sleeps, as userA, then B, which calls inotify_init once, as userB,
+// and returns what B printed and what A held.
+func inotifyStarvation(t *testing.T, h *harness, userA, userB string) (held, tried string) {
+	t.Helper()
+	ws := t.TempDir()
+	copyExecutable(t, testbin.Program(t, inotifyHogPkg), filepath.Join(ws, "inotifyhog"))
+
+	inA, _ := h.input(t, "hog", "./inotifyhog hold")
+	inA.Task.WorkspaceDir = ws
+	inA.Policy.User = userA
+	var outA lockedbuf.Buffer
+	inA.Stdout = &outA
+	ctx, cancel := context.WithCancel(context.Background())
+	doneA := make(chan error, 1)
+	go func() {
+		_, err := taskrun.Execute(ctx, inA)
+		doneA <- err
+	}()
+	t.Cleanup(func() { cancel(); <-doneA })
+	for !strings.Contains(outA.String(), "held ") {
+		select {
+		case err := <-doneA:
+			doneA <- err
+			require.FailNow(t, "run A ended before it held the instances", "%v: %q", err, outA.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	held = strings.TrimSpace(outA.String())
+
+	inB, _ := h.input(t, "victim", "./inotifyhog try")
+	inB.Task.WorkspaceDir = ws
+	inB.Policy.User = userB
+	out, err := taskrun.Execute(context.Background(), inB)
+	require.NoError(t, err)
+	require.Equal(t, model.StatusSucceeded, out.Status, out.Reason)
+	return held, strings.TrimSpace(out.Result.OutputStr)
+}
+
+// randomUser is a uid:gid pair from a range no other test uses.
+func randomUser() string {
+	uid := 270000 + rand.IntN(10000)
+	return fmt.Sprintf("%d:%d", uid, uid)
+}
+
+// One run opening every inotify instance its uid may have
+// (fs.inotify.max_user_instances, a per-user limit) does not stop another
+// run's inotify_init when each run has a uid of its own.
+//
+// Protection: a host uid per live run (package uidpool). The control runs A
+// and B as one uid, as every run was before, and B's inotify_init fails with
+// EMFILE; so the test fails if runs share a uid.
+func TestInotifyExhaustionStaysWithinItsRun(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	t.Run("own uids", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		pool, err := uidpool.New(t.TempDir(), uidpool.Range{First: 280000, Last: 289999})
+		require.NoError(t, err)
+		a, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		defer a.Release()
+		b, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		defer b.Release()
+		held, tried := inotifyStarvation(t, h, a.User(), b.User())
+		t.Logf("A (%s): %s; B (%s): %s", a.User(), held, b.User(), tried)
+		assert.Regexp(t, `^held \d+ EMFILE$`, held, "A exhausted its uid's instances")
+		assert.Equal(t, "inotify_init OK", tried)
+	})
+	t.Run("one shared uid (control)", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		shared := randomUser()
+		held, tried := inotifyStarvation(t, h, shared, shared)
+		t.Logf("A and B (%s): %s; %s", shared, held, tried)
+		assert.Regexp(t, `^held \d+ EMFILE$`, held)
+		assert.Equal(t, "inotify_init EMFILE", tried, "runs sharing a uid starve each other")
+	})
+}
