@@ -7,6 +7,7 @@ import (
 
 	"github.com/docker/docker/api/types/system"
 
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
@@ -26,9 +27,9 @@ const (
 	RunDirTarget = "/taskrun"
 	// HelperTarget is the directory under which read-only helper binaries
 	// (such as taskrun-probe) may be bind-mounted. Their host sources must
-	// not lie in a sensitive tree such as /usr (rule 5.6): keep them in a
-	// dedicated directory such as /var/lib/taskrun/bin.
-	HelperTarget = "/.taskrun/bin"
+	// not lie in a sensitive tree such as /usr (rule 5.6): taskrun mounts a
+	// private copy of itself, or files of a dedicated helpers directory.
+	HelperTarget = helpers.Dir
 )
 
 // HostFacts is what the audit needs to know about the Docker host, taken from
@@ -121,6 +122,10 @@ type MountPolicy struct {
 	// as a helper source (rule 5.6 still rejects sensitive trees); helpers
 	// must be read-only either way.
 	HelpersDir string `json:"helpers_dir,omitempty"`
+	// HelperFiles, when set, pins the helper mounts exactly: each bind mount
+	// under HelperTarget must be one of its keys (in-container paths) with
+	// the host file of that key as its source.
+	HelperFiles map[string]string `json:"helper_files,omitempty"`
 }
 
 // DefaultOptions returns the design's policy: network none, helpers allowed,

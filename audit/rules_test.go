@@ -385,3 +385,25 @@ func TestParseHostInfoReadsSecurityOptions(t *testing.T) {
 	_, err = ParseHostInfo([]byte(`not json`))
 	require.Error(t, err)
 }
+
+func TestHelperFilesPinEachHelperMount(t *testing.T) {
+	const exe = "/var/lib/taskrun/helpers/0123/taskrun"
+	pins := Options{Mounts: MountPolicy{HelperFiles: map[string]string{
+		"/.taskrun/bin/taskrun-probe": exe,
+		"/.taskrun/bin/taskrun-relay": exe,
+	}}}
+	p := compliant()
+	p.Mounts[1].Source = exe
+	p.Mounts = append(p.Mounts, Mount{Type: "bind", Source: exe, Destination: "/.taskrun/bin/taskrun-relay", Propagation: "rprivate"})
+	assert.Empty(t, Check(p, fullHost, pins).FailedIDs())
+
+	other := compliant()
+	other.Mounts[1].Source = "/var/lib/taskrun/helpers/0123/other"
+	assert.Equal(t, []string{"TR:only-run-mount"}, Check(other, fullHost, pins).FailedIDs(), "a helper from another file")
+
+	extra := compliant()
+	extra.Mounts[1].Source = exe
+	extra.Mounts = append(extra.Mounts, Mount{Type: "bind", Source: "/var/lib/taskrun/bin", Destination: "/.taskrun/bin/tools"})
+	assert.Equal(t, []string{"TR:only-run-mount"}, Check(extra, fullHost, pins).FailedIDs(), "a mount under the helpers path that is no helper")
+	assert.Empty(t, Check(extra, fullHost, Options{}).FailedIDs(), "without pins any read-only helper source passes")
+}

@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/taskrun/taskrun/helpers"
 )
 
 // Exit statuses, as `docker run` uses them.
@@ -31,6 +33,10 @@ const (
 var version = "dev"
 
 func main() {
+	// Run as taskrun-probe or taskrun-relay, the binary is that helper.
+	if code, ok := helpers.Main(os.Args); ok {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
