@@ -2,9 +2,11 @@ package abuse_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+	mobyseccomp "github.com/moby/profiles/seccomp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -143,6 +146,15 @@ func copyExecutable(t *testing.T, src, dst string) {
 	require.NoError(t, os.WriteFile(dst, data, 0o755))
 }
 
+// mobyDefaultProfile is Docker's current default profile (the module taskrun's
+// profile derives from) as an inline security option.
+func mobyDefaultProfile(t *testing.T) string {
+	t.Helper()
+	b, err := json.Marshal(mobyseccomp.DefaultProfile())
+	require.NoError(t, err)
+	return "seccomp=" + string(b)
+}
+
 // assertKernelClass checks the named calls' results under every
 // configuration and logs them, so the test's output is the record of what
 // each layer refuses. Under gVisor the answers are gVisor's own (ENOSYS,
@@ -190,16 +202,36 @@ func TestIoUringIsRefused(t *testing.T) {
 // socket(AF_VSOCK) fails inside a run, and so do the other address families
 // a sandbox never needs; AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK work. Under
 // the engine's default profile an AF_VSOCK socket binds a port on the VM's
-// vsock, which --network none does not isolate.
+// vsock, which --network none does not isolate. Docker's current default
+// profile refuses socket(AF_VSOCK) but not the same socket opened through
+// the 32-bit socketcall(2) ("int $0x80"), whose arguments seccomp cannot
+// see; taskrun's profile leaves the 32-bit x86 ABI out, so the kernel kills
+// the calling thread.
 //
-// Protection: the profile's allowlist on socket(2)'s first argument. Without
-// it the vsock bind succeeds.
+// Protection: the profile's allowlist on socket(2)'s first argument, and no
+// 32-bit x86 ABI. Without the first the vsock bind succeeds; without the
+// second socketcall_vsock succeeds, as it does under Docker's current
+// default profile. gVisor answers int $0x80 itself (the host kernel never
+// sees it, and gVisor has no vsock); its answer is only logged.
 func TestVsockAndUnneededSocketFamiliesAreRefused(t *testing.T) {
-	refused := []string{"socket_vsock_bind", "socket_alg", "socket_packet", "socket_key"}
+	if runtime.GOARCH == "amd64" {
+		moby := kernelCallsWithout(t, mobyDefaultProfile(t))
+		t.Logf("socketcall_vsock under Docker's current default profile: %s", moby["socketcall_vsock"])
+		assert.Equal(t, "OK", moby["socketcall_vsock"], "Docker's current default profile lets socketcall open AF_VSOCK")
+		assert.Equal(t, "EPERM", moby["socket_vsock_bind"], "and refuses socket(AF_VSOCK)")
+	}
+	refused := []string{"socket_vsock_bind", "socketcall_vsock", "socket_alg", "socket_packet", "socket_key"}
 	allowed := []string{"socket_unix", "socket_inet", "socket_inet6", "socket_netlink"}
 	assertKernelClass(t, append(refused, allowed...), func(t *testing.T, name, runc, gvisor, dockerDefault, _ string) {
 		if !strings.Contains(strings.Join(refused, " "), name) {
 			assert.Equal(t, "OK", runc, "%s is a family a sandbox needs", name)
+			return
+		}
+		if name == "socketcall_vsock" {
+			if runtime.GOARCH == "amd64" {
+				assert.Equal(t, "KILLED", runc, "the 32-bit x86 ABI is left out of the profile")
+				assert.Equal(t, "OK", dockerDefault)
+			}
 			return
 		}
 		assert.Equal(t, "EPERM", runc, "%s under runc with taskrun's profile", name)

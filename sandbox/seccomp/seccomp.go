@@ -19,9 +19,14 @@
 //     default action. (EAFNOSUPPORT for them would need a second action on
 //     socket's first argument, which libseccomp refuses when the filter is
 //     loaded.)
-//   - socketcall: the 32-bit x86 multiplexer passes socket(2)'s arguments in
-//     memory, where seccomp cannot see them, so it would bypass the family
-//     allowlist. 32-bit programs use the direct socket syscalls (Linux 4.3+).
+//   - socketcall, and every system call of the 32-bit x86 ABI (int $0x80):
+//     socketcall passes socket(2)'s arguments in memory, where seccomp cannot
+//     see them, and libseccomp allows socketcall(SYS_SOCKET) whenever socket
+//     is allowed for some family; under Docker's profile a 64-bit program
+//     opens an AF_VSOCK socket that way. 32-bit x86 programs do not run in a
+//     sandbox. (On s390x and ppc64le, whose native ABI has socketcall, the
+//     family allowlist can be bypassed the same way; taskrun's hosts are
+//     amd64 and arm64.)
 //
 // ptrace of processes outside the agent's own tree cannot be expressed in
 // seccomp: a filter sees only the syscall's arguments, not whether the target
@@ -59,12 +64,24 @@ var DeniedSyscalls = []string{
 	"socketcall",
 }
 
+// socketcallSubArches are the 32-bit compat ABIs, run by a 64-bit kernel, that
+// have socketcall(2): libseccomp turns the socket(2) rules into an
+// unconditional socketcall(SYS_SOCKET) rule there (the arguments are in
+// memory), which would let "int $0x80" open an AF_VSOCK socket. Leaving them
+// out of the profile makes every system call of those ABIs fail.
+var socketcallSubArches = []specs.Arch{specs.ArchX86, specs.ArchMIPS, specs.ArchMIPSEL, specs.ArchS390}
+
 // AllowedSocketFamilies are the only address families socket(2) accepts.
 var AllowedSocketFamilies = []int{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
 
 // Profile returns a fresh copy of the profile in Docker's JSON profile format.
 func Profile() *moby.Seccomp {
 	p := moby.DefaultProfile()
+	for i := range p.ArchMap {
+		p.ArchMap[i].SubArches = slices.DeleteFunc(p.ArchMap[i].SubArches, func(a specs.Arch) bool {
+			return slices.Contains(socketcallSubArches, a)
+		})
+	}
 	syscalls := make([]*moby.Syscall, 0, len(p.Syscalls)+len(AllowedSocketFamilies))
 	for _, s := range p.Syscalls {
 		// Docker's socket rule allows every family but AF_VSOCK; the

@@ -2,6 +2,7 @@ package seccomp
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -76,4 +77,22 @@ func TestJSONIsStableAndNamedByDigest(t *testing.T) {
 	var back moby.Seccomp
 	require.NoError(t, json.Unmarshal(JSON(), &back), "the engine's profile format reads it")
 	assert.Len(t, back.Syscalls, len(Profile().Syscalls))
+}
+
+func TestProfileLeavesOutThe32BitX86ABI(t *testing.T) {
+	var x8664 bool
+	for _, a := range Profile().ArchMap {
+		assert.NotContains(t, a.SubArches, specs.ArchX86, "%s", a.Arch)
+		if a.Arch == specs.ArchX86_64 {
+			x8664 = true
+			assert.Contains(t, a.SubArches, specs.ArchX32)
+		}
+		assert.NotEqual(t, specs.ArchX86, a.Arch)
+	}
+	assert.True(t, x8664)
+	var dockerHasX86 bool
+	for _, a := range moby.DefaultProfile().ArchMap {
+		dockerHasX86 = dockerHasX86 || slices.Contains(a.SubArches, specs.ArchX86)
+	}
+	assert.True(t, dockerHasX86, "Docker's default includes it")
 }
