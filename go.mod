@@ -14,6 +14,7 @@ require (
 	github.com/moby/profiles/seccomp v0.1.0
 	github.com/moby/term v0.5.2
 	github.com/opencontainers/runtime-spec v1.2.1
+	github.com/spf13/pflag v1.0.10
 	github.com/stretchr/testify v1.12.1
 	github.com/testcontainers/testcontainers-go v0.45.0
 	gocloud.dev v0.49.0

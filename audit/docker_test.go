@@ -20,6 +20,7 @@ import (
 
 	mobyseccomp "github.com/moby/profiles/seccomp"
 
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
@@ -59,7 +60,7 @@ func baseline(t *testing.T, runID string) fixture {
 			Cmd:        []string{"true"},
 			User:       "10001:10001",
 			WorkingDir: "/taskrun",
-			Labels:     map[string]string{LabelManaged: "true", LabelRun: runID, key: val},
+			Labels:     map[string]string{sandbox.LabelManaged: "true", sandbox.LabelRun: runID, key: val},
 		},
 		hc: &container.HostConfig{
 			NetworkMode:    "none",

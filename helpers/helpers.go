@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/probe"
 	"github.com/taskrun/taskrun/relay"
 	"github.com/taskrun/taskrun/sandbox"
@@ -32,7 +33,7 @@ import (
 // In-container names and paths of the helpers.
 const (
 	// Dir is the read-only directory of the helpers inside the container.
-	Dir = "/.taskrun/bin"
+	Dir = model.ContainerHelpersDir
 	// ProbeName is the self-check's program name.
 	ProbeName = "taskrun-probe"
 	// RelayName is the model relay's program name.
