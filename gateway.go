@@ -23,15 +23,15 @@ type runGateway struct {
 	record *os.File
 }
 
-// startGateway starts the run's model gateway when a model is configured; it
-// returns nil otherwise. The gateway appends every exchange to the run's
+// startGateway starts the run's model gateway, for the agent's uid, when a
+// model is configured; it returns nil otherwise. The gateway appends every exchange to the run's
 // trace file, which the agent appends to as well; the file is created here,
 // before the agent runs, and held open, so the agent cannot redirect it.
-func startGateway(ctx context.Context, p *plan) (*runGateway, error) {
+func startGateway(ctx context.Context, p *plan, agent workspace.Owner) (*runGateway, error) {
 	if p.in.Model.IsZero() {
 		return nil, nil
 	}
-	trace, err := workspace.CreateSandboxFile(p.dirs.Global, p.tracePath, workspace.SandboxOwner)
+	trace, err := workspace.CreateSandboxFile(p.dirs.Global, p.tracePath, agent)
 	if err != nil {
 		return nil, fmt.Errorf("create trace: %w", err)
 	}
@@ -46,7 +46,7 @@ func startGateway(ctx context.Context, p *plan) (*runGateway, error) {
 		// The protected record first: a full run dir must not cost it.
 		Trace:    io.MultiWriter(record, trace),
 		Logger:   p.log,
-		AgentUID: workspace.SandboxOwner.UID,
+		AgentUID: agent.UID,
 	})
 	if err != nil {
 		trace.Close()

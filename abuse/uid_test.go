@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,16 +23,16 @@ import (
 const inotifyHogPkg = "./internal/testbin/inotifyhog"
 
 // inotifyStarvation runs A, which opens every inotify instance its uid may
-// have and sleeps, as userA, then B, which calls inotify_init once, as userB,
-// and returns what B printed and what A held.
-func inotifyStarvation(t *testing.T, h *harness, userA, userB string) (held, tried string) {
+// have and sleeps, then, while A holds them, B, which calls inotify_init once,
+// and returns what A held and B printed. configure sets each run's uid.
+func inotifyStarvation(t *testing.T, h *harness, configure func(*taskrun.RunTaskInput)) (held, tried string) {
 	t.Helper()
 	ws := t.TempDir()
 	copyExecutable(t, testbin.Program(t, inotifyHogPkg), filepath.Join(ws, "inotifyhog"))
 
 	inA, _ := h.input(t, "hog", "./inotifyhog hold")
 	inA.Task.WorkspaceDir = ws
-	inA.Policy.User = userA
+	configure(&inA)
 	var outA lockedbuf.Buffer
 	inA.Stdout = &outA
 	ctx, cancel := context.WithCancel(context.Background())
@@ -40,7 +41,8 @@ func inotifyStarvation(t *testing.T, h *harness, userA, userB string) (held, tri
 		_, err := taskrun.Execute(ctx, inA)
 		doneA <- err
 	}()
-	t.Cleanup(func() { cancel(); <-doneA })
+	stopA := sync.OnceFunc(func() { cancel(); <-doneA })
+	t.Cleanup(stopA)
 	for !strings.Contains(outA.String(), "held ") {
 		select {
 		case err := <-doneA:
@@ -53,10 +55,11 @@ func inotifyStarvation(t *testing.T, h *harness, userA, userB string) (held, tri
 
 	inB, _ := h.input(t, "victim", "./inotifyhog try")
 	inB.Task.WorkspaceDir = ws
-	inB.Policy.User = userB
+	configure(&inB)
 	out, err := taskrun.Execute(context.Background(), inB)
 	require.NoError(t, err)
 	require.Equal(t, model.StatusSucceeded, out.Status, out.Reason)
+	stopA() // A's records are stored once it ended
 	return held, strings.TrimSpace(out.Result.OutputStr)
 }
 
@@ -79,24 +82,31 @@ func TestInotifyExhaustionStaysWithinItsRun(t *testing.T) {
 	t.Run("own uids", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
-		pool, err := uidpool.New(t.TempDir(), uidpool.Range{First: 280000, Last: 289999})
+		// Two uids: A and B take both, and give both back when they end.
+		first := 280000 + 2*rand.IntN(5000)
+		pool, err := uidpool.New(t.TempDir(), uidpool.Range{First: first, Last: first + 1})
 		require.NoError(t, err)
-		a, err := pool.Acquire(context.Background())
-		require.NoError(t, err)
-		defer a.Release()
-		b, err := pool.Acquire(context.Background())
-		require.NoError(t, err)
-		defer b.Release()
-		held, tried := inotifyStarvation(t, h, a.User(), b.User())
-		t.Logf("A (%s): %s; B (%s): %s", a.User(), held, b.User(), tried)
+		held, tried := inotifyStarvation(t, h, func(in *taskrun.RunTaskInput) { in.UIDs = pool })
+		recA, recB := h.record(t, "hog"), h.record(t, "victim")
+		require.NotNil(t, recA.Probe)
+		require.NotNil(t, recB.Probe)
+		t.Logf("A (uid %d): %s; B (uid %d): %s", recA.Probe.UID, held, recB.Probe.UID, tried)
+		assert.NotEqual(t, recA.Probe.UID, recB.Probe.UID, "each live run has a uid of its own")
+		assert.ElementsMatch(t, []int{first, first + 1}, []int{recA.Probe.UID, recB.Probe.UID}, "the uids are the pool's")
+		assert.Equal(t, fmt.Sprintf("%d:%d", recB.Probe.UID, recB.Probe.UID), recB.Posture.User, "the audit saw the leased user")
 		assert.Regexp(t, `^held \d+ EMFILE$`, held, "A exhausted its uid's instances")
 		assert.Equal(t, "inotify_init OK", tried)
+		for range 2 {
+			l, err := pool.Acquire(context.Background())
+			require.NoError(t, err, "the ended runs released their uids")
+			defer l.Release()
+		}
 	})
 	t.Run("one shared uid (control)", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
 		shared := randomUser()
-		held, tried := inotifyStarvation(t, h, shared, shared)
+		held, tried := inotifyStarvation(t, h, func(in *taskrun.RunTaskInput) { in.Policy.User = shared })
 		t.Logf("A and B (%s): %s; %s", shared, held, tried)
 		assert.Regexp(t, `^held \d+ EMFILE$`, held)
 		assert.Equal(t, "inotify_init EMFILE", tried, "runs sharing a uid starve each other")

@@ -150,9 +150,8 @@ func fromExecutable(exe, cacheDir string) (Files, error) {
 	return files, nil
 }
 
-// cacheCopy copies exe to cacheDir/<sha256>/taskrun unless a file of the
-// same size is there already (the directory is named after the content and
-// writable only by the executor).
+// cacheCopy copies exe to cacheDir/<sha256>/taskrun unless that file is
+// there already with exactly exe's content.
 func cacheCopy(exe, cacheDir string) (string, error) {
 	data, err := os.ReadFile(exe)
 	if err != nil {
@@ -161,7 +160,7 @@ func cacheCopy(exe, cacheDir string) (string, error) {
 	sum := sha256.Sum256(data)
 	dir := filepath.Join(cacheDir, hex.EncodeToString(sum[:]))
 	dst := filepath.Join(dir, "taskrun")
-	if info, err := os.Stat(dst); err == nil && info.Mode().IsRegular() && info.Size() == int64(len(data)) {
+	if have, err := os.ReadFile(dst); err == nil && sha256.Sum256(have) == sum {
 		return dst, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -111,3 +111,23 @@ func TestFromDir(t *testing.T) {
 	_, err = FromDir(dir)
 	assert.ErrorIs(t, err, ErrNotStatic)
 }
+
+func TestFromExecutableReplacesATamperedCopy(t *testing.T) {
+	exe := testbin.Program(t, "./internal/testbin/kernelcalls")
+	cache := t.TempDir()
+	files, err := fromExecutable(exe, cache)
+	require.NoError(t, err)
+	src := files[ProbeName]
+	info, err := os.Stat(src)
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(src, 0o755))
+	require.NoError(t, os.WriteFile(src, make([]byte, info.Size()), 0o755))
+
+	again, err := fromExecutable(exe, cache)
+	require.NoError(t, err)
+	want, err := os.ReadFile(exe)
+	require.NoError(t, err)
+	got, err := os.ReadFile(again[ProbeName])
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "a copy of the same size but other content is replaced")
+}
