@@ -11,7 +11,9 @@
 // socket, writing /proc/sys, reading the executor's secrets, path traversal
 // through IDs, a process that ignores SIGTERM, and raw system calls into
 // kernel surface the sandbox takes away (io_uring, AF_VSOCK and other socket
-// families, userfaultfd, perf_event_open, bpf). Each test names the
+// families, userfaultfd, perf_event_open, bpf), exhausting a per-user kernel
+// limit (inotify instances) to starve other tenants, and looking around the
+// helpers mount for the host's programs. Each test names the
 // protection it proves in its comment and fails if that protection is
 // removed. Some cases are repeated under gVisor (runtime runsc) when the
 // engine has it.
