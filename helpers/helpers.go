@@ -171,7 +171,8 @@ func cacheCopy(exe, cacheDir string) (string, error) {
 		return "", err
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err == nil {
+	_, err = tmp.Write(data)
+	if err == nil {
 		err = tmp.Chmod(0o555)
 	}
 	if err == nil {
