@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -123,11 +124,9 @@ func TestRunTaskUnderGVisor(t *testing.T) {
 // requireRunsc skips without gVisor, unless TASKRUN_REQUIRE_RUNSC=1 (CI).
 func requireRunsc(t *testing.T, h *harness) {
 	t.Helper()
-	raw, err := h.backend.EngineInfo(context.Background())
+	host, err := h.backend.HostFacts(context.Background())
 	require.NoError(t, err)
-	var info struct{ Runtimes map[string]any }
-	require.NoError(t, json.Unmarshal(raw, &info))
-	if _, ok := info.Runtimes[sandbox.RuntimeGVisor]; !ok {
+	if !slices.Contains(host.Runtimes, sandbox.RuntimeGVisor) {
 		if os.Getenv("TASKRUN_REQUIRE_RUNSC") == "1" {
 			t.Fatal("runsc is not registered with dockerd; .ci/run registers it")
 		}
