@@ -23,6 +23,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
@@ -227,17 +228,14 @@ func TestRunTaskCancelledReportsCancelled(t *testing.T) {
 	h := newHarness(t)
 	rec := &controlplanetest.Recorder{}
 	ctx, cancel := context.WithCancel(context.Background())
+	var live lockedbuf.Buffer
 	go func() {
-		// Cancel once the container is running.
-		for range 200 {
-			time.Sleep(50 * time.Millisecond)
-			if strings.Contains(streamed(rec), "hi") {
-				break
-			}
-		}
+		<-live.Seen("hi\n") // cancel once the container is running
 		cancel()
 	}()
-	out, err := taskrun.Execute(ctx, h.input(rec, "cancel1", "sh", "-c", "trap 'echo bye; exit 0' TERM; echo hi; sleep 600 & wait"))
+	in := h.input(rec, "cancel1", "sh", "-c", "trap 'echo bye; exit 0' TERM; echo hi; sleep 600 & wait")
+	in.Stdout = &live
+	out, err := taskrun.Execute(ctx, in)
 	require.ErrorIs(t, err, taskrun.ErrRunFailed)
 	assert.Equal(t, model.StatusCancelled, out.Status)
 	assert.Equal(t, model.StatusCancelled, last(t, rec).Status)

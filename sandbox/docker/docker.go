@@ -61,6 +61,11 @@ type Option func(*Backend)
 // WithLogger sets the logger; the default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
 
+// WithClock sets the backend's clock: the creation time it records on
+// containers and the time the reaper judges ages against. Tests move it
+// instead of sleeping.
+func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = now } }
+
 // WithStopGrace sets the grace period used when a Spec sets no StopGrace.
 func WithStopGrace(d time.Duration) Option { return func(b *Backend) { b.stopGrace = d } }
 

@@ -404,7 +404,7 @@ func (s *suite) testCancelMidRun(t *testing.T) {
 	labels := s.caseLabels(t)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ready := &signalWriter{marker: []byte("ready"), seen: make(chan struct{})}
+	var ready lockedbuf.Buffer
 	b := s.h.NewBackend(t)
 	r := s.newRun(t, b, labels, Workload{
 		Script: `trap 'echo bye; exit 0' TERM; echo ready; sleep 1000 & wait`,
@@ -419,10 +419,10 @@ func (s *suite) testCancelMidRun(t *testing.T) {
 			}
 		},
 	})
-	h, err := b.Start(runCtx, r.spec, r.policy, sandbox.Streams{Stdout: ready})
+	h, err := b.Start(runCtx, r.spec, r.policy, sandbox.Streams{Stdout: &ready})
 	require.NoError(t, err)
 	select {
-	case <-ready.seen:
+	case <-ready.Seen("ready"):
 	case <-ctx.Done():
 		t.Fatal("container never printed its ready marker")
 	}
@@ -432,7 +432,7 @@ func (s *suite) testCancelMidRun(t *testing.T) {
 	assert.True(t, res.Cancelled)
 	assert.False(t, res.TimedOut)
 	assert.False(t, res.Succeeded())
-	assert.Equal(t, "ready\nbye\n", string(ready.buf), "output written while stopping was lost")
+	assert.Equal(t, "ready\nbye\n", ready.String(), "output written while stopping was lost")
 	require.NoError(t, h.Close(runCtx), "Close must work with the run's cancelled context")
 	s.requireNoLeftovers(t, labels)
 }
@@ -706,22 +706,4 @@ type sleepyWriter struct {
 func (s *sleepyWriter) Write(p []byte) (int, error) {
 	time.Sleep(s.delay)
 	return s.w.Write(p)
-}
-
-// signalWriter keeps what is written and closes seen once marker appeared.
-type signalWriter struct {
-	marker []byte
-	seen   chan struct{}
-	buf    []byte
-	done   bool
-}
-
-// Write implements io.Writer.
-func (s *signalWriter) Write(p []byte) (int, error) {
-	s.buf = append(s.buf, p...)
-	if !s.done && bytes.Contains(s.buf, s.marker) {
-		s.done = true
-		close(s.seen)
-	}
-	return len(p), nil
 }
