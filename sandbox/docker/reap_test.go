@@ -37,9 +37,10 @@ func removedIDs(rep ReapReport) []string {
 }
 
 func TestReapRules(t *testing.T) {
-	const grace = 5 * time.Second
 	// The reaper's clock runs past the grace: the exited orphan's finish
-	// has fallen out of it, without waiting.
+	// has fallen out of it, without waiting. A long grace keeps the young
+	// container young however slow the engine is.
+	const grace = time.Minute
 	later := func() time.Time { return time.Now().Add(grace + time.Second) }
 	b, labels := newTestBackend(t, WithClock(later))
 	ctx := t.Context()
