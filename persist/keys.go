@@ -203,14 +203,14 @@ const tracesDir = "traces"
 // TracePath returns the run-global relative path of an agent run's trace,
 // "traces/<session>/rt_<agentRunID>.jsonl"; pass it to PutGlobalFile.
 func TracePath(sessionID, agentRunID string) (string, error) {
-	return sessionFile(sessionID, agentRunID, "rt_")
+	return sessionFile(sessionID, agentRunID, traceFilePrefix)
 }
 
 // GatewayRecordPath returns the run-global relative path of the
 // executor-owned record of a run's model exchanges, next to its trace:
 // "traces/<session>/gw_<runID>.jsonl".
 func GatewayRecordPath(sessionID, runID string) (string, error) {
-	return sessionFile(sessionID, runID, "gw_")
+	return sessionFile(sessionID, runID, gatewayFilePrefix)
 }
 
 // sessionFile is "traces/<session>/<prefix><runID>.jsonl".
@@ -221,5 +221,5 @@ func sessionFile(sessionID, runID, prefix string) (string, error) {
 	if err := validateID("agent run", runID); err != nil {
 		return "", err
 	}
-	return tracesDir + "/" + sessionID + "/" + prefix + runID + ".jsonl", nil
+	return tracesDir + "/" + sessionID + "/" + prefix + runID + recordFileExt, nil
 }

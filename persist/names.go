@@ -77,7 +77,7 @@ func CheckAgentGlobalPath(runID, relPath string) error {
 	if err := ValidateRelPath(relPath); err != nil {
 		return err
 	}
-	if !strings.HasPrefix(relPath, "traces/") {
+	if !strings.HasPrefix(relPath, tracesDir+"/") {
 		return nil
 	}
 	base := path.Base(relPath)
