@@ -20,8 +20,17 @@ import (
 // links to a hard-linked file skipped, symlinks leaving the tree and special
 // files skipped; the returned stats list what was left out. The copy is
 // staged next to dir and put in its place only after the unmount; on an
-// error before that, dir stays mounted and untouched.
+// error before that, dir stays mounted and untouched. When nothing is
+// mounted on dir (a run dir capped by the watchdog), Keep only calls
+// unmount and leaves dir as it is.
 func Keep(ctx context.Context, dir string, unmount func() error, limit int64) (workspace.CopyStats, error) {
+	mounted, err := isMountPoint(dir)
+	if err != nil {
+		return workspace.CopyStats{}, fmt.Errorf("diskcap: keep %s: %w", dir, err)
+	}
+	if !mounted {
+		return workspace.CopyStats{}, unmount()
+	}
 	info, err := os.Stat(dir)
 	if err != nil {
 		return workspace.CopyStats{}, fmt.Errorf("diskcap: keep %s: %w", dir, err)

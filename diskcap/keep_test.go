@@ -98,3 +98,17 @@ func TestKeepCopiesOutWhatWasAllocated(t *testing.T) {
 	assert.LessOrEqual(t, used, int64(capSize), "the kept copy is no larger than the cap")
 	assert.LessOrEqual(t, stats.Bytes, workspace.SparseAllowance+4<<20+int64(len("kept")))
 }
+
+// Keep leaves a run dir that has no mount (capped by the watchdog) as it is.
+func TestKeepLeavesAnUnmountedDirAlone(t *testing.T) {
+	dir := newRunDir(t)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644))
+	called := false
+	_, err := Keep(context.Background(), dir, func() error { called = true; return nil }, capSize)
+	require.NoError(t, err)
+	assert.True(t, called, "unmount is still called")
+	got, err := os.ReadFile(filepath.Join(dir, "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "x", string(got))
+	assert.NoDirExists(t, filepath.Join(filepath.Dir(dir), ".run-1.kept"))
+}
