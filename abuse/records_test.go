@@ -166,33 +166,41 @@ func allocatedBytes(dir string) int64 {
 // polls after the fact and the 4 GiB fallocate lands at once (and stays).
 func TestFallocateInAKeptRunDirStaysUnderTheCap(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	in, _ := h.input(t, "fallockeep", `fallocate -l 4294967296 /taskrun/home/big 2>&1; echo "fallocate exited $?"; sleep 2`)
-	const limit = 32 << 20
-	in.DiskLimitBytes = limit
-	in.KeepRunDir = true
-	dirs, err := workspace.NewPaths(h.root).Run(h.ref("fallockeep"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = diskcap.Release(dirs.Dir); _ = os.RemoveAll(dirs.Dir) })
+	for _, rt := range runtimes {
+		t.Run(rt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			h.requireRuntime(t, rt.runtime)
+			runID := "fallockeep" + rt.name
+			in, _ := h.input(t, runID, `fallocate -l 4294967296 /taskrun/home/big 2>&1; echo "fallocate exited $?"; sleep 2`)
+			in.Policy.Runtime = rt.runtime
+			const limit = 32 << 20
+			in.DiskLimitBytes = limit
+			in.KeepRunDir = true
+			dirs, err := workspace.NewPaths(h.root).Run(h.ref(runID))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = diskcap.Release(dirs.Dir); _ = os.RemoveAll(dirs.Dir) })
 
-	var peak int64
-	samples := 0
-	o := h.watch(t, in, 20*time.Millisecond, func(string) {
-		samples++
-		peak = max(peak, allocatedBytes(dirs.Dir))
-	})
-	require.NoError(t, o.err)
-	t.Logf("peak host usage %d MiB over %d samples, cap %d MiB", peak>>20, samples, limit>>20)
-	assert.Positive(t, samples)
-	assert.LessOrEqual(t, peak, int64(limit), "the run dir took more host disk than its cap")
-	assert.Contains(t, o.out.Result.OutputStr, "No space left on device")
-	assert.Contains(t, o.out.Result.OutputStr, "fallocate exited 1")
-	assert.LessOrEqual(t, allocatedBytes(dirs.Dir), int64(limit), "the kept copy is within the cap")
-	var dst, pst syscall.Stat_t
-	require.NoError(t, syscall.Stat(dirs.Dir, &dst))
-	require.NoError(t, syscall.Stat(filepath.Dir(dirs.Dir), &pst))
-	assert.Equal(t, pst.Dev, dst.Dev, "the kept run dir is no mount point")
-	assert.FileExists(t, filepath.Join(dirs.Home, "big"), "the kept dir holds what the run left")
+			var peak int64
+			samples := 0
+			o := h.watch(t, in, 20*time.Millisecond, func(string) {
+				samples++
+				peak = max(peak, allocatedBytes(dirs.Dir))
+			})
+			require.NoError(t, o.err)
+			t.Logf("peak host usage %d MiB over %d samples, cap %d MiB", peak>>20, samples, limit>>20)
+			assert.Positive(t, samples)
+			assert.LessOrEqual(t, peak, int64(limit), "the run dir took more host disk than its cap")
+			assert.Contains(t, o.out.Result.OutputStr, "No space left on device")
+			assert.Contains(t, o.out.Result.OutputStr, "fallocate exited 1")
+			assert.LessOrEqual(t, allocatedBytes(dirs.Dir), int64(limit), "the kept copy is within the cap")
+			var dst, pst syscall.Stat_t
+			require.NoError(t, syscall.Stat(dirs.Dir, &dst))
+			require.NoError(t, syscall.Stat(filepath.Dir(dirs.Dir), &pst))
+			assert.Equal(t, pst.Dev, dst.Dev, "the kept run dir is no mount point")
+			assert.FileExists(t, filepath.Join(dirs.Home, "big"), "the kept dir holds what the run left")
+		})
+	}
 }
 
 // Files whose names cannot be store keys (invalid UTF-8, C0/C1 controls,
