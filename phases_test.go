@@ -614,29 +614,6 @@ func TestPhasesOutputCaps(t *testing.T) {
 	assert.Len(t, *final.Output, taskrun.MaxPatchOutputBytes+len(taskrun.TruncationMarker))
 }
 
-// Where no capped filesystem is mounted (here: the run dir is kept), the
-// watchdog stops a run that outgrows its disk cap.
-func TestPhasesDiskWatchdog(t *testing.T) {
-	u := newUnit(t)
-	in := u.input("fill1", func(ctx context.Context, p *sandboxfake.Process) int {
-		if err := p.WriteFile("/taskrun/home/fill", make([]byte, 4<<20)); err != nil {
-			return 1
-		}
-		select {
-		case <-p.Terminated():
-			return 143
-		case <-ctx.Done():
-			return sandboxfake.KilledExitCode
-		}
-	})
-	in.DiskLimitBytes = 1 << 20
-	in.KeepRunDir = true
-	out, err := taskrun.Execute(context.Background(), in)
-	require.ErrorIs(t, err, taskrun.ErrDiskLimit)
-	assert.Contains(t, out.Reason, "cap 1048576")
-	assert.DirExists(t, u.runDir("fill1"), "KeepRunDir keeps it")
-}
-
 // A run with a model gets the gateway: its socket in the environment, the
 // trace created before the agent starts, the metered tokens reported.
 func TestPhasesModelGateway(t *testing.T) {

@@ -418,7 +418,7 @@ func TestRetryPersistSkipsUnstorableNames(t *testing.T) {
 	down := h.input(rec, "retrynames1", "sh", "-c", `cd /taskrun/artifacts
 echo x > "$(printf 'bad\377name')"; echo x > "$(printf 'rtl\342\200\256txt')"; echo x > meta.attrs
 echo good > zz-good.txt`)
-	down.Persist = downStore{h.store}
+	down.Persist = downStore{h.Store}
 	_, err := taskrun.Execute(context.Background(), down)
 	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
 
