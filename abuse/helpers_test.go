@@ -46,7 +46,7 @@ echo "== write"; (echo x > /.taskrun/bin/taskrun-relay) 2>&1
 echo "== relay"; /.taskrun/bin/taskrun-relay -- sh -c 'echo "$OPENAI_BASE_URL"'`
 	cmd := exec.Command(filepath.Join(install, "taskrun"), "run",
 		"--root", root, "--store", "file://"+storeDir, "--gc=false",
-		"--user", h.tenant, "--conversation", "conv1", "--task", "task1", "--run-id", "lone",
+		"--user", h.Tenant, "--conversation", h.ConversationID, "--task", h.TaskID, "--run-id", "lone",
 		"--image", testImage, "--", "sh", "-c", script)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -62,7 +62,7 @@ echo "== relay"; /.taskrun/bin/taskrun-relay -- sh -c 'echo "$OPENAI_BASE_URL"'`
 	store, err := persist.Open(context.Background(), "file://"+storeDir)
 	require.NoError(t, err)
 	defer store.Close()
-	rc, err := store.OpenRunFile(context.Background(), h.ref("lone"), taskrun.AuditRecordName)
+	rc, err := store.OpenRunFile(context.Background(), h.Ref("lone"), taskrun.AuditRecordName)
 	require.NoError(t, err)
 	defer rc.Close()
 	raw, err := io.ReadAll(rc)
