@@ -139,9 +139,10 @@ func (h *harness) client(roots *x509.CertPool) *http.Client {
 	}}
 }
 
-// entries parses the record.
+// entries closes the proxy, so that every entry is written, and parses the record.
 func (h *harness) entries(t *testing.T) []Entry {
 	t.Helper()
+	require.NoError(t, h.p.Close())
 	var out []Entry
 	for _, line := range strings.Split(strings.TrimSpace(h.record.String()), "\n") {
 		if line == "" {
@@ -381,6 +382,7 @@ func TestHTTPSWithoutCredentialIsTunneledUntouched(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, "tls hello /tunnel", string(body))
 	assert.True(t, resp.TLS.PeerCertificates[0].Equal(srv.Certificate()), "the client saw the upstream's own certificate")
+	require.NoError(t, h.p.Close(), "Close waits for the tunnel's record")
 	got := h.entries(t)
 	require.Len(t, got, 1)
 	assert.Equal(t, "connect", got[0].Kind)
@@ -422,13 +424,13 @@ func TestCredentialIsInjectedOnTheHostAndNeverShown(t *testing.T) {
 		assert.NotContains(t, k+strings.Join(vs, ","), canary)
 	}
 
+	require.NoError(t, h.p.Close())
 	got := h.entries(t)
 	require.Len(t, got, 1)
 	assert.Equal(t, "https", got[0].Kind)
 	assert.Equal(t, "GET", got[0].Method)
 	assert.Equal(t, "/user", got[0].Path)
 	assert.Equal(t, "Authorization", got[0].Credential)
-	require.NoError(t, h.p.Close())
 	assert.NotContains(t, h.record.String(), canary)
 	assert.NotContains(t, h.log.String(), canary)
 	assertNoFileContains(t, filepath.Dir(filepath.Dir(h.sock)), canary)

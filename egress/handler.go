@@ -164,16 +164,49 @@ func (p *Proxy) dial(ctx context.Context, addr netip.Addr, port int) (*meteredCo
 	return &meteredConn{Conn: c, budget: p.budget}, nil
 }
 
-// deny writes a 403 naming the reason and the fix, and records it.
+// deny answers 403 naming the reason and the fix, and records it. The
+// reason is also in the status line and a header, for clients that show
+// those but not the body of an error (busybox wget, git).
 func (p *Proxy) deny(w http.ResponseWriter, e Entry, d *denial) {
 	e.Decision, e.Reason = DecisionDeny, d.reason
 	p.rec.add(e)
 	body := denialBody(e, d)
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.Header().Set("Connection", "close")
-	w.WriteHeader(http.StatusForbidden)
-	_, _ = io.WriteString(w, body)
+	conn, rw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set(DeniedHeader, headerText(d.reason))
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = io.WriteString(w, body)
+		return
+	}
+	defer conn.Close()
+	_ = conn.SetWriteDeadline(time.Now().Add(readHeaderTimeout))
+	fmt.Fprintf(rw, "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n%s: %s\r\n\r\n%s",
+		deniedStatus(d), len(body), DeniedHeader, headerText(d.reason), body)
+	_ = rw.Flush()
+}
+
+// deniedStatus is the status line of a denial, its reason phrase naming the cause.
+func deniedStatus(d *denial) string {
+	return "403 Forbidden by taskrun egress policy: " + headerText(d.reason)
+}
+
+// DeniedHeader carries the reason of a 403 for clients that do not show
+// the body of an error response (busybox wget -S shows headers).
+const DeniedHeader = "X-Taskrun-Egress-Denied"
+
+// headerText makes s safe and short enough for a header value.
+func headerText(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r < ' ' || r > '~' {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
 }
 
 // denialBody is the text an agent reads when the proxy refuses it.
@@ -550,8 +583,8 @@ func (p *Proxy) serveIntercepted(client net.Conn, req *http.Request, t target) b
 		p.rec.add(e)
 		body := denialBody(e, d)
 		resp = &http.Response{
-			StatusCode: http.StatusForbidden, ProtoMajor: 1, ProtoMinor: 1,
-			Header:        http.Header{"Content-Type": {"text/plain; charset=utf-8"}},
+			StatusCode: http.StatusForbidden, Status: deniedStatus(d), ProtoMajor: 1, ProtoMinor: 1,
+			Header:        http.Header{"Content-Type": {"text/plain; charset=utf-8"}, DeniedHeader: {headerText(d.reason)}},
 			Body:          io.NopCloser(strings.NewReader(body)),
 			ContentLength: int64(len(body)),
 			Close:         true,
