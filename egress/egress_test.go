@@ -610,3 +610,39 @@ func assertNoFileContains(t *testing.T, dir, secret string) {
 		return err
 	}))
 }
+
+func TestInterceptedRequestHeaderIsBounded(t *testing.T) {
+	srv, pool := tlsUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}))
+	port := portOf(t, srv.URL)
+	pol := Policy{Rules: []Rule{{Host: "example.com", Port: port, Methods: []string{"GET"}}, {Host: "127.0.0.1", Port: port}}}
+	h := startProxy(t, pol, resolverFor(map[string]string{"example.com": "127.0.0.1"}), func(c *Config) { c.UpstreamRoots = pool })
+	caPEM, err := os.ReadFile(h.p.CAPath())
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+
+	c, err := net.Dial("unix", h.sock)
+	require.NoError(t, err)
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT example.com:%d HTTP/1.1\r\nHost: x\r\n\r\n", port)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	tc := tls.Client(c, &tls.Config{RootCAs: roots, ServerName: "example.com"})
+	require.NoError(t, tc.Handshake())
+	// An endless header line: the proxy stops reading at its header limit.
+	_, err = io.WriteString(tc, "GET / HTTP/1.1\r\nHost: example.com\r\nX-Long: ")
+	require.NoError(t, err)
+	chunk := []byte(strings.Repeat("a", 64<<10))
+	var sent int
+	for sent = 0; sent < 16<<20; sent += len(chunk) {
+		if _, err := tc.Write(chunk); err != nil {
+			break
+		}
+	}
+	assert.Less(t, sent, 16<<20, "the proxy closed the tunnel instead of buffering the header")
+	assert.Empty(t, h.dialer.addresses(), "nothing went upstream")
+}

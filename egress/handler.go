@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -553,13 +554,16 @@ func (p *Proxy) intercept(w http.ResponseWriter, t target, rules []*Rule) {
 		p.log.Debug("client TLS handshake failed", "host", t.host, "err", err)
 		return
 	}
-	br := bufio.NewReader(tc)
+	lim := &headerLimit{r: tc}
+	br := bufio.NewReader(lim)
 	for {
 		_ = tc.SetReadDeadline(time.Now().Add(idleTimeout))
+		lim.left = maxHeaderBytes
 		req, err := http.ReadRequest(br)
 		if err != nil {
 			return
 		}
+		lim.left = -1
 		_ = tc.SetReadDeadline(time.Time{})
 		if !p.serveIntercepted(tc, req, t) {
 			return
@@ -572,6 +576,13 @@ func (p *Proxy) intercept(w http.ResponseWriter, t target, rules []*Rule) {
 func (p *Proxy) serveIntercepted(client net.Conn, req *http.Request, t target) bool {
 	e := p.entry("https", t)
 	e.Method, e.Path = req.Method, recordedPath(req.URL)
+	// The connection can carry another request only if this one's body was read to its end.
+	body := &eofTracker{ReadCloser: req.Body}
+	if req.Body == http.NoBody {
+		body.eof.Store(true)
+	} else {
+		req.Body = body
+	}
 	resp, e, d := func() (*http.Response, Entry, *denial) {
 		if d := p.admit(); d != nil {
 			return nil, e, d
@@ -605,5 +616,46 @@ func (p *Proxy) serveIntercepted(client net.Conn, req *http.Request, t target) b
 	if err := resp.Write(client); err != nil {
 		return false
 	}
-	return !resp.Close
+	_ = resp.Body.Close()
+	return !resp.Close && body.eof.Load()
+}
+
+// maxHeaderBytes bounds a request's header inside an intercepted tunnel, as
+// http.Server's default does outside.
+const maxHeaderBytes = http.DefaultMaxHeaderBytes
+
+// headerLimit caps the bytes read while left is not negative, so a request
+// header cannot grow without bound; the body is bounded by the byte budget.
+type headerLimit struct {
+	r    io.Reader
+	left int
+}
+
+func (l *headerLimit) Read(b []byte) (int, error) {
+	if l.left < 0 {
+		return l.r.Read(b)
+	}
+	if l.left == 0 {
+		return 0, errors.New("request header too large")
+	}
+	if len(b) > l.left {
+		b = b[:l.left]
+	}
+	n, err := l.r.Read(b)
+	l.left -= n
+	return n, err
+}
+
+// eofTracker notes when a request body has been read to its end.
+type eofTracker struct {
+	io.ReadCloser
+	eof atomic.Bool
+}
+
+func (b *eofTracker) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) {
+		b.eof.Store(true)
+	}
+	return n, err
 }
