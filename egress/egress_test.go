@@ -101,7 +101,7 @@ type harness struct {
 	dialer *recordingDialer
 }
 
-func startProxy(t *testing.T, pol Policy, res Resolver, mod func(*Config)) *harness {
+func startProxy(t testing.TB, pol Policy, res Resolver, mod func(*Config)) *harness {
 	t.Helper()
 	h := &harness{record: &lockedbuf.Buffer{}, log: &lockedbuf.Buffer{}, dialer: &recordingDialer{}}
 	dir := t.TempDir()
@@ -184,7 +184,7 @@ func get(t *testing.T, c *http.Client, u string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-func portOf(t *testing.T, u string) int {
+func portOf(t testing.TB, u string) int {
 	t.Helper()
 	pu, err := url.Parse(u)
 	require.NoError(t, err)
@@ -359,7 +359,7 @@ func TestRebindingResolverCannotReachTheRefusedAddress(t *testing.T) {
 }
 
 // tlsUpstream is an HTTPS server on loopback whose test CA the proxy trusts.
-func tlsUpstream(t *testing.T, h http.Handler) (*httptest.Server, *x509.CertPool) {
+func tlsUpstream(t testing.TB, h http.Handler) (*httptest.Server, *x509.CertPool) {
 	srv := httptest.NewTLSServer(h)
 	t.Cleanup(srv.Close)
 	pool := x509.NewCertPool()
