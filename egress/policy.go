@@ -363,3 +363,34 @@ func (c Credential) resolveValue(getenv func(string) string) (string, error) {
 	}
 	return v, nil
 }
+
+// BuildPolicy combines a policy file (empty for none) with --allow and
+// --credential values, in that order, and validates the result. No file
+// and no flags give the zero policy: no proxy.
+func BuildPolicy(file string, allows, credentials []string) (Policy, error) {
+	var p Policy
+	if file != "" {
+		var err error
+		if p, err = LoadPolicy(file); err != nil {
+			return Policy{}, err
+		}
+	}
+	for _, a := range allows {
+		r, err := ParseAllow(a)
+		if err != nil {
+			return Policy{}, err
+		}
+		p.Rules = append(p.Rules, r)
+	}
+	for _, s := range credentials {
+		c, err := ParseCredential(s)
+		if err != nil {
+			return Policy{}, err
+		}
+		p.Credentials = append(p.Credentials, c)
+	}
+	if err := p.Validate(); err != nil {
+		return Policy{}, err
+	}
+	return p, nil
+}

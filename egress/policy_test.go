@@ -97,3 +97,21 @@ func TestLoadPolicy(t *testing.T) {
 		require.ErrorIs(t, err, ErrBadPolicy, name)
 	}
 }
+
+func TestBuildPolicy(t *testing.T) {
+	p, err := BuildPolicy("", nil, nil)
+	require.NoError(t, err)
+	assert.True(t, p.IsZero(), "no file and no flags: no proxy")
+
+	f := filepath.Join(t.TempDir(), "p.json")
+	require.NoError(t, os.WriteFile(f, []byte(`{"rules": [{"host": "proxy.golang.org"}], "max_connections": 9}`), 0o644))
+	p, err = BuildPolicy(f, []string{"api.github.com:443"}, []string{`host=api.github.com,header=Authorization,value-env=GH_TOKEN,format="Bearer %s"`})
+	require.NoError(t, err)
+	assert.Equal(t, []Rule{{Host: "proxy.golang.org"}, {Host: "api.github.com", Port: 443}}, p.Rules)
+	assert.Len(t, p.Credentials, 1)
+	assert.Equal(t, 9, p.MaxConnections)
+
+	_, err = BuildPolicy("", nil, []string{`host=api.github.com,header=Authorization,value-env=GH_TOKEN`})
+	require.ErrorIs(t, err, ErrBadPolicy)
+	assert.Contains(t, err.Error(), "--allow api.github.com:443", "the error names the fix")
+}
