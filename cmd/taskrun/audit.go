@@ -10,8 +10,10 @@ import (
 	"strings"
 
 	"github.com/docker/docker/client"
+
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // Exit statuses of `taskrun audit`.
@@ -26,7 +28,7 @@ const auditUsage = `usage: taskrun audit [flags] CONTAINER...
        taskrun audit [flags] --record FILE
 
 Checks containers against CIS Docker Benchmark 1.6.0 §5, PSS restricted and
-taskrun's own rules. --all audits every container labelled ` + audit.LabelManaged + `=true.
+taskrun's own rules. --all audits every container labelled ` + sandbox.LabelManaged + `=true.
 --record re-checks a stored isolation record (audit.json).
 Exit status: 0 all rules pass, 1 a rule fails, 2 usage or daemon error.
 
@@ -83,7 +85,7 @@ func parseAuditFlags(args []string, stderr io.Writer) (auditFlags, []string, err
 		fmt.Fprint(stderr, auditUsage)
 		fs.PrintDefaults()
 	}
-	fs.BoolVar(&f.all, "all", false, "audit every container labelled "+audit.LabelManaged+"=true")
+	fs.BoolVar(&f.all, "all", false, "audit every container labelled "+sandbox.LabelManaged+"=true")
 	fs.BoolVar(&f.json, "json", false, "print the reports as JSON")
 	fs.StringVar(&f.record, "record", "", "re-check the isolation record in this local file (audit.json), or at this key of --store")
 	fs.StringVar(&f.store, "store", "", "blob store URL holding the record, e.g. file://./.taskrun/store; --record is then the object key")
@@ -166,7 +168,7 @@ func writeAuditReports(w io.Writer, reports []audit.Report, asJSON bool) error {
 		return audit.WriteJSON(w, reports)
 	}
 	if len(reports) == 0 {
-		_, err := fmt.Fprintf(w, "no containers labelled %s=true\n", audit.LabelManaged)
+		_, err := fmt.Fprintf(w, "no containers labelled %s=true\n", sandbox.LabelManaged)
 		return err
 	}
 	for _, r := range reports {
