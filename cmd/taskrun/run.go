@@ -18,6 +18,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -51,6 +52,7 @@ type runOptions struct {
 	token      string
 	model      config.ModelEntry
 	excludes   stringList
+	egress     egress.Policy
 	command    []string
 }
 
@@ -90,10 +92,18 @@ func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
 	fs.StringVar(&o.model.APIKeyFile, "model-api-key-file", "", "host file holding the API key (it never enters the sandbox)")
 	fs.IntVar(&o.model.MaxTokens, "max-tokens", 0, "fail the run once it has used this many tokens (0: no cap)")
 	fs.IntVar(&o.model.MaxRequests, "max-requests", 0, "fail the run once it has made this many model requests (0: no cap)")
+	var allows, credentials stringList
+	fs.Var(&allows, "allow", "let the run reach HOST[:PORT] (no port: 80 and 443; *.suffix for every name below suffix) through its egress proxy; repeatable")
+	policyFile := fs.String("egress-policy", "", "JSON egress policy file: rules, credentials, budgets (see docs/egress.md)")
+	fs.Var(&credentials, "credential", `header the egress proxy adds for one host, read on the host: host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"]; repeatable`)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if err := parseModel(*modelSpec, &o.model); err != nil {
+		return o, err
+	}
+	var err error
+	if o.egress, err = egress.BuildPolicy(*policyFile, allows, credentials); err != nil {
 		return o, err
 	}
 	o.command = fs.Args()
@@ -260,6 +270,7 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		Persist:         store,
 		ArtifactStorage: store,
 		Model:           o.model,
+		Egress:          o.egress,
 		Sandbox:         backend,
 		Image:           o.image,
 		Command:         o.command,
