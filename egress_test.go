@@ -21,6 +21,7 @@ import (
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
@@ -43,6 +44,12 @@ const relayListening = "0100007F:20DC 00000000:0000 0A"
 // egress.jsonl and the policy and totals in audit.json, and no credential
 // value reaches the sandbox or the store.
 func TestRunTaskWithEgressPolicy(t *testing.T) {
+	for _, runtime := range []string{"", sandbox.RuntimeGVisor} {
+		t.Run("runtime="+runtime, func(t *testing.T) { checkRunWithEgressPolicy(t, runtime) })
+	}
+}
+
+func checkRunWithEgressPolicy(t *testing.T, runtime string) {
 	const canary = "canary-egress-run-5b1e"
 	t.Setenv("TASKRUN_TEST_EGRESS_TOKEN", canary)
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -55,6 +62,9 @@ func TestRunTaskWithEgressPolicy(t *testing.T) {
 	require.NoError(t, err)
 
 	h := newHarness(t)
+	if runtime != "" {
+		requireRunsc(t, h)
+	}
 	storeDir := t.TempDir()
 	store, err := persist.Open(context.Background(), "file://"+storeDir)
 	require.NoError(t, err)
@@ -63,6 +73,8 @@ func TestRunTaskWithEgressPolicy(t *testing.T) {
 	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "egress1", "sh", "-c", "WEB_PORT="+strconv.Itoa(port)+"; "+egressScript)
 	in.HelpersDir = testbin.Dir(t)
+	in.Policy = sandbox.DefaultPolicy()
+	in.Policy.Runtime = runtime
 	in.Egress = egress.Policy{
 		Rules: []egress.Rule{{Host: "127.0.0.1", Port: port}, {Host: "api.github.com", Port: 443}},
 		// Read on the host at start; never used here (plain HTTP never carries one).
