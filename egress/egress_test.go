@@ -646,3 +646,21 @@ func TestInterceptedRequestHeaderIsBounded(t *testing.T) {
 	assert.Less(t, sent, 16<<20, "the proxy closed the tunnel instead of buffering the header")
 	assert.Empty(t, h.dialer.addresses(), "nothing went upstream")
 }
+
+func TestInterceptedHandshakeFailureIsRecorded(t *testing.T) {
+	srv, pool := tlsUpstream(t, http.NotFoundHandler())
+	port := portOf(t, srv.URL)
+	pol := Policy{
+		Rules:       []Rule{{Host: "example.com", Port: port}},
+		Credentials: []Credential{{Host: "example.com", Header: "X-Token", ValueEnv: "TEST_CANARY"}},
+	}
+	h := startProxy(t, pol, resolverFor(map[string]string{"example.com": "127.0.0.1"}), func(c *Config) { c.UpstreamRoots = pool })
+	// A client that trusts only the upstream's CA, not the run's.
+	_, err := h.client(pool).Get(fmt.Sprintf("https://example.com:%d/", port))
+	require.Error(t, err)
+	got := h.entries(t)
+	require.Len(t, got, 1)
+	assert.Equal(t, "connect", got[0].Kind)
+	assert.Contains(t, got[0].Reason, "does it trust egress-ca.pem?")
+	assert.Empty(t, h.dialer.addresses(), "nothing went upstream")
+}

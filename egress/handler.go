@@ -551,7 +551,11 @@ func (p *Proxy) intercept(w http.ResponseWriter, t target, rules []*Rule) {
 	})
 	_ = tc.SetDeadline(time.Now().Add(readHeaderTimeout))
 	if err := tc.HandshakeContext(p.ctx); err != nil {
-		p.log.Debug("client TLS handshake failed", "host", t.host, "err", err)
+		// Most often the client does not trust the run CA: say so in the record.
+		e := p.entry("connect", t)
+		e.Decision = DecisionAllow
+		e.Reason = "intercepted, but the client's TLS handshake failed (does it trust " + CAName + "?): " + err.Error()
+		p.rec.add(e)
 		return
 	}
 	lim := &headerLimit{r: tc}
