@@ -3,18 +3,27 @@ package audit
 import (
 	"path"
 	"slices"
+
+	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
-// LabelEgress marks the container of a run with an egress policy; its value
-// is the in-container path of the egress proxy's socket.
-const LabelEgress = "dev.taskrun.egress"
+// EgressRecord is the egress part of a run's isolation record: the policy
+// the run had and what its proxy saw. The policy holds no secret (a
+// credential names where its value was read, never the value).
+type EgressRecord struct {
+	Policy  egress.Policy  `json:"policy"`
+	Summary egress.Summary `json:"summary"`
+	// Object names the run object holding one line per connection.
+	Object string `json:"object"`
+}
 
 // checkEgress: a run with an egress policy reaches the network only through
 // its proxy, so its container has network none and the proxy's socket lies
 // in the mounted run dir. A network mode rule 5.10 already refuses is left
 // to 5.10.
 func checkEgress(c checkCtx) (Status, string) {
-	sock, ok := c.p.Labels[LabelEgress]
+	sock, ok := c.p.Labels[sandbox.LabelEgress]
 	if !ok {
 		return pass("no egress policy: the run has no proxy and no route out")
 	}
