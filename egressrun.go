@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -105,7 +106,7 @@ func (e *runEgress) finish() error {
 }
 
 // auditRecord is the egress part of the isolation record; call finish first.
-func (e *runEgress) auditRecord(log interface{ Warn(string, ...any) }) *audit.EgressRecord {
+func (e *runEgress) auditRecord(log *slog.Logger) *audit.EgressRecord {
 	if e == nil {
 		return nil
 	}
