@@ -12,9 +12,10 @@ import (
 	"path/filepath"
 )
 
-// maxPath is the longest path bind(2) takes for a unix socket (sun_path is
-// 108 bytes on Linux, including the terminating NUL).
-const maxPath = 107
+// MaxPath is the longest path bind(2) takes for a unix socket (sun_path is
+// 108 bytes on Linux, including the terminating NUL); Listen binds longer
+// ones through a shorter alias.
+const MaxPath = 107
 
 // Listen creates path's directory (mode 0755, so the container can reach
 // but not replace the socket), removes a stale socket, listens, and shares
@@ -46,7 +47,7 @@ func Listen(path string, uid int) (net.Listener, error) {
 // listen binds path, through the short /proc/self/fd/N alias of its opened
 // directory when path is too long for bind(2).
 func listen(path string) (net.Listener, error) {
-	if len(path) <= maxPath {
+	if len(path) <= MaxPath {
 		ln, err := net.Listen("unix", path)
 		if err != nil {
 			return nil, fmt.Errorf("listen on socket: %w", err)
@@ -61,7 +62,7 @@ func listen(path string) (net.Listener, error) {
 	alias := fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path))
 	ln, err := net.Listen("unix", alias)
 	if err != nil {
-		return nil, fmt.Errorf("listen on socket (path longer than %d bytes, bound via %s): %w", maxPath, alias, err)
+		return nil, fmt.Errorf("listen on socket (path longer than %d bytes, bound via %s): %w", MaxPath, alias, err)
 	}
 	// The listener would unlink its alias on Close; the caller removes the real path.
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)

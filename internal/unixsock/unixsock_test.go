@@ -39,7 +39,7 @@ func TestListenSharesSocketInReadOnlyDir(t *testing.T) {
 func TestListenOnPathLongerThanBindTakes(t *testing.T) {
 	deep := filepath.Join(t.TempDir(), "users", strings.Repeat("u", 60), "runs", strings.Repeat("r", 60))
 	sock := filepath.Join(deep, ".gateway", "egress.sock")
-	require.Greater(t, len(sock), maxPath)
+	require.Greater(t, len(sock), MaxPath)
 	ln, err := Listen(sock, 10001)
 	require.NoError(t, err)
 	defer ln.Close()
