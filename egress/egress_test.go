@@ -664,3 +664,21 @@ func TestInterceptedHandshakeFailureIsRecorded(t *testing.T) {
 	assert.Contains(t, got[0].Reason, "does it trust egress-ca.pem?")
 	assert.Empty(t, h.dialer.addresses(), "nothing went upstream")
 }
+
+func TestCredentialIsNeverSentInClear(t *testing.T) {
+	seen := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Get("Authorization")
+	}))
+	t.Cleanup(srv.Close)
+	port := portOf(t, srv.URL)
+	pol := Policy{
+		Rules:       []Rule{{Host: "api.test", Port: port}, {Host: "127.0.0.1", Port: port}},
+		Credentials: []Credential{{Host: "api.test", Header: "Authorization", ValueEnv: "TEST_CANARY"}},
+	}
+	h := startProxy(t, pol, resolverFor(map[string]string{"api.test": "127.0.0.1"}), nil)
+	code, _ := get(t, h.client(nil), fmt.Sprintf("http://api.test:%d/", port))
+	assert.Equal(t, http.StatusOK, code)
+	assert.Empty(t, <-seen, "plain HTTP never carries the brokered credential")
+	assert.Empty(t, h.entries(t)[0].Credential)
+}
