@@ -12,6 +12,7 @@ import (
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -57,8 +58,10 @@ func (p *plan) checkEgress() error {
 }
 
 // startEgress starts the run's egress proxy when the run has a policy; it
-// returns nil otherwise, and the run keeps no route out.
-func startEgress(ctx context.Context, p *plan) (*runEgress, error) {
+// returns nil otherwise, and the run keeps no route out. Its record counts
+// against the run's record budget: once that is spent, later connections
+// are left out and the record ends in a marker line.
+func startEgress(ctx context.Context, p *plan, budget *records.Budget) (*runEgress, error) {
 	if p.in.Egress.IsZero() {
 		return nil, nil
 	}
@@ -69,7 +72,7 @@ func startEgress(ctx context.Context, p *plan) (*runEgress, error) {
 	px, err := egress.Start(ctx, egress.Config{
 		SocketPath: filepath.Join(p.dirs.Dir, filepath.FromSlash(egressDir), egress.SocketName),
 		Policy:     p.in.Egress,
-		Record:     record,
+		Record:     budget.Writer("egress record", record),
 		Logger:     p.log,
 		AgentUID:   workspace.SandboxOwner.UID,
 	})
@@ -94,14 +97,19 @@ func (e *runEgress) apply(spec *sandbox.Spec) {
 }
 
 // finish stops the proxy once; after it, the record is complete. A spent
-// budget only ends the run's traffic (the agent was told with each 403); an
-// incomplete record fails the run.
+// egress budget only ends the run's traffic (the agent was told with each
+// 403), a spent record budget only shortens the record; any other record
+// failure fails the run.
 func (e *runEgress) finish() error {
 	if e == nil || e.done {
 		return nil
 	}
 	e.done = true
-	e.err = errors.Join(e.px.Close(), e.record.Close())
+	closeErr := e.px.Close()
+	if errors.Is(closeErr, records.ErrExhausted) {
+		closeErr = nil // counted with the run's dropped record bytes
+	}
+	e.err = errors.Join(closeErr, e.record.Close())
 	return e.err
 }
 
