@@ -133,4 +133,3 @@ func loadScript(name string) (*scriptTransport, error) {
 	}
 	return &scriptTransport{lines: lines}, nil
 }
-

@@ -39,9 +39,9 @@ type exchange struct {
 	UsageEstimated bool            `json:"usage_estimated,omitempty"`
 	Request        json.RawMessage `json:"request,omitempty"`
 	// RequestSummary stands in for a request body that was not recorded.
-	RequestSummary *bodySummary     `json:"request_summary,omitempty"`
-	Response       json.RawMessage  `json:"response,omitempty"`
-	ResponseSumm   *bodySummary     `json:"response_summary,omitempty"`
+	RequestSummary *bodySummary      `json:"request_summary,omitempty"`
+	Response       json.RawMessage   `json:"response,omitempty"`
+	ResponseSumm   *bodySummary      `json:"response_summary,omitempty"`
 	Chunks         []json.RawMessage `json:"chunks,omitempty"`
 	// ChunksOmitted counts the stream events past the record cap.
 	ChunksOmitted int    `json:"chunks_omitted,omitempty"`
