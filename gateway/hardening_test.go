@@ -127,7 +127,7 @@ func TestAnswerWithoutUsageIsChargedAnEstimate(t *testing.T) {
 	resp, out := rawChat(t, c, body)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(out))
 	require.NoError(t, g.Close())
-	assert.Equal(t, Usage{PromptTokens: (len(body) + BytesPerToken - 1) / BytesPerToken, CompletionTokens: 50, Requests: 1}, g.Usage())
+	assert.Equal(t, Usage{PromptTokens: (len(body) + len("gpt-test") + 64 + 2) / 3, CompletionTokens: 50, Requests: 1}, g.Usage())
 	assert.Contains(t, trace.String(), `"usage_estimated":true`)
 }
 
@@ -151,7 +151,7 @@ func TestCloseCancelsAHungExchangeAndChargesAnEstimate(t *testing.T) {
 	}()
 	<-entered
 	require.NoError(t, g.Close())
-	assert.Equal(t, Usage{PromptTokens: (len(body) + BytesPerToken - 1) / BytesPerToken, CompletionTokens: 40, Requests: 1}, g.Usage(), "Close meters the exchange it cancels")
+	assert.Equal(t, Usage{PromptTokens: (len(body) + len("gpt-test") + 64 + 2) / 3, CompletionTokens: 40, Requests: 1}, g.Usage(), "Close meters the exchange it cancels")
 }
 
 func TestExchangesRunOneAtATime(t *testing.T) {
@@ -197,7 +197,8 @@ func TestCompletionLimitsAreClampedToWhatTheBudgetLeaves(t *testing.T) {
 	_, c, _ := startConfig(t, Config{Model: m})
 
 	// What is left of the budget, minus the request's estimated prompt
-	// (one token per 3 bytes, rounded up), is the most it may complete.
+	// (one token per 3 bytes of the body, model name and 64 bytes the
+	// gateway may add, rounded up), is the most it may complete.
 	left := 100
 	for _, tc := range []struct {
 		body   string
@@ -211,7 +212,7 @@ func TestCompletionLimitsAreClampedToWhatTheBudgetLeaves(t *testing.T) {
 		resp, out := rawChat(t, c, tc.body)
 		require.Equal(t, http.StatusOK, resp.StatusCode, string(out))
 		got := <-seen
-		want := float64(left - (len(tc.body)+2)/3)
+		want := float64(left - (len(tc.body)+len("gpt-test")+64+2)/3)
 		for _, k := range tc.limits {
 			assert.Equal(t, want, got[k], "%s in %s", k, tc.body)
 		}

@@ -11,8 +11,15 @@ import (
 // the estimate errs high.
 const BytesPerToken = 3
 
-// estimateTokens is the estimated prompt tokens of a request body.
-func estimateTokens(bodyBytes int) int { return (bodyBytes + BytesPerToken - 1) / BytesPerToken }
+// rewriteOverhead bounds the bytes the gateway adds to a request besides
+// the model's name (the limit key and its value, stream options).
+const rewriteOverhead = 64
+
+// estimateTokens is the estimated prompt tokens of a request body of
+// bodyBytes sent upstream for a model named modelBytes long.
+func estimateTokens(bodyBytes, modelBytes int) int {
+	return (bodyBytes + modelBytes + rewriteOverhead + BytesPerToken - 1) / BytesPerToken
+}
 
 // meter counts what the run spends and enforces its budgets. Before a
 // request is forwarded it reserves the most the request can cost (its
