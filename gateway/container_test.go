@@ -140,9 +140,9 @@ func checkContainerIsolation(t *testing.T, cli *client.Client, relayBin, runtime
 }
 
 // runContainer runs cmd in a hardened container with the run dir at
-// /taskrun and bins mounted read-only in /usr/local/bin, and returns its
-// stdout and stderr.
-func runContainer(t *testing.T, cli *client.Client, runtime, runDir string, bins, cmd, env []string) (string, string) {
+// /taskrun and bins mounted read-only in /usr/local/bin (or at their
+// absolute path in binAt), and returns its stdout and stderr.
+func runContainer(t *testing.T, cli *client.Client, runtime, runDir string, bins, cmd, env []string, binAt ...map[string]string) (string, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -150,6 +150,11 @@ func runContainer(t *testing.T, cli *client.Client, runtime, runDir string, bins
 	mounts := []mount.Mount{{Type: mount.TypeBind, Source: runDir, Target: "/taskrun"}}
 	for _, bin := range bins {
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: bin, Target: "/usr/local/bin/" + filepath.Base(bin), ReadOnly: true})
+	}
+	for _, at := range binAt {
+		for target, bin := range at {
+			mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: bin, Target: target, ReadOnly: true})
+		}
 	}
 	created, err := cli.ContainerCreate(ctx, &container.Config{
 		Image:      testboxImage,
@@ -316,4 +321,48 @@ func TestSDKAgentInContainerThroughRelay(t *testing.T) {
 	require.NoError(t, g.Close())
 	assert.Equal(t, Usage{PromptTokens: 120, CompletionTokens: 18, Requests: 3, CacheReadTokens: 30}, g.Usage())
 	assert.Equal(t, 3, strings.Count(trace.String(), "\n"))
+}
+
+// docExamples are the offline examples of docs/agents.md: the commands
+// after "--" of its "taskrun run --image taskrun/testbox:local --model
+// scripted" blocks, line continuations joined.
+func docExamples(t *testing.T) []string {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/agents.md")
+	require.NoError(t, err)
+	var cmds []string
+	for i, block := range strings.Split(string(doc), "```") {
+		if i%2 == 0 || !strings.Contains(block, "--image taskrun/testbox:local --model scripted") {
+			continue
+		}
+		joined := strings.ReplaceAll(block, "\\\n", " ")
+		_, cmd, ok := strings.Cut(joined, " -- ")
+		require.True(t, ok, block)
+		cmds = append(cmds, strings.TrimSpace(cmd))
+	}
+	return cmds
+}
+
+// The offline examples of docs/agents.md, run as written (the relay at
+// its in-sandbox path), get answers from the scripted model.
+func TestAgentsDocExamplesWork(t *testing.T) {
+	cli := dockerClient(t)
+	relayBin := buildStatic(t, "taskrun-relay")
+	cmds := docExamples(t)
+	require.Len(t, cmds, 2, "one OpenAI and one Anthropic example")
+	for i, want := range []string{`"object":"response"`, `"type":"message"`} {
+		runDir := agentRunDir(t)
+		g, err := Start(context.Background(), Config{
+			SocketPath: filepath.Join(runDir, ".gateway", "model.sock"),
+			Model:      config.ModelEntry{Provider: config.ProviderScripted, Name: DemoScriptName},
+			Logger:     quietLogger,
+		})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = g.Close() })
+		stdout, stderr := runContainer(t, cli, "runc", runDir, nil, []string{"/bin/sh", "-c", cmds[i]}, nil,
+			map[string]string{"/.taskrun/bin/taskrun-relay": relayBin})
+		assert.Contains(t, stdout, want, "%s\nstderr: %s", cmds[i], stderr)
+		require.NoError(t, g.Close())
+		assert.Equal(t, 1, g.Usage().Requests, cmds[i])
+	}
 }
