@@ -39,6 +39,10 @@ type execution struct {
 	// when the run had no model.
 	PromptTokens     *int `json:"prompt_tokens,omitempty"`
 	CompletionTokens *int `json:"completion_tokens,omitempty"`
+	// ModelUpstream says the model upstream was misconfigured or down at the
+	// run's last model request (e.g. "model upstream answered 401
+	// Unauthorized"); empty when it answered.
+	ModelUpstream string `json:"model_upstream,omitempty"`
 	// DroppedOutputBytes counts output past the cap, drained but not kept.
 	DroppedOutputBytes int64 `json:"dropped_output_bytes,omitempty"`
 	// record is the isolation record (audit.json); nil when no container
@@ -60,9 +64,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		return ex, err
 	}
 	defer func() {
-		var gwErr error
-		ex.PromptTokens, ex.CompletionTokens, gwErr = gw.finish()
-		err = errors.Join(err, gwErr)
+		err = errors.Join(err, gw.finish(&ex))
 	}()
 
 	limit := spool.WithLimit(p.limits.maxOutput)

@@ -77,6 +77,9 @@ type Options struct {
 	Image string
 	// Cmd replaces the image's default command when non-empty.
 	Cmd []string
+	// Env adds NAME=VALUE variables to the agent's environment (visible to
+	// it: no secrets); names taskrun sets itself are refused.
+	Env []string
 	// Workspace is a host directory copied into the run's home.
 	Workspace string
 	// Prompt is the task's instruction, readable at $TASKRUN_PROMPT_FILE.
@@ -265,6 +268,7 @@ func (e *Env) input(opts Options, rec *controlplanetest.Recorder) taskrun.RunTas
 		Sandbox:         e.backend,
 		Image:           opts.Image,
 		Command:         opts.Cmd,
+		Env:             opts.Env,
 		Policy:          opts.Policy,
 		Labels:          e.Labels(opts.Labels),
 		Timeout:         timeout,
