@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -249,7 +250,9 @@ func TestUpstreamFailuresAreTypedAndHiddenFromTheAgent(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	host := strings.TrimPrefix(up.URL, "http://")
+	var hostLog lockedbuf.Buffer
 	g, c, trace := startConfig(t, Config{Model: openAIModel(t, up.URL)})
+	g.log = slog.New(slog.NewTextHandler(&hostLog, nil))
 
 	for _, tc := range []struct {
 		status     int
@@ -276,6 +279,8 @@ func TestUpstreamFailuresAreTypedAndHiddenFromTheAgent(t *testing.T) {
 		assert.Equal(t, tc.wantReason, err.Error())
 	}
 	assert.Contains(t, trace.String(), "invalid key at", "the host's record keeps the upstream's words")
+	assert.Contains(t, hostLog.String(), "level=WARN msg=\"model upstream failed", "the host log warns")
+	assert.Contains(t, hostLog.String(), host, "the host log says which upstream")
 
 	// A later success clears the failure.
 	status.Store(http.StatusOK)
