@@ -48,7 +48,7 @@ func TestRunTaskRefusesReservedEnvNames(t *testing.T) {
 			assert.Empty(t, out.ContainerID, "nothing ran")
 		}
 	}
-	assert.NoDirExists(t, filepath.Join(h.root, "users", h.tenant, "conversations", "conv1", "tasks", "task1", "runs", "envbad"))
+	assert.NoDirExists(t, filepath.Join(h.Root, "users", h.Tenant, "conversations", h.ConversationID, "tasks", h.TaskID, "runs", "envbad"))
 }
 
 // When the model upstream refuses the host's key, the run's reason says so,
