@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/records"
@@ -159,13 +160,14 @@ func (p *plan) baseSpec() sandbox.Spec {
 		Image:      image,
 		Cmd:        slices.Clone(p.in.Command),
 		WorkingDir: model.ContainerHomeDir,
-		Env: []string{
-			"HOME=" + model.ContainerHomeDir,
-			"TASKRUN_RUN_ID=" + p.ref.RunID,
-			"TASKRUN_TASK_ID=" + p.ref.TaskID,
-			"TASKRUN_SESSION_ID=" + p.in.SessionID,
-			"TASKRUN_PROMPT_FILE=" + model.ContainerRunDir + "/" + model.PromptFileName,
-		},
+		// The run's own variables last: they win over any the caller set.
+		Env: append(slices.Clone(p.in.Env),
+			"HOME="+model.ContainerHomeDir,
+			"TASKRUN_RUN_ID="+p.ref.RunID,
+			"TASKRUN_TASK_ID="+p.ref.TaskID,
+			"TASKRUN_SESSION_ID="+p.in.SessionID,
+			"TASKRUN_PROMPT_FILE="+model.ContainerRunDir+"/"+model.PromptFileName,
+		),
 		Mounts:    []sandbox.Mount{{Source: p.dirs.Dir, Target: model.ContainerRunDir}},
 		Labels:    labels,
 		Run:       p.ref,
@@ -230,6 +232,9 @@ func validateInput(in RunTaskInput) error {
 	}
 	if in.Run.TaskID != "" && in.Run.TaskID != in.Task.ID {
 		errs = append(errs, fmt.Errorf("%w: run %q belongs to task %q, not %q", ErrInvalidInput, in.Run.ID, in.Run.TaskID, in.Task.ID))
+	}
+	if err := config.CheckEnv(in.Env); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidInput, err))
 	}
 	if dir := in.Task.WorkspaceDir; dir != "" {
 		if info, err := os.Stat(dir); err != nil || !info.IsDir() {

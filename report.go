@@ -83,6 +83,9 @@ func judge(ctx context.Context, p *plan, ex execution, runErr error) verdict {
 		v.status, v.reason = model.StatusFailed, fmt.Sprintf("out of memory: the container exceeded its %d MiB limit", p.policy.MemoryBytes>>20)
 	case exit.Cancelled:
 		v.status, v.reason = model.StatusCancelled, "run cancelled"
+	case exit.ExitCode != 0 && ex.ModelUpstream != "":
+		// The agent failed because its model did: say which.
+		v.status, v.reason = model.StatusFailed, fmt.Sprintf("%s (the agent exited with code %d)", ex.ModelUpstream, exit.ExitCode)
 	case exit.ExitCode != 0:
 		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d", exit.ExitCode)
 	}

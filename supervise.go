@@ -36,6 +36,10 @@ type execution struct {
 	// when the run had no model.
 	PromptTokens     *int `json:"prompt_tokens,omitempty"`
 	CompletionTokens *int `json:"completion_tokens,omitempty"`
+	// ModelUpstream says the model upstream was misconfigured or down at the
+	// run's last model request (e.g. "model upstream answered 401
+	// Unauthorized"); empty when it answered.
+	ModelUpstream string `json:"model_upstream,omitempty"`
 	// DroppedOutputBytes counts output past the cap, drained but not kept.
 	DroppedOutputBytes int64 `json:"dropped_output_bytes,omitempty"`
 	// DroppedRecordBytes counts bytes of host-side records (spools, trace
@@ -60,9 +64,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		return ex, err
 	}
 	defer func() {
-		var gwErr error
-		ex.PromptTokens, ex.CompletionTokens, gwErr = gw.finish()
-		err = errors.Join(err, gwErr)
+		err = errors.Join(err, gw.finish(&ex))
 		if ex.DroppedRecordBytes = wd.records.Refused(); ex.DroppedRecordBytes > 0 {
 			p.log.Warn("host records over the run's budget were dropped", "budget_bytes", p.limits.records, "dropped_bytes", ex.DroppedRecordBytes)
 		}

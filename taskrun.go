@@ -84,6 +84,12 @@ type RunTaskInput struct {
 	Image string
 	// Command replaces the image's default command when non-empty.
 	Command []string
+	// Env adds NAME=VALUE variables to the agent's environment, after the
+	// image's own. It is visible to the agent and everything it runs: a
+	// secret belongs to the model gateway (Model) or the credential broker,
+	// never here. Names taskrun sets itself (TASKRUN_*, HOME, the proxy
+	// variables) are refused (see config.CheckEnv).
+	Env []string
 	// Policy confines the container; sandbox.DefaultPolicy() when zero.
 	Policy sandbox.Policy
 	// HelpersDir holds the executor's static in-container helpers. When it

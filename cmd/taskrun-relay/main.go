@@ -11,8 +11,10 @@
 // and HTTPS_PROXY point.
 //
 // With a command after "--" it starts the relay, runs the command with
-// OPENAI_BASE_URL pointing at the relay (and a placeholder OPENAI_API_KEY if
-// none is set: the real key stays on the host), and exits with its status.
+// OPENAI_BASE_URL (http://ADDR/v1) and ANTHROPIC_BASE_URL (http://ADDR)
+// pointing at the relay (and placeholder OPENAI_API_KEY and
+// ANTHROPIC_API_KEY if none is set: the real key stays on the host), and
+// exits with its status.
 // It is built static (CGO_ENABLED=0) so it can be bind-mounted into any image.
 package main
 

@@ -77,13 +77,24 @@ func TestRelayRunsCommandWithBaseURL(t *testing.T) {
 	code, err := run(context.Background(), options{
 		listen:  "127.0.0.1:0",
 		socket:  filepath.Join(t.TempDir(), "none.sock"),
-		command: []string{"/bin/sh", "-c", `echo "$OPENAI_BASE_URL" > "$0"; exit 7`, out},
+		command: []string{"/bin/sh", "-c", `echo "$OPENAI_BASE_URL $ANTHROPIC_BASE_URL" > "$0"; exit 7`, out},
 	}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	assert.Equal(t, 7, code, "the command's exit status is the relay's")
 	got, err := os.ReadFile(out)
 	require.NoError(t, err)
-	assert.Regexp(t, `^http://127\.0\.0\.1:\d+/v1\n$`, string(got))
+	assert.Regexp(t, `^http://127\.0\.0\.1:(\d+)/v1 http://127\.0\.0\.1:\d+\n$`, string(got))
+}
+
+func TestCommandEnvKeepsTheAgentsOwnKeys(t *testing.T) {
+	env := commandEnv(func(string) string { return "" }, "127.0.0.1:8411")
+	assert.ElementsMatch(t, []string{
+		"OPENAI_BASE_URL=http://127.0.0.1:8411/v1", "ANTHROPIC_BASE_URL=http://127.0.0.1:8411",
+		"OPENAI_API_KEY=" + placeholderOpenAIKey, "ANTHROPIC_API_KEY=" + placeholderAnthropicKey,
+	}, env)
+	set := map[string]string{"OPENAI_API_KEY": "x", "ANTHROPIC_AUTH_TOKEN": "y"}
+	env = commandEnv(func(k string) string { return set[k] }, "127.0.0.1:8411")
+	assert.ElementsMatch(t, []string{"OPENAI_BASE_URL=http://127.0.0.1:8411/v1", "ANTHROPIC_BASE_URL=http://127.0.0.1:8411"}, env)
 }
 
 func TestRelayExposesEgressProxy(t *testing.T) {

@@ -105,6 +105,44 @@ func TestParseRunFlagsModels(t *testing.T) {
 	assert.Equal(t, config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-4o", BaseURL: "https://api.example/v1", APIKeyEnv: "KEY"}, o.model)
 }
 
+func TestParseRunFlagsAnthropicModel(t *testing.T) {
+	o, err := parseRunFlags([]string{"--model", "anthropic:claude-test", "--model-api-key-env", "KEY"})
+	require.NoError(t, err)
+	assert.Equal(t, config.ModelEntry{Provider: config.ProviderAnthropic, Name: "claude-test", APIKeyEnv: "KEY"}, o.model)
+	_, err = parseRunFlags([]string{"--model", "anthropic:claude-test"})
+	assert.ErrorContains(t, err, "--model-api-key-env")
+	_, err = parseRunFlags([]string{"--model", "anthropic:"})
+	assert.ErrorContains(t, err, "needs a model name")
+}
+
+func TestParseRunFlagsEnv(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "run.env")
+	require.NoError(t, os.WriteFile(file, []byte("# settings\nLEVEL=debug\nGREETING=from file\n"), 0o644))
+	t.Setenv("TASKRUN_TEST_FROM_HOST", "host value")
+	_, err := parseRunFlags([]string{"--env-file", file, "--env", "TASKRUN_TEST_FROM_HOST"})
+	require.ErrorIs(t, err, config.ErrBadEnv, "a bare TASKRUN_* name is still reserved")
+	o, err := parseRunFlags([]string{"--env-file", file, "--env", "GREETING=from flag", "--env", "EMPTY="})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"LEVEL=debug", "GREETING=from flag", "EMPTY="}, o.env, "--env overrides the file, as in docker run")
+
+	for _, args := range [][]string{{"--env", "HOME=/root"}, {"--env", "HTTP_PROXY=http://x:1"}, {"--env", "TASKRUN_RUN_ID=x"}} {
+		_, err := parseRunFlags(args)
+		require.ErrorIs(t, err, config.ErrBadEnv, args)
+		assert.ErrorContains(t, err, "is set by taskrun", args)
+	}
+	_, err = parseRunFlags([]string{"--env-file", filepath.Join(t.TempDir(), "missing.env")})
+	assert.ErrorContains(t, err, "--env-file")
+}
+
+func TestRunEnvReachesTheAgent(t *testing.T) {
+	stdout, stderr, code := cli(t, "--image", testImage, "--env", "GREETING=hello world", "--", "sh", "-c", `echo "[$GREETING]"`)
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, "[hello world]\n", stdout)
+	_, stderr, code = cli(t, "--image", testImage, "--env", "HOME=/root", "--", "true")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "HOME is set by taskrun")
+}
+
 func TestExitCodeFollowsDockerRun(t *testing.T) {
 	assert.Equal(t, 0, exitCode(&taskrun.Outcome{Status: model.StatusSucceeded}, nil))
 	assert.Equal(t, 7, exitCode(&taskrun.Outcome{Status: model.StatusFailed, Exit: sandbox.Result{ExitCode: 7}}, taskrun.ErrRunFailed))
