@@ -359,3 +359,23 @@ func TestLargeRewriteFallsBackToAValidPatch(t *testing.T) {
 	require.Len(t, set.Changes, 1)
 	applies(t, orig, home, patch, nil)
 }
+
+func TestApplyAppliesOrRefusesWholly(t *testing.T) {
+	orig := t.TempDir()
+	plainTree(t, orig)
+	home := copyTree(t, orig)
+	_, patch := run(t, home, changeset.Options{}, func() { mutatePlain(t, home) })
+	ctx := context.Background()
+
+	fresh := copyTree(t, orig)
+	require.NoError(t, changeset.Apply(ctx, fresh, bytes.NewReader(patch)))
+	assert.Equal(t, treeOf(t, home, nil), treeOf(t, fresh, nil))
+
+	// Applying twice fails and leaves the tree as it was.
+	err := changeset.Apply(ctx, fresh, bytes.NewReader(patch))
+	require.Error(t, err)
+	assert.Equal(t, treeOf(t, home, nil), treeOf(t, fresh, nil))
+
+	require.NoError(t, changeset.Apply(ctx, fresh, bytes.NewReader(nil)), "an empty change set applies as a no-op")
+	require.Error(t, changeset.Apply(ctx, filepath.Join(fresh, "tool"), bytes.NewReader(patch)))
+}

@@ -39,7 +39,7 @@ func gitEnv() []string {
 // programs (fsmonitor, hooks), feeding stdin and returning stdout. It is only
 // ever run on the host's own copy of a workspace or on a scratch repository
 // this package created, never inside a run's home.
-func runGit(ctx context.Context, dir string, stdin []byte, args ...string) ([]byte, int, error) {
+func runGit(ctx context.Context, dir string, stdin io.Reader, args ...string) ([]byte, int, error) {
 	bin, err := exec.LookPath("git")
 	if err != nil {
 		return nil, -1, ErrGitUnavailable
@@ -52,9 +52,7 @@ func runGit(ctx context.Context, dir string, stdin []byte, args ...string) ([]by
 	}, args...)
 	cmd := exec.CommandContext(ctx, bin, full...)
 	cmd.Env = gitEnv()
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
+	cmd.Stdin = stdin
 	var out limitedBuffer
 	out.limit = maxGitOutput
 	var stderr limitedBuffer
@@ -152,7 +150,7 @@ func ignoredPaths(ctx context.Context, dir string, paths []string) (map[string]b
 		in.WriteString(p)
 		in.WriteByte(0)
 	}
-	out, code, err := runGit(ctx, dir, in.Bytes(), "check-ignore", "--no-index", "--stdin", "-z")
+	out, code, err := runGit(ctx, dir, &in, "check-ignore", "--no-index", "--stdin", "-z")
 	if code == 1 {
 		return nil, nil // nothing ignored
 	}
