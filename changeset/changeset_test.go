@@ -253,6 +253,7 @@ func TestGitWorkspaceAgainstBaseCommitHonoursGitignore(t *testing.T) {
 	write(t, orig, "build/stale.o", "old object\n", 0o644) // ignored at start
 
 	home := copyTree(t, orig)
+	pwned := filepath.Join(t.TempDir(), "pwned")
 	set, patch := run(t, home, changeset.Options{Workspace: orig}, func() {
 		write(t, home, "app.py", lines(21, "print"), 0o644)
 		write(t, home, "keep.log", "tracked, changed\n", 0o644)
@@ -266,9 +267,10 @@ func TestGitWorkspaceAgainstBaseCommitHonoursGitignore(t *testing.T) {
 		require.NoError(t, os.Rename(filepath.Join(home, "bin/run"), filepath.Join(home, "bin/start")))
 		write(t, home, "data.bin", binary(10, 100), 0o755)
 		// The agent owns the home's .git; it is neither diffed nor run.
-		write(t, home, ".git/config", "[core]\n\tfsmonitor = touch /tmp/pwned-by-agent\n", 0o644)
-		write(t, home, ".git/hooks/post-checkout", "#!/bin/sh\ntouch /tmp/pwned\n", 0o755)
+		write(t, home, ".git/config", "[core]\n\tfsmonitor = \"touch "+pwned+"\"\n\thooksPath = .git/hooks\n", 0o644)
+		write(t, home, ".git/hooks/post-checkout", "#!/bin/sh\ntouch "+pwned+"\n", 0o755)
 	})
+	assert.NoFileExists(t, pwned, "git ran with the agent's repository configuration")
 	assert.True(t, set.Git)
 	assert.Equal(t, head, set.BaseCommit)
 	ch := byPath(set)

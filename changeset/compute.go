@@ -110,7 +110,11 @@ func Compute(ctx context.Context, baseDir, home string, patch io.Writer) (*Set, 
 	for _, e := range m.Entries {
 		c.old[e.Path] = e
 	}
-	if err := c.scanHome(ctx, home); err != nil {
+	err = c.scanHome(ctx, home)
+	if c.newPack != nil {
+		defer c.newPack.Close()
+	}
+	if err != nil {
 		return nil, err
 	}
 	set := &Set{BaseCommit: m.BaseCommit, Git: m.Git, Notes: slices.Clone(m.Notes)}
@@ -151,8 +155,9 @@ type computer struct {
 	baseDir string
 	old     map[string]entry
 	cur     map[string]entry
-	// fresh holds paths whose new content was copied into baseDir/new.
-	fresh   map[string]bool
+	// newPack holds the final content of changed files (entries of cur
+	// with Kept set, at their Offset).
+	newPack *os.File
 	tooBig  map[string]string
 	scan    workspace.ScanReport
 	copied  int64
@@ -160,22 +165,15 @@ type computer struct {
 }
 
 // scanHome hashes every file of home and copies the content of changed
-// files, within the caps, into baseDir/new.
+// files, within the caps, into the baseline's new-content pack.
 func (c *computer) scanHome(ctx context.Context, home string) error {
-	newDir := filepath.Join(c.baseDir, newTreeDir)
-	if err := os.RemoveAll(newDir); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(newDir, 0o700); err != nil {
-		return err
-	}
-	dst, err := os.OpenRoot(newDir)
+	pack, err := os.OpenFile(filepath.Join(c.baseDir, newPack), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
 	if err != nil {
 		return err
 	}
-	defer dst.Close()
+	c.newPack = pack
+	pw := bufio.NewWriterSize(pack, 256<<10)
 	c.cur = make(map[string]entry)
-	c.fresh = make(map[string]bool)
 	c.tooBig = make(map[string]string)
 	buf := new(bytes.Buffer)
 	c.scan, err = workspace.Scan(ctx, home, workspace.ScanOptions{Exclude: isGitDir, MaxEntries: c.lim.MaxEntries},
@@ -202,30 +200,27 @@ func (c *computer) scanHome(ctx context.Context, home string) error {
 				return err
 			}
 			en.SHA256 = hex.EncodeToString(h.Sum(nil))
-			c.cur[en.Path] = en
 			if old, ok := c.old[en.Path]; ok && old.SHA256 == en.SHA256 && old.Target == "" {
+				c.cur[en.Path] = en
 				return nil // unchanged content
 			}
-			if e.Size > c.lim.MaxPatchBytes-c.copied {
+			if int64(buf.Len()) > c.lim.MaxPatchBytes-c.copied {
 				c.tooBig[en.Path] = fmt.Sprintf("the patch's %d-byte content cap (MaxPatchBytes) was reached", c.lim.MaxPatchBytes)
+				c.cur[en.Path] = en
 				return nil
 			}
-			f, err := createIn(dst, en.Path)
-			if err != nil {
+			if _, err := pw.Write(buf.Bytes()); err != nil {
 				return err
 			}
-			if _, err := f.Write(buf.Bytes()); err != nil {
-				f.Close()
-				return err
-			}
-			if err := f.Close(); err != nil {
-				return err
-			}
-			c.copied += e.Size
-			c.fresh[en.Path] = true
+			en.Kept, en.Offset, en.Size = true, c.copied, int64(buf.Len())
+			c.copied += en.Size
+			c.cur[en.Path] = en
 			return nil
 		})
 	if err != nil {
+		return fmt.Errorf("changeset: scan home: %w", err)
+	}
+	if err := pw.Flush(); err != nil {
 		return fmt.Errorf("changeset: scan home: %w", err)
 	}
 	return nil

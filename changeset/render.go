@@ -3,6 +3,7 @@ package changeset
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -86,7 +87,7 @@ func (c *computer) sides(ch *Change) (oldSide, newSide side, reason string) {
 		case !o.Kept:
 			return side{}, side{}, "starting content was not kept (over MaxBaseBytes)"
 		default:
-			b, err := os.ReadFile(filepath.Join(c.baseDir, baseTreeDir, filepath.FromSlash(ch.Path)))
+			b, err := readSection(filepath.Join(c.baseDir, basePack), o.Offset, o.Size)
 			if err != nil {
 				return side{}, side{}, "starting content unreadable: " + err.Error()
 			}
@@ -101,11 +102,11 @@ func (c *computer) sides(ch *Change) (oldSide, newSide side, reason string) {
 			newSide.content = []byte(n.Target)
 		case c.tooBig[ch.Path] != "":
 			return side{}, side{}, c.tooBig[ch.Path]
-		case !c.fresh[ch.Path]:
+		case !n.Kept:
 			return side{}, side{}, "final content was not kept"
 		default:
-			b, err := os.ReadFile(filepath.Join(c.baseDir, newTreeDir, filepath.FromSlash(ch.Path)))
-			if err != nil {
+			b := make([]byte, n.Size)
+			if _, err := c.newPack.ReadAt(b, n.Offset); err != nil {
 				return side{}, side{}, "final content unreadable: " + err.Error()
 			}
 			newSide.content = b
@@ -164,4 +165,18 @@ func writeFileDiff(w io.Writer, ch *Change, o, n side) error {
 	ch.Insertions += ins
 	ch.Deletions += del
 	return err
+}
+
+// readSection reads size bytes at off of the file at name.
+func readSection(name string, off, size int64) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, size)
+	if _, err := f.ReadAt(b, off); err != nil && !(errors.Is(err, io.EOF) && size == 0) {
+		return nil, err
+	}
+	return b, nil
 }

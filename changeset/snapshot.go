@@ -1,6 +1,7 @@
 package changeset
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -70,8 +71,8 @@ const maxIgnoreFileBytes = 1 << 20
 // Names inside a baseline directory.
 const (
 	manifestName = "manifest.json"
-	baseTreeDir  = "tree"
-	newTreeDir   = "new"
+	basePack     = "base.pack"
+	newPack      = "new.pack"
 	ignoreRepo   = "ignore"
 )
 
@@ -83,8 +84,9 @@ type entry struct {
 	SHA256 string `json:"sha256"`
 	// Target is a symlink's target.
 	Target string `json:"target,omitempty"`
-	// Kept says the content is in the baseline's tree (regular files).
-	Kept bool `json:"kept,omitempty"`
+	// Kept says the content is in the baseline's pack, at Offset.
+	Kept   bool  `json:"kept,omitempty"`
+	Offset int64 `json:"offset,omitempty"`
 }
 
 // manifest is the starting tree as Snapshot recorded it.
@@ -120,14 +122,15 @@ type Options struct {
 // repository, not its content, and a patch cannot carry them.
 func Snapshot(ctx context.Context, home, baseDir string, opts Options) error {
 	lim := opts.Limits.withDefaults()
-	if err := os.MkdirAll(filepath.Join(baseDir, baseTreeDir), 0o700); err != nil {
+	if err := os.MkdirAll(baseDir, 0o700); err != nil {
 		return fmt.Errorf("changeset: snapshot: %w", err)
 	}
-	tree, err := os.OpenRoot(filepath.Join(baseDir, baseTreeDir))
+	pack, err := os.OpenFile(filepath.Join(baseDir, basePack), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("changeset: snapshot: %w", err)
 	}
-	defer tree.Close()
+	defer pack.Close()
+	pw := bufio.NewWriterSize(pack, 256<<10)
 	m := manifest{Home: home, Limits: lim}
 	var kept int64
 	report, err := workspace.Scan(ctx, home, workspace.ScanOptions{Exclude: isGitDir, MaxEntries: lim.MaxEntries},
@@ -139,26 +142,19 @@ func Snapshot(ctx context.Context, home, baseDir string, opts Options) error {
 				m.Entries = append(m.Entries, en)
 				return nil
 			}
+			keep := e.Size <= lim.MaxBaseBytes-kept
 			var dst io.Writer = io.Discard
-			var f *os.File
-			if e.Size <= lim.MaxBaseBytes-kept {
-				var err error
-				if f, err = createIn(tree, e.RelPath); err != nil {
-					return err
-				}
-				defer f.Close()
-				dst = f
+			if keep {
+				dst = pw
 			}
 			h := sha256.New()
-			if _, err := io.Copy(io.MultiWriter(dst, h), e.Reader); err != nil {
-				return err
+			n, err := io.Copy(io.MultiWriter(dst, h), e.Reader)
+			if keep {
+				en.Kept, en.Offset = true, kept
+				kept += n
 			}
-			if f != nil {
-				if err := f.Close(); err != nil {
-					return err
-				}
-				kept += e.Size
-				en.Kept = true
+			if err != nil {
+				return err
 			}
 			en.SHA256 = hex.EncodeToString(h.Sum(nil))
 			m.Entries = append(m.Entries, en)
@@ -167,12 +163,15 @@ func Snapshot(ctx context.Context, home, baseDir string, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("changeset: snapshot: %w", err)
 	}
+	if err := errors.Join(pw.Flush(), pack.Close()); err != nil {
+		return fmt.Errorf("changeset: snapshot: %w", err)
+	}
 	m.Scan = report
 	if kept < sumSizes(m.Entries) {
 		m.Notes = append(m.Notes, fmt.Sprintf("starting content over %d bytes (MaxBaseBytes) not kept: changes to those files are listed but not in the patch", lim.MaxBaseBytes))
 	}
 	if opts.Workspace != "" && isGitWorkTree(opts.Workspace) {
-		if err := snapshotGit(ctx, opts.Workspace, baseDir, tree, &m); err != nil {
+		if err := snapshotGit(ctx, opts.Workspace, baseDir, &m); err != nil {
 			return fmt.Errorf("changeset: snapshot: %w", err)
 		}
 	}
@@ -190,7 +189,7 @@ func Snapshot(ctx context.Context, home, baseDir string, opts Options) error {
 // the scratch repository holding the starting tree's ignore rules. Rules are
 // taken from the start, so an agent cannot hide a new file by editing
 // .gitignore.
-func snapshotGit(ctx context.Context, workTree, baseDir string, tree *os.Root, m *manifest) error {
+func snapshotGit(ctx context.Context, workTree, baseDir string, m *manifest) error {
 	m.Git = true
 	commit, err := baseCommit(ctx, workTree)
 	if err != nil {
@@ -207,38 +206,30 @@ func snapshotGit(ctx context.Context, workTree, baseDir string, tree *os.Root, m
 	if err := copyExcludeFile(workTree, scratch); err != nil {
 		return err
 	}
-	for _, e := range m.Entries {
-		if path.Base(e.Path) != ".gitignore" || e.Target != "" || !e.Kept || e.Size > maxIgnoreFileBytes {
-			continue
-		}
-		if err := copyFromRoot(tree, e.Path, scratch); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// copyFromRoot copies rel from root into dir/rel.
-func copyFromRoot(root *os.Root, rel, dir string) error {
-	src, err := root.Open(rel)
+	pack, err := os.Open(filepath.Join(baseDir, basePack))
 	if err != nil {
 		return err
 	}
-	defer src.Close()
-	dst, err := os.OpenRoot(dir)
+	defer pack.Close()
+	dst, err := os.OpenRoot(scratch)
 	if err != nil {
 		return err
 	}
 	defer dst.Close()
-	f, err := createIn(dst, rel)
-	if err != nil {
-		return err
+	for _, e := range m.Entries {
+		if path.Base(e.Path) != ".gitignore" || e.Target != "" || !e.Kept || e.Size > maxIgnoreFileBytes {
+			continue
+		}
+		f, err := createIn(dst, e.Path)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, io.NewSectionReader(pack, e.Offset, e.Size))
+		if err := errors.Join(err, f.Close()); err != nil {
+			return err
+		}
 	}
-	if _, err := io.Copy(f, src); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return nil
 }
 
 // createIn creates rel (and its parents) inside root.
