@@ -161,7 +161,6 @@ type computer struct {
 	tooBig  map[string]string
 	scan    workspace.ScanReport
 	copied  int64
-	ignored map[string]bool
 }
 
 // scanHome hashes every file of home and copies the content of changed
