@@ -53,6 +53,11 @@ func OpenPatch(ctx context.Context, store *persist.Store, rec *Record) (io.ReadC
 	return openKey(ctx, store, rec, "patch", rec.Keys.Patch)
 }
 
+// OpenChanges opens the run's changes.json.
+func OpenChanges(ctx context.Context, store *persist.Store, rec *Record) (io.ReadCloser, error) {
+	return openKey(ctx, store, rec, "change list", rec.Keys.Changes)
+}
+
 // OpenFile opens one file of a run, named by a path relative to the run:
 //
 //   - "home/<path>": a file of the run's final home, taken out of the stored
