@@ -101,9 +101,16 @@ func (r *Record) Ref() persist.RunRef {
 	return persist.RunRef{UserID: r.UserID, ConversationID: r.ConversationID, TaskID: r.TaskID, RunID: r.RunID}
 }
 
+// Writer stores index objects; *persist.Store is one.
+type Writer interface {
+	PutIndex(ctx context.Context, ref persist.RunRef, start time.Time, doc []byte) (persist.ObjectInfo, error)
+}
+
+var _ Writer = (*persist.Store)(nil)
+
 // Put stores rec as its run's index object, replacing an earlier version
 // (same run and start).
-func Put(ctx context.Context, store *persist.Store, rec *Record) (persist.ObjectInfo, error) {
+func Put(ctx context.Context, store Writer, rec *Record) (persist.ObjectInfo, error) {
 	if rec.Version == 0 {
 		rec.Version = RecordVersion
 	}
