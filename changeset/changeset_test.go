@@ -5,11 +5,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"os/exec"
+	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -380,4 +383,57 @@ func TestApplyAppliesOrRefusesWholly(t *testing.T) {
 
 	require.NoError(t, changeset.Apply(ctx, fresh, bytes.NewReader(nil)), "an empty change set applies as a no-op")
 	require.Error(t, changeset.Apply(ctx, filepath.Join(fresh, "tool"), bytes.NewReader(patch)))
+}
+
+// Random edits (inserts, deletes, replacements, near and far apart, with and
+// without a final newline, CRLF lines) all round-trip through git apply.
+func TestRandomEditsRoundTrip(t *testing.T) {
+	for seed := range uint64(5) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { randomEdits(t, seed) })
+	}
+}
+
+func randomEdits(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	orig := t.TempDir()
+	texts := map[string][]string{}
+	for f := range 40 {
+		var ls []string
+		for i := range rng.IntN(60) {
+			ls = append(ls, fmt.Sprintf("line %d-%d%s", f, i, []string{"", "\r", " x"}[rng.IntN(3)]))
+		}
+		name := fmt.Sprintf("f%02d.txt", f)
+		texts[name] = ls
+		write(t, orig, name, joinLines(ls, f%3 == 0), 0o644)
+	}
+	home := copyTree(t, orig)
+	_, patch := run(t, home, changeset.Options{}, func() {
+		for name, ls := range texts {
+			out := slices.Clone(ls)
+			for range rng.IntN(8) {
+				switch i := rng.IntN(len(out) + 1); rng.IntN(3) {
+				case 0:
+					out = slices.Insert(out, i, fmt.Sprintf("new %d", rng.IntN(1000)))
+				case 1:
+					if i < len(out) {
+						out = slices.Delete(out, i, i+1)
+					}
+				default:
+					if i < len(out) {
+						out[i] = "changed"
+					}
+				}
+			}
+			write(t, home, name, joinLines(out, rng.IntN(2) == 0), 0o644)
+		}
+	})
+	applies(t, orig, home, patch, nil)
+}
+
+func joinLines(ls []string, noFinalNewline bool) string {
+	s := strings.Join(ls, "\n")
+	if len(ls) > 0 && !noFinalNewline {
+		s += "\n"
+	}
+	return s
 }
