@@ -14,6 +14,7 @@ import (
 
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // Exit statuses of `taskrun audit`.
@@ -26,7 +27,7 @@ const (
 const auditHelp = `
 Checks containers against CIS Docker Benchmark 1.6.0 section 5, Kubernetes Pod
 Security Standards (restricted) and taskrun's own rules. Name containers, or
-pass --all for every container labelled ` + audit.LabelManaged + `=true, or
+pass --all for every container labelled ` + sandbox.LabelManaged + `=true, or
 --record to re-check a run's stored isolation record (audit.json): a local
 file, or its key in --store. With --root, every run directory mounted into a
 container must lie under it.
@@ -61,7 +62,7 @@ func init() {
 }
 
 func (f *auditFlags) define(fs *pflag.FlagSet) {
-	fs.BoolVar(&f.all, "all", false, "audit every container labelled "+audit.LabelManaged+"=true")
+	fs.BoolVar(&f.all, "all", false, "audit every container labelled "+sandbox.LabelManaged+"=true")
 	fs.BoolVar(&f.json, "json", false, "print the reports as JSON")
 	fs.StringVar(&f.record, "record", "", "re-check the isolation record in this local file (audit.json), or at this key of --store")
 	fs.StringVar(&f.store, "store", "", storeUsage+"; with it, --record is an object key")
@@ -181,7 +182,7 @@ func writeAuditReports(w io.Writer, reports []audit.Report, asJSON bool) error {
 		return audit.WriteJSON(w, reports)
 	}
 	if len(reports) == 0 {
-		_, err := fmt.Fprintf(w, "no containers labelled %s=true\n", audit.LabelManaged)
+		_, err := fmt.Fprintf(w, "no containers labelled %s=true\n", sandbox.LabelManaged)
 		return err
 	}
 	for _, r := range reports {

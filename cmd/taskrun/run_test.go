@@ -263,7 +263,7 @@ func TestRunAppliesPolicyToLiveContainer(t *testing.T) {
 	assert.Equal(t, "json-file", hc.LogConfig.Type)
 	require.Len(t, insp.Mounts, 1, "only the run's own directory is mounted")
 	assert.Equal(t, "/taskrun", insp.Mounts[0].Destination)
-	assert.Equal(t, insp.Config.Labels[audit.LabelRunDir], insp.Mounts[0].Source, "the label names the mounted run dir, so audit checks it exactly")
+	assert.Equal(t, insp.Config.Labels[sandbox.LabelRunDir], insp.Mounts[0].Source, "the label names the mounted run dir, so audit checks it exactly")
 	assert.NotEmpty(t, hc.LogConfig.Config["max-size"])
 }
 

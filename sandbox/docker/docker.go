@@ -147,7 +147,7 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 		return nil, err
 	}
 	b.register(h)
-	b.log.DebugContext(ctx, "sandbox started", "container", h.id, "run", spec.RunID, "image", spec.Image, "runtime", pol.Runtime)
+	b.log.DebugContext(ctx, "sandbox started", "container", h.id, "run", spec.Run.RunID, "image", spec.Image, "runtime", pol.Runtime)
 	return h, nil
 }
 

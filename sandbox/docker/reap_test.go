@@ -84,7 +84,7 @@ func TestOrphanReasonSparesRecentlyFinished(t *testing.T) {
 	b := &Backend{live: map[string]*handle{}}
 	now := time.Now()
 	old := now.Add(-time.Hour).UTC().Format(time.RFC3339)
-	c := container.Summary{ID: "x", State: container.StateExited, Labels: map[string]string{LabelCreated: old}}
+	c := container.Summary{ID: "x", State: container.StateExited, Labels: map[string]string{sandbox.LabelCreated: old}}
 
 	assert.Empty(t, b.orphanReason(c, now.Add(-time.Second), now, time.Minute), "finished a second ago")
 	assert.NotEmpty(t, b.orphanReason(c, now.Add(-2*time.Minute), now, time.Minute), "finished two minutes ago")
@@ -106,7 +106,7 @@ func TestReapNeverTouchesOtherLabels(t *testing.T) {
 func TestReapDanglingNetworks(t *testing.T) {
 	b, labels := newTestBackend(t)
 	name := "taskrun-reap-test-" + labels[labelTest]
-	args := []string{"network", "create", "--internal", "--label", LabelManaged + "=true"}
+	args := []string{"network", "create", "--internal", "--label", sandbox.LabelManaged + "=true"}
 	for k, v := range labels {
 		args = append(args, "--label", k+"="+v)
 	}
