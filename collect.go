@@ -54,6 +54,8 @@ type stored struct {
 	tracePath string
 	// artifactsDir is the host directory the artifacts were collected from.
 	artifactsDir string
+	// changes is the stored change set; nil when the run has none.
+	changes *changeResult
 }
 
 // collect stores whatever the run produced, even after a failure: the
@@ -79,6 +81,7 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	keep(c.gatewayRecord(ctx), "gateway record")
 	keep(c.artifacts(ctx), "artifacts")
 	keep(c.resultFiles(ctx), "output files")
+	keep(c.changes(ctx), "change set")
 	keep(c.sessionState(ctx), "session state")
 	keep(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	if err := errors.Join(errs...); err != nil {

@@ -240,7 +240,7 @@ func sessionFile(sessionID, runID, prefix string) (string, error) {
 // start is math.MaxInt64 minus start in Unix nanoseconds, as 19 digits, so a
 // tenant's index lists newest first in key order.
 func IndexKey(ref RunRef, start time.Time) (string, error) {
-	if err := ref.Validate(); err != nil {
+	if err := validateRef(ref); err != nil {
 		return "", err
 	}
 	if start.IsZero() || start.UnixNano() < 0 {

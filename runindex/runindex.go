@@ -77,8 +77,8 @@ type Record struct {
 	DurationMS     int64           `json:"duration_ms"`
 	ExitCode       *int            `json:"exit_code,omitempty"`
 	// PromptTokens and CompletionTokens are the gateway's metered usage.
-	PromptTokens     *int64 `json:"prompt_tokens,omitempty"`
-	CompletionTokens *int64 `json:"completion_tokens,omitempty"`
+	PromptTokens     *int   `json:"prompt_tokens,omitempty"`
+	CompletionTokens *int   `json:"completion_tokens,omitempty"`
 	Image            string `json:"image,omitempty"`
 	ImageDigest      string `json:"image_digest,omitempty"`
 	Runtime          string `json:"runtime,omitempty"`

@@ -123,7 +123,7 @@ func tokens(r runindex.Record) string {
 	if r.PromptTokens == nil && r.CompletionTokens == nil {
 		return "-"
 	}
-	var p, c int64
+	var p, c int
 	if r.PromptTokens != nil {
 		p = *r.PromptTokens
 	}
