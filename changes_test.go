@@ -55,7 +55,8 @@ func containerNames(t *testing.T, runID string) []string {
 	return names
 }
 
-// A run stores its change set (patch and list), names it in the final PATCH
+// A run stores its change set (patch and list, session-state excludes
+// included), names it in the final PATCH
 // and in Outcome.Stored, runs in a container named after it, and writes its
 // run index record: RUNNING while the container runs, then its final status
 // with the stored keys.
@@ -77,6 +78,7 @@ printf 'package main\n// done\n' > main.go
 rm old.txt
 chmod +x run.sh
 echo new > new.txt
+mkdir -p .cache && echo cached > .cache/x
 sleep 1
 echo changed`)
 	in.Updater = probe
@@ -95,8 +97,9 @@ echo changed`)
 	assert.Contains(t, patch, "old mode 100644\nnew mode 100755\n")
 	var set changeset.Set
 	require.NoError(t, json.Unmarshal([]byte(h.runFile(t, runID, taskrun.ChangesListName)), &set))
-	assert.Equal(t, changeset.Summary{Files: 4, Added: 1, Deleted: 1, Modified: 1, ModeChanged: 1,
-		Insertions: 2, Deletions: 2, PatchBytes: int64(len(patch))}, set.Summary)
+	assert.Equal(t, changeset.Summary{Files: 5, Added: 2, Deleted: 1, Modified: 1, ModeChanged: 1,
+		Insertions: 3, Deletions: 2, PatchBytes: int64(len(patch))}, set.Summary)
+	assert.Contains(t, patch, "+++ b/.cache/x\n", "session-state excludes do not hide changes")
 
 	require.NotNil(t, out.Changes)
 	assert.True(t, strings.HasSuffix(out.Changes.Patch.Key, "/runs/"+runID+"/changes.patch"), out.Changes.Patch.Key)
