@@ -45,6 +45,11 @@ func init() {
 					return code
 				}
 				defer st.Close()
+				execs, err := runindex.Execs(ctx, st, rec)
+				if err != nil {
+					return a.storeError("inspect", err)
+				}
+				rec.Execs = execs
 				if jsonOut {
 					enc := json.NewEncoder(a.stdout)
 					enc.SetIndent("", "  ")
