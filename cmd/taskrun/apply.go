@@ -24,7 +24,7 @@ func init() {
 		Name:     "apply",
 		Synopsis: "apply what a run changed to a checkout of its workspace",
 		Args:     "RUN DIR",
-		Help:     applyHelp,
+		Help:     applyHelp + runLookupHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var run storedRunFlags
 			run.define(fs)

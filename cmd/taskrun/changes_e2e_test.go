@@ -169,10 +169,13 @@ func TestChangeSetEndToEnd(t *testing.T) {
 			orig := t.TempDir()
 			writeWorkspace(t, orig, tc.git)
 			root, store, user, runID := t.TempDir(), tc.store(t), tenant(t), "chg-"+tenant(t)
-			_, stderr, code := taskrunCmd("run", "--workspace", orig, "--prompt", "change things", "--model", "scripted:"+script,
+			runOut, stderr, code := taskrunCmd("run", "--workspace", orig, "--prompt", "change things", "--model", "scripted:"+script,
 				"--image", img, "--root", root, "--store", store, "--user", user, "--run-id", runID,
-				"--helpers-dir", testbin.Dir(t), "--gc=false", "--keep")
+				"--helpers-dir", testbin.Dir(t), "--gc=false", "--keep", "--json")
 			require.Equal(t, exitOK, code, stderr)
+			var res jsonResult
+			require.NoError(t, json.Unmarshal([]byte(runOut), &res))
+			require.NotNil(t, res.Changes, "--json names the change set")
 			home := taskrun.NewRuntimePathsFromRoot(root).RuntimeTaskRunHomeDir(user, defaultConversation, defaultTask, runID)
 
 			patch, stderr, code := taskrunCmd("diff", "--store", store, runID)
@@ -221,7 +224,13 @@ func TestChangeSetEndToEnd(t *testing.T) {
 			assert.EqualValues(t, "SUCCEEDED", rec.Status)
 			assert.Equal(t, set.TreeHash, rec.Changes.TreeHash)
 			assert.Equal(t, "taskrun-"+runID, rec.ContainerName)
-			assert.NotEmpty(t, rec.Keys.Patch)
+			assert.Equal(t, res.Changes.Patch.Key, rec.Keys.Patch)
+			assert.Equal(t, res.Changes.List.Key, rec.Keys.Changes)
+			storedKeys := map[string]bool{}
+			for _, o := range res.Stored {
+				storedKeys[o.Key] = true
+			}
+			assert.True(t, storedKeys[rec.Keys.Patch] && storedKeys[rec.Keys.Changes], "--json lists the change set among the stored keys")
 			assert.NotEmpty(t, rec.Keys.State)
 
 			logs, stderr, code := taskrunCmd("logs", "--store", store, runID)

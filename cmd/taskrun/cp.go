@@ -33,7 +33,7 @@ func init() {
 		Name:     "cp",
 		Synopsis: "copy an artifact, output file or home file of a run out of the store",
 		Args:     "RUN:PATH DEST",
-		Help:     cpHelp,
+		Help:     cpHelp + runLookupHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
 				run     storedRunFlags

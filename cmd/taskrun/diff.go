@@ -22,7 +22,7 @@ func init() {
 		Name:     "diff",
 		Synopsis: "print what a run changed in its workspace, as a git patch",
 		Args:     "RUN",
-		Help:     diffHelp,
+		Help:     diffHelp + runLookupHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
 				run     storedRunFlags

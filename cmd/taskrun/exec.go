@@ -38,7 +38,7 @@ func init() {
 		Name:          "exec",
 		Synopsis:      "run a command inside a live run's container, under the run's own policy",
 		Args:          "RUN [--] CMD [ARGS...]",
-		Help:          execHelp,
+		Help:          execHelp + runLookupHelp,
 		StopAtCommand: true,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (

@@ -27,7 +27,7 @@ func init() {
 		Name:     "inspect",
 		Synopsis: "print a run's record: status, reason, limits, image, tokens, stored objects",
 		Args:     "RUN",
-		Help:     inspectHelp,
+		Help:     inspectHelp + runLookupHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
 				run     storedRunFlags

@@ -13,6 +13,12 @@ import (
 	"github.com/taskrun/taskrun/termsafe"
 )
 
+// runLookupHelp ends the help of every command that names a stored run.
+const runLookupHelp = `
+RUN is looked up in the store's run index, in every tenant's unless --user
+names one (needed when two tenants have a run of that ID).
+`
+
 // storedRunFlags are the flags of the commands that read a stored run:
 // --store and --user (which narrows the search for the run ID).
 type storedRunFlags struct {
@@ -21,7 +27,7 @@ type storedRunFlags struct {
 
 func (f *storedRunFlags) define(fs *pflag.FlagSet) {
 	addStoreFlag(fs, &f.store)
-	fs.StringVar(&f.user, "user", "", "look the run up in this user's (tenant's) index only; needed when two users have a run of that ID")
+	fs.StringVar(&f.user, "user", "", "user (tenant) ID")
 }
 
 // openRun opens the store and finds runID in its run index. On failure it

@@ -37,7 +37,7 @@ func init() {
 		Name:     "logs",
 		Synopsis: "print a run's output log (--stderr: its stderr), --follow a live run",
 		Args:     "RUN",
-		Help:     logsHelp,
+		Help:     logsHelp + runLookupHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
 				run            storedRunFlags

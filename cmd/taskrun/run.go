@@ -351,6 +351,9 @@ type jsonResult struct {
 	Stored []persist.ObjectInfo `json:"stored"`
 	// TraceKey is the trace's key in the store; empty without a trace.
 	TraceKey string `json:"trace_key,omitempty"`
+	// Changes names the stored change set and counts it; absent when the
+	// run has none.
+	Changes *workerclient.ChangeSet `json:"changes,omitempty"`
 }
 
 // jsonRunResult is the library's RunResult, except that the artifacts
@@ -375,6 +378,7 @@ func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err err
 			res.Stored = out.Stored
 		}
 		res.TraceKey = traceKey(out, ref.user)
+		res.Changes = out.Changes
 	}
 	if err != nil {
 		res.Error = oneLine(err)

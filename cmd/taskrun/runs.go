@@ -18,8 +18,9 @@ import (
 const runsHelp = `
 Lists runs from the store's run index, newest first. Every run writes its
 record to tenants/USER/index/ when it starts and again when it ends, so a run
-in progress shows as RUNNING. --json prints a JSON array of run records (the
-objects 'taskrun inspect --json' prints).
+in progress shows as RUNNING. --user, --task and --status keep only the runs
+that match. --json prints a JSON array of run records (the objects
+'taskrun inspect --json' prints).
 `
 
 func init() {
@@ -34,8 +35,8 @@ func init() {
 				jsonOut                   bool
 			)
 			addStoreFlag(fs, &store)
-			fs.StringVar(&user, "user", "", "only this user's (tenant's) runs")
-			fs.StringVar(&task, "task", "", "only runs of this task")
+			fs.StringVar(&user, "user", "", "user (tenant) ID")
+			fs.StringVar(&task, "task", "", "task ID")
 			fs.StringVar(&status, "status", "", "only runs with this status: RUNNING, SUCCEEDED, FAILED or CANCELLED")
 			fs.IntVar(&limit, "limit", 50, "list at most this many runs (0: all)")
 			fs.BoolVar(&jsonOut, "json", false, "print a JSON array of run records")
