@@ -1,15 +1,23 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/runindex"
 )
@@ -50,6 +58,22 @@ func TestExecRunsUnderTheRunsPolicyAndIsRecorded(t *testing.T) {
 	_, _, code = taskrunCmd("exec", "--store", store, runID, "--", "sh", "-c", "exit 3")
 	assert.Equal(t, 3, code, "exec exits with the command's status")
 
+	// On a terminal the command gets a PTY of the terminal's size, and its
+	// escape sequences reach the terminal as text.
+	master, slave := openPTY(t, 33, 101)
+	var tty lockedbuf.Buffer
+	go func() { _, _ = io.Copy(&tty, master) }()
+	stdinFile = slave
+	t.Cleanup(func() { stdinFile = os.Stdin })
+	var ttyErr lockedbuf.Buffer
+	a := newApp(slave, &ttyErr)
+	code = a.run(context.Background(), []string{"exec", "--store", store, runID, "--", "sh", "-c", `tty; stty -F "$(tty)" size; printf '\033]0;pwned\007'`})
+	require.Equal(t, exitOK, code, ttyErr.String())
+	require.Eventually(t, func() bool { return strings.Contains(tty.String(), "^[]0;pwned^G") }, 10*time.Second, 10*time.Millisecond, tty.String())
+	assert.Contains(t, tty.String(), "/dev/pts/")
+	assert.Contains(t, tty.String(), "33 101")
+	assert.NotContains(t, tty.String(), "\x1b]0;pwned")
+
 	_, stderr, code = taskrunCmd("exec", "--store", store, runID, "--", "touch", "/taskrun/home/stop")
 	require.Equal(t, exitOK, code, stderr)
 	require.Equal(t, exitOK, <-done)
@@ -58,7 +82,7 @@ func TestExecRunsUnderTheRunsPolicyAndIsRecorded(t *testing.T) {
 	require.Equal(t, exitOK, code, stderr)
 	var rec runindex.Record
 	require.NoError(t, json.Unmarshal([]byte(out), &rec))
-	require.Len(t, rec.Execs, 3)
+	require.Len(t, rec.Execs, 4)
 	assert.Equal(t, []string{"sh", "-c", "exit 3"}, rec.Execs[1].Command)
 	assert.Equal(t, 3, rec.Execs[1].Exit)
 	assert.NotEmpty(t, rec.Execs[0].By)
@@ -66,4 +90,21 @@ func TestExecRunsUnderTheRunsPolicyAndIsRecorded(t *testing.T) {
 	_, stderr, code = taskrunCmd("exec", "--store", store, runID, "--", "true")
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, "not in progress")
+}
+
+// openPTY opens a pseudo-terminal of rows x cols and returns its master and
+// slave ends, closed when the test ends.
+func openPTY(t *testing.T, rows, cols uint16) (master, slave *os.File) {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { master.Close() })
+	require.NoError(t, unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0))
+	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	require.NoError(t, err)
+	slave, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { slave.Close() })
+	require.NoError(t, unix.IoctlSetWinsize(int(slave.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}))
+	return master, slave
 }
