@@ -1,10 +1,16 @@
 package taskrun
 
-import "os"
+import (
+	"context"
+	"os"
+
+	"github.com/taskrun/taskrun/diskcap"
+)
 
 // release drops the run's local files once everything is persisted: the
 // capped filesystem is unmounted, and the run and executor directories are
-// removed unless KeepRunDir. On a persist failure all of it stays: it is the
+// removed unless KeepRunDir, which keeps a plain copy of what the run
+// allocated (diskcap.Keep) and no mount. On a persist failure all of it stays: it is the
 // local copy for RetryPersist.
 func release(p *plan, wd *workdir, persistErr error) {
 	if wd == nil || !wd.owned {
@@ -12,6 +18,16 @@ func release(p *plan, wd *workdir, persistErr error) {
 	}
 	if persistErr != nil {
 		p.log.Warn("run directory kept for a persist retry", "dir", p.dirs.Dir, "spools", p.hostDir)
+		return
+	}
+	if wd.unmount != nil && p.keepRunDir {
+		stats, err := diskcap.Keep(context.Background(), p.dirs.Dir, wd.unmount, p.limits.disk)
+		for _, s := range stats.Skipped {
+			p.log.Warn("left out of the kept run directory", "path", s.Path, "reason", s.Reason)
+		}
+		if err != nil {
+			p.log.Warn("keep run directory", "dir", p.dirs.Dir, "err", err)
+		}
 		return
 	}
 	if wd.unmount != nil {

@@ -36,6 +36,14 @@ type Outcome struct {
 	// Changes names the stored change set (changes.patch, changes.json)
 	// and summarises it; nil when the run has none.
 	Changes *workerclient.ChangeSet `json:"changes,omitempty"`
+	// Skipped lists the agent's files that were not stored, with the reason
+	// (the first workspace.MaxSkips; DroppedSkips counts the others); the
+	// run's CollectionRecordName object holds the same list.
+	Skipped      []SkippedFile `json:"skipped,omitempty"`
+	DroppedSkips int64         `json:"dropped_skips,omitempty"`
+	// DroppedRecordBytes counts bytes of the host-side records (spools,
+	// trace lines, gateway record) refused by the run's record budget.
+	DroppedRecordBytes int64 `json:"dropped_record_bytes,omitempty"`
 }
 
 // RunError is returned for a run that did not succeed. It matches
@@ -127,6 +135,9 @@ func outcome(p *plan, ex execution, v verdict, st stored, persistErr error) *Out
 		DroppedOutputBytes: ex.DroppedOutputBytes,
 		Stored:             st.objects,
 		Changes:            patchChanges(st.changes),
+		Skipped:            st.skipped,
+		DroppedSkips:       st.droppedSkips,
+		DroppedRecordBytes: ex.DroppedRecordBytes,
 		Result: RunResult{
 			EndTime:          v.ended.UnixMilli(),
 			Output:           st.output,

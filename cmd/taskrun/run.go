@@ -354,6 +354,8 @@ type jsonResult struct {
 	// Changes names the stored change set and counts it; absent when the
 	// run has none.
 	Changes *workerclient.ChangeSet `json:"changes,omitempty"`
+	// Skipped lists the agent's files that were not stored, with why.
+	Skipped []taskrun.SkippedFile `json:"skipped,omitempty"`
 }
 
 // jsonRunResult is the library's RunResult, except that the artifacts
@@ -379,6 +381,7 @@ func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err err
 		}
 		res.TraceKey = traceKey(out, ref.user)
 		res.Changes = out.Changes
+		res.Skipped = out.Skipped
 	}
 	if err != nil {
 		res.Error = oneLine(err)
