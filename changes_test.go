@@ -66,11 +66,11 @@ func TestRunTaskStoresChangeSetAndIndexesTheRun(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "main.go"), []byte("package main\n// TODO\n"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "old.txt"), []byte("old\n"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "run.sh"), []byte("#!/bin/sh\n"), 0o644))
-	runID := "chg-" + h.tenant
+	runID := "chg-" + h.Tenant
 	var whileRunning *runindex.Record
 	var names []string
 	probe := &runningProbe{Recorder: &controlplanetest.Recorder{}, onRunning: func() {
-		whileRunning, _ = runindex.Find(context.Background(), h.store, runID, h.tenant)
+		whileRunning, _ = runindex.Find(context.Background(), h.Store, runID, h.Tenant)
 		names = containerNames(t, runID)
 	}}
 	in := h.input(probe.Recorder, runID, "sh", "-c", `
@@ -115,7 +115,7 @@ echo changed`)
 	require.NotNil(t, final.Changes)
 	assert.Equal(t, *out.Changes, *final.Changes)
 
-	rec, err := runindex.Find(context.Background(), h.store, runID, "")
+	rec, err := runindex.Find(context.Background(), h.Store, runID, "")
 	require.NoError(t, err)
 	assert.Equal(t, model.StatusSucceeded, rec.Status)
 	assert.Equal(t, out.Changes.Patch.Key, rec.Keys.Patch)
@@ -129,7 +129,7 @@ echo changed`)
 	assert.Equal(t, whileRunning.Start, rec.Start, "one record per run: the final one replaces the RUNNING one")
 	require.NotNil(t, rec.ExitCode)
 	assert.Equal(t, 0, *rec.ExitCode)
-	recs, err := runindex.List(context.Background(), h.store, runindex.Filter{UserID: h.tenant})
+	recs, err := runindex.List(context.Background(), h.Store, runindex.Filter{UserID: h.Tenant})
 	require.NoError(t, err)
 	assert.Len(t, recs, 1)
 }

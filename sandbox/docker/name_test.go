@@ -1,12 +1,10 @@
 package docker
 
 import (
-	"encoding/json"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -30,10 +28,8 @@ func TestContainerNameAndTakenName(t *testing.T) {
 		Timeout: time.Minute, StopGrace: time.Second,
 	}
 	nameOf := func(h sandbox.Handle) string {
-		raw, err := h.Inspect(t.Context())
+		info, _, err := b.api.ContainerInspectWithRaw(t.Context(), h.ID(), false)
 		require.NoError(t, err)
-		var info container.InspectResponse
-		require.NoError(t, json.Unmarshal(raw, &info))
 		return info.Name
 	}
 	first, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
