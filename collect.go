@@ -103,6 +103,8 @@ type stored struct {
 	tracePath string
 	// artifactsDir is the host directory the artifacts were collected from.
 	artifactsDir string
+	// changes is the stored change set; nil when the run has none.
+	changes *changeResult
 	// skipped lists the agent's files not stored (the first
 	// workspace.MaxSkips); droppedSkips counts the others.
 	skipped      []SkippedFile
@@ -133,6 +135,7 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	keep(c.kept(ctx, egress.RecordName, egress.RecordName, "application/x-ndjson"), "egress record")
 	keep(c.artifacts(ctx), "artifacts")
 	keep(c.resultFiles(ctx), "output files")
+	keep(c.changes(ctx), "change set")
 	keep(c.sessionState(ctx), "session state")
 	keep(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	keep(c.collectionRecord(ctx, ex), "collection record")

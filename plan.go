@@ -19,6 +19,9 @@ import (
 	"github.com/taskrun/taskrun/workspace"
 )
 
+// hostDirSuffix names the executor-private directory beside a run directory.
+const hostDirSuffix = ".executor"
+
 // DefaultDiskLimitBytes caps what a run may store under /taskrun.
 const DefaultDiskLimitBytes = 2 << 30
 
@@ -105,7 +108,7 @@ func newPlan(in RunTaskInput) (*plan, error) {
 		Global:    in.Paths.RuntimeTaskRunGlobalDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID),
 		Output:    in.Paths.RunOutputDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID),
 	}
-	p.hostDir = p.dirs.Dir + ".executor"
+	p.hostDir = p.dirs.Dir + hostDirSuffix
 	if p.policy == (sandbox.Policy{}) {
 		p.policy = sandbox.DefaultPolicy()
 	}
@@ -157,6 +160,7 @@ func (p *plan) baseSpec() sandbox.Spec {
 	// source exactly.
 	labels[sandbox.LabelRunDir] = p.dirs.Dir
 	return sandbox.Spec{
+		Name:       ContainerName(p.ref.RunID),
 		Image:      image,
 		Cmd:        slices.Clone(p.in.Command),
 		WorkingDir: model.ContainerHomeDir,

@@ -428,6 +428,9 @@ type jsonResult struct {
 	Stored []persist.ObjectInfo `json:"stored"`
 	// TraceKey is the trace's key in the store; empty without a trace.
 	TraceKey string `json:"trace_key,omitempty"`
+	// Changes names the stored change set and counts it; absent when the
+	// run has none.
+	Changes *workerclient.ChangeSet `json:"changes,omitempty"`
 	// Skipped lists the agent's files that were not stored, with why.
 	Skipped []taskrun.SkippedFile `json:"skipped,omitempty"`
 }
@@ -454,6 +457,7 @@ func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err err
 			res.Stored = out.Stored
 		}
 		res.TraceKey = traceKey(out, ref.user)
+		res.Changes = out.Changes
 		res.Skipped = out.Skipped
 	}
 	if err != nil {
