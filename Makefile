@@ -35,11 +35,15 @@ build:
 images: build
 	$(TASKRUN) images build --bin-dir $(BIN) $(if $(shell command -v busybox),--testbox,)
 
-## demo: one real sandboxed run of the reference agent on the demo workspace
+## demo: one real sandboxed run of the reference agent on the demo workspace,
+## then what it changed there (taskrun diff)
+DEMO_RUN := demo-$(shell date +%Y%m%dT%H%M%S)
 demo: images
 	$(TASKRUN) run --workspace examples/demo/workspace \
 		--prompt "$$(cat examples/demo/prompt.txt)" \
-		--model scripted --session demo
+		--model scripted --session demo --run-id $(DEMO_RUN)
+	@echo; echo "What the agent changed (taskrun diff $(DEMO_RUN)):"
+	$(TASKRUN) diff $(DEMO_RUN)
 
 ## setup: install and register what the tests need: Debian packages (as root), pinned Go
 ## tools, runsc with dockerd, hooks in scripts/test-setup.d/

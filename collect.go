@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -102,6 +103,8 @@ type stored struct {
 	tracePath string
 	// artifactsDir is the host directory the artifacts were collected from.
 	artifactsDir string
+	// changes is the stored change set; nil when the run has none.
+	changes *changeResult
 	// skipped lists the agent's files not stored (the first
 	// workspace.MaxSkips); droppedSkips counts the others.
 	skipped      []SkippedFile
@@ -129,8 +132,10 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	keep(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
 	keep(c.trace(ctx), "trace")
 	keep(c.gatewayRecord(ctx), "gateway record")
+	keep(c.kept(ctx, egress.RecordName, egress.RecordName, "application/x-ndjson"), "egress record")
 	keep(c.artifacts(ctx), "artifacts")
 	keep(c.resultFiles(ctx), "output files")
+	keep(c.changes(ctx), "change set")
 	keep(c.sessionState(ctx), "session state")
 	keep(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	keep(c.collectionRecord(ctx, ex), "collection record")

@@ -72,14 +72,20 @@ func (g *runGateway) env() []string {
 	}
 }
 
-// finish stops the gateway and returns the metered tokens and the budget
-// error, if the run overspent; nil tokens when the run had no model.
-func (g *runGateway) finish() (prompt, completion *int, err error) {
+// finish stops the gateway, records the metered tokens in ex (nil when the
+// run had no model) and, when the upstream was misconfigured or down at
+// the last exchange, what it answered; it returns the budget error, if the
+// run overspent.
+func (g *runGateway) finish(ex *execution) error {
 	if g == nil {
-		return nil, nil, nil
+		return nil
 	}
-	// Usage and Err are final only once Close has returned.
+	// Usage, Err and UpstreamErr are final only once Close has returned.
 	closeErr := g.gw.Close()
 	u := g.gw.Usage()
-	return ptr(u.PromptTokens), ptr(u.CompletionTokens), errors.Join(g.gw.Err(), closeErr, g.trace.Close(), g.record.Close())
+	ex.PromptTokens, ex.CompletionTokens = ptr(u.PromptTokens), ptr(u.CompletionTokens)
+	if upErr := g.gw.UpstreamErr(); upErr != nil {
+		ex.ModelUpstream = upErr.Error()
+	}
+	return errors.Join(g.gw.Err(), closeErr, g.trace.Close(), g.record.Close())
 }

@@ -41,6 +41,8 @@ type isolation struct {
 	// probeReport and contradictions are what the self-check saw.
 	probeReport    *probe.Report
 	contradictions []string
+	// egress is the run's egress policy and totals; nil without a policy.
+	egress *audit.EgressRecord
 }
 
 // newIsolation prepares the checks of a run of p under policy (p's policy
@@ -149,6 +151,7 @@ func (iso *isolation) record(runID string) []byte {
 		return nil
 	}
 	rec := audit.NewRecord(runID, *iso.posture, iso.host, iso.opts, iso.probeReport, iso.contradictions, time.Now())
+	rec.Egress = iso.egress
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return nil // a Record always marshals

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -17,6 +18,9 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workspace"
 )
+
+// hostDirSuffix names the executor-private directory beside a run directory.
+const hostDirSuffix = ".executor"
 
 // DefaultDiskLimitBytes caps what a run may store under /taskrun.
 const DefaultDiskLimitBytes = 2 << 30
@@ -107,7 +111,7 @@ func newPlan(in RunTaskInput) (*plan, error) {
 		Global:    in.Paths.RuntimeTaskRunGlobalDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID),
 		Output:    in.Paths.RunOutputDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID),
 	}
-	p.hostDir = p.dirs.Dir + ".executor"
+	p.hostDir = p.dirs.Dir + hostDirSuffix
 	if p.policy == (sandbox.Policy{}) {
 		p.policy = sandbox.DefaultPolicy()
 	}
@@ -125,6 +129,9 @@ func newPlan(in RunTaskInput) (*plan, error) {
 		return nil, err
 	}
 	p.spec = p.baseSpec()
+	if err := p.checkEgress(); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -180,16 +187,18 @@ func (p *plan) baseSpec() sandbox.Spec {
 	// source exactly.
 	labels[sandbox.LabelRunDir] = p.dirs.Dir
 	return sandbox.Spec{
+		Name:       ContainerName(p.ref.RunID),
 		Image:      image,
 		Cmd:        slices.Clone(p.in.Command),
 		WorkingDir: model.ContainerHomeDir,
-		Env: []string{
-			"HOME=" + model.ContainerHomeDir,
-			"TASKRUN_RUN_ID=" + p.ref.RunID,
-			"TASKRUN_TASK_ID=" + p.ref.TaskID,
-			"TASKRUN_SESSION_ID=" + p.in.SessionID,
-			"TASKRUN_PROMPT_FILE=" + model.ContainerRunDir + "/" + model.PromptFileName,
-		},
+		// The run's own variables last: they win over any the caller set.
+		Env: append(slices.Clone(p.in.Env),
+			"HOME="+model.ContainerHomeDir,
+			"TASKRUN_RUN_ID="+p.ref.RunID,
+			"TASKRUN_TASK_ID="+p.ref.TaskID,
+			"TASKRUN_SESSION_ID="+p.in.SessionID,
+			"TASKRUN_PROMPT_FILE="+model.ContainerRunDir+"/"+model.PromptFileName,
+		),
 		Mounts:    []sandbox.Mount{{Source: p.dirs.Dir, Target: model.ContainerRunDir}},
 		Labels:    labels,
 		Run:       p.ref,
@@ -251,6 +260,9 @@ func validateInput(in RunTaskInput) error {
 	}
 	if in.Run.TaskID != "" && in.Run.TaskID != in.Task.ID {
 		errs = append(errs, fmt.Errorf("%w: run %q belongs to task %q, not %q", ErrInvalidInput, in.Run.ID, in.Run.TaskID, in.Task.ID))
+	}
+	if err := config.CheckEnv(in.Env); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidInput, err))
 	}
 	if dir := in.Task.WorkspaceDir; dir != "" {
 		if info, err := os.Stat(dir); err != nil || !info.IsDir() {

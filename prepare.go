@@ -116,6 +116,7 @@ func prepare(ctx context.Context, p *plan) (*workdir, error) {
 	} else if err := materializeHome(ctx, p, wd.owner); err != nil {
 		return wd, err
 	}
+	snapshotChanges(ctx, p)
 	if err := os.WriteFile(filepath.Join(p.dirs.Dir, model.PromptFileName), []byte(p.in.Task.Prompt), 0o644); err != nil {
 		return wd, fmt.Errorf("write prompt: %w", err)
 	}

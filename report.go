@@ -30,8 +30,12 @@ type Outcome struct {
 	// drained from the container but not kept.
 	DroppedOutputBytes int64 `json:"dropped_output_bytes,omitempty"`
 	// Stored lists every object the run stored: logs, artifacts, output
-	// files, the trace, session state and the isolation record.
+	// files, the trace, the change set, session state and the isolation
+	// record.
 	Stored []persist.ObjectInfo `json:"stored,omitempty"`
+	// Changes names the stored change set (changes.patch, changes.json)
+	// and summarises it; nil when the run has none.
+	Changes *workerclient.ChangeSet `json:"changes,omitempty"`
 	// Skipped lists the agent's files that were not stored, with the reason
 	// (the first workspace.MaxSkips; DroppedSkips counts the others); the
 	// run's CollectionRecordName object holds the same list.
@@ -83,6 +87,9 @@ func judge(ctx context.Context, p *plan, ex execution, runErr error) verdict {
 		v.status, v.reason = model.StatusFailed, fmt.Sprintf("out of memory: the container exceeded its %d MiB limit", p.policy.MemoryBytes>>20)
 	case exit.Cancelled:
 		v.status, v.reason = model.StatusCancelled, "run cancelled"
+	case exit.ExitCode != 0 && ex.ModelUpstream != "":
+		// The agent failed because its model did: say which.
+		v.status, v.reason = model.StatusFailed, fmt.Sprintf("%s (the agent exited with code %d)", ex.ModelUpstream, exit.ExitCode)
 	case exit.ExitCode != 0:
 		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d", exit.ExitCode)
 	}
@@ -95,6 +102,7 @@ func judge(ctx context.Context, p *plan, ex execution, runErr error) verdict {
 func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, st stored, persistErr error) (*Outcome, error) {
 	out := outcome(p, ex, v, st, persistErr)
 	req := patch(out, wd.started, container(p, ex))
+	req.Changes = out.Changes
 	if len(st.artifacts) > 0 {
 		// The first stored artifact in path order; every one is stored.
 		a := st.artifacts[0]
@@ -113,6 +121,7 @@ func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, 
 	if perr := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req); perr != nil {
 		err = errors.Join(err, fmt.Errorf("report %s: %w", out.Status, perr))
 	}
+	writeIndex(ctx, p, indexRecord(p, wd, ex, out, st))
 	p.log.Info("run finished", "status", out.Status, "reason", out.Reason, "exit_code", out.Exit.ExitCode)
 	return out, err
 }
@@ -128,6 +137,7 @@ func outcome(p *plan, ex execution, v verdict, st stored, persistErr error) *Out
 		Artifacts:          st.artifacts,
 		DroppedOutputBytes: ex.DroppedOutputBytes,
 		Stored:             st.objects,
+		Changes:            patchChanges(st.changes),
 		Skipped:            st.skipped,
 		DroppedSkips:       st.droppedSkips,
 		DroppedRecordBytes: ex.DroppedRecordBytes,
@@ -178,8 +188,10 @@ func reportRunning(ctx context.Context, p *plan, wd *workdir, ex execution) <-ch
 		StartedAt: ptr(wd.started.UnixMilli()),
 		Container: container(p, ex),
 	}
+	rec := indexRecord(p, wd, ex, nil, stored{})
 	go func() {
 		defer close(done)
+		writeIndex(ctx, p, rec)
 		if err := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req); err != nil {
 			p.log.Warn("report RUNNING", "err", err)
 		}

@@ -36,6 +36,10 @@ type execution struct {
 	// when the run had no model.
 	PromptTokens     *int `json:"prompt_tokens,omitempty"`
 	CompletionTokens *int `json:"completion_tokens,omitempty"`
+	// ModelUpstream says the model upstream was misconfigured or down at the
+	// run's last model request (e.g. "model upstream answered 401
+	// Unauthorized"); empty when it answered.
+	ModelUpstream string `json:"model_upstream,omitempty"`
 	// DroppedOutputBytes counts output past the cap, drained but not kept.
 	DroppedOutputBytes int64 `json:"dropped_output_bytes,omitempty"`
 	// DroppedRecordBytes counts bytes of host-side records (spools, trace
@@ -60,13 +64,17 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		return ex, err
 	}
 	defer func() {
-		var gwErr error
-		ex.PromptTokens, ex.CompletionTokens, gwErr = gw.finish()
-		err = errors.Join(err, gwErr)
+		err = errors.Join(err, gw.finish(&ex))
 		if ex.DroppedRecordBytes = wd.records.Refused(); ex.DroppedRecordBytes > 0 {
 			p.log.Warn("host records over the run's budget were dropped", "budget_bytes", p.limits.records, "dropped_bytes", ex.DroppedRecordBytes)
 		}
 	}()
+
+	eg, err := startEgress(ctx, p, wd.records)
+	if err != nil {
+		return ex, err
+	}
+	defer func() { err = errors.Join(err, eg.finish()) }()
 
 	// The spools' host copies count against the run's record budget.
 	limit, budget := spool.WithLimit(p.limits.maxOutput), spool.WithBudget(wd.records)
@@ -91,6 +99,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 			return ex, fmt.Errorf("self-check: %w", err)
 		}
 	}
+	eg.apply(&spec)
 	h, err := p.in.Sandbox.Start(ctx, spec, policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
 	if err != nil {
 		return ex, fmt.Errorf("start sandbox: %w", err)
@@ -126,6 +135,9 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	diskErr := endDiskWatch()
 	ex.Exit = res
 	probeErr := iso.readProbe(res)
+	// The proxy stops with the container, so the record holds its totals.
+	egressErr := eg.finish()
+	iso.egress = eg.auditRecord(p.log)
 	ex.record = iso.record(p.ref.RunID)
 	// Wait drained the container's streams; closing the spools lets the
 	// consumers deliver the tail and finish.
@@ -137,7 +149,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	if ex.DroppedOutputBytes = stdout.Dropped() + stderr.Dropped(); ex.DroppedOutputBytes > 0 {
 		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
 	}
-	return ex, errors.Join(auditErr, diskErr, probeErr, res.Err)
+	return ex, errors.Join(auditErr, diskErr, probeErr, egressErr, res.Err)
 }
 
 // watchDisk stops the run through stop when the run dir outgrows its cap. It

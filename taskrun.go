@@ -16,6 +16,7 @@ import (
 
 	"github.com/taskrun/taskrun/agentmd"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -73,6 +74,11 @@ type RunTaskInput struct {
 	StreamSender workerclient.StreamSender
 	// Model is the model the agent may use through the run's gateway.
 	Model config.ModelEntry
+	// Egress is the run's egress policy. Zero (the default) means no route
+	// out at all; otherwise the container, still with network none, reaches
+	// what the policy allows through a per-run proxy (package egress). It
+	// needs RelayBinary in HelpersDir.
+	Egress egress.Policy
 
 	// Sandbox runs the container.
 	Sandbox sandbox.Backend
@@ -80,6 +86,12 @@ type RunTaskInput struct {
 	Image string
 	// Command replaces the image's default command when non-empty.
 	Command []string
+	// Env adds NAME=VALUE variables to the agent's environment, after the
+	// image's own. It is visible to the agent and everything it runs: a
+	// secret belongs to the model gateway (Model) or the credential broker,
+	// never here. Names taskrun sets itself (TASKRUN_*, HOME, the proxy
+	// variables) are refused (see config.CheckEnv).
+	Env []string
 	// Policy confines the container; sandbox.DefaultPolicy() when zero.
 	Policy sandbox.Policy
 	// Helpers are the in-container helper files (package helpers), such as

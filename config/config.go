@@ -5,8 +5,11 @@ package config
 const (
 	// ProviderScripted replays a JSONL script of responses: no network, no key.
 	ProviderScripted = "scripted"
-	// ProviderOpenAI speaks the OpenAI chat completions API to BaseURL.
+	// ProviderOpenAI speaks the OpenAI chat completions and Responses APIs to BaseURL.
 	ProviderOpenAI = "openai"
+	// ProviderAnthropic speaks the Anthropic Messages API to BaseURL
+	// (default https://api.anthropic.com/v1).
+	ProviderAnthropic = "anthropic"
 )
 
 // ModelEntry says which model a run uses, where it is served and how to authenticate.
@@ -16,7 +19,8 @@ type ModelEntry struct {
 	Provider string `json:"provider"`
 	// Name is the model name sent upstream (for scripted: the script's path).
 	Name string `json:"name"`
-	// BaseURL is the upstream API root, e.g. https://api.openai.com/v1.
+	// BaseURL is the upstream API root, e.g. https://api.openai.com/v1 or
+	// https://api.anthropic.com/v1.
 	BaseURL string `json:"base_url,omitempty"`
 	// APIKeyEnv names a host environment variable holding the API key.
 	APIKeyEnv string `json:"api_key_env,omitempty"`

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -61,14 +62,20 @@ func dockerClient(t *testing.T) *client.Client {
 	return cli
 }
 
-// buildStatic builds a command of this module statically into a temp dir.
+// buildStatic builds a command of this module (cmd/NAME) statically into a temp dir.
 func buildStatic(t *testing.T, name string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), name)
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/taskrun/taskrun/cmd/"+name)
+	return buildStaticPkg(t, "github.com/taskrun/taskrun/cmd/"+name)
+}
+
+// buildStaticPkg builds a main package statically into a temp dir.
+func buildStaticPkg(t *testing.T, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "build %s: %s", name, out)
+	require.NoError(t, err, "build %s: %s", pkg, out)
 	return bin
 }
 
@@ -111,7 +118,7 @@ func checkContainerIsolation(t *testing.T, cli *client.Client, relayBin, runtime
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = g.Close() })
 
-	stdout, stderr := runContainer(t, cli, runtime, runDir, relayBin,
+	stdout, stderr := runContainer(t, cli, runtime, runDir, []string{relayBin},
 		[]string{"/usr/local/bin/taskrun-relay", "--", "/bin/sh", "-c", containerScript}, nil)
 	out := stdout + stderr
 	require.Contains(t, stdout, "== end", "script ran to the end; stderr: %s", stderr)
@@ -133,13 +140,22 @@ func checkContainerIsolation(t *testing.T, cli *client.Client, relayBin, runtime
 }
 
 // runContainer runs cmd in a hardened container with the run dir at
-// /taskrun and bin mounted read-only in /usr/local/bin, and returns its
-// stdout and stderr.
-func runContainer(t *testing.T, cli *client.Client, runtime, runDir, bin string, cmd, env []string) (string, string) {
+// /taskrun and bins mounted read-only in /usr/local/bin (or at their
+// absolute path in binAt), and returns its stdout and stderr.
+func runContainer(t *testing.T, cli *client.Client, runtime, runDir string, bins, cmd, env []string, binAt ...map[string]string) (string, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	testLabel := fmt.Sprintf("gateway-%d", time.Now().UnixNano())
+	mounts := []mount.Mount{{Type: mount.TypeBind, Source: runDir, Target: "/taskrun"}}
+	for _, bin := range bins {
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: bin, Target: "/usr/local/bin/" + filepath.Base(bin), ReadOnly: true})
+	}
+	for _, at := range binAt {
+		for target, bin := range at {
+			mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: bin, Target: target, ReadOnly: true})
+		}
+	}
 	created, err := cli.ContainerCreate(ctx, &container.Config{
 		Image:      testboxImage,
 		User:       "10001:10001",
@@ -154,10 +170,7 @@ func runContainer(t *testing.T, cli *client.Client, runtime, runDir, bin string,
 		CapDrop:        []string{"ALL"},
 		SecurityOpt:    []string{"no-new-privileges"},
 		Tmpfs:          map[string]string{"/tmp": "rw,nosuid,nodev,size=16m"},
-		Mounts: []mount.Mount{
-			{Type: mount.TypeBind, Source: runDir, Target: "/taskrun"},
-			{Type: mount.TypeBind, Source: bin, Target: "/usr/local/bin/" + filepath.Base(bin), ReadOnly: true},
-		},
+		Mounts:         mounts,
 	}, nil, nil, "")
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -241,7 +254,7 @@ func TestAgentDoesDemoInContainer(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = g.Close() })
 
-	stdout, stderr := runContainer(t, cli, "runc", runDir, agentBin, []string{"/usr/local/bin/taskrun-agent"},
+	stdout, stderr := runContainer(t, cli, "runc", runDir, []string{agentBin}, []string{"/usr/local/bin/taskrun-agent"},
 		[]string{"TASKRUN_RUN_ID=run1", "TASKRUN_SESSION_ID=sess1", "TASKRUN_PROMPT_FILE=/taskrun/prompt.txt", "TASKRUN_MODEL=" + g.ModelName()})
 	require.Contains(t, stdout, "final answer written", "stdout: %s\nstderr: %s", stdout, stderr)
 	assert.Contains(t, stdout, "[tool] list_dir")
@@ -263,4 +276,93 @@ func chownTree(dir string, uid int) error {
 		}
 		return os.Lchown(path, uid, uid)
 	})
+}
+
+// An agent built on the official SDKs, configured by nothing but the base
+// URLs taskrun-relay sets (no key), talks to every API through the relay in
+// a hardened container, and the gateway meters exactly the script's usage.
+func TestSDKAgentInContainerThroughRelay(t *testing.T) {
+	cli := dockerClient(t)
+	relayBin := buildStatic(t, "taskrun-relay")
+	agentBin := buildStaticPkg(t, "github.com/taskrun/taskrun/gateway/internal/sdkagent")
+	runDir := agentRunDir(t)
+	script := filepath.Join(t.TempDir(), "s.jsonl")
+	lines := strings.Repeat(`{"content":"Looking around. ","tool_calls":[{"id":"c1","name":"list_dir","arguments":{"path":"."}}],"usage":{"prompt_tokens":40,"completion_tokens":6,"cache_read_tokens":10}}`+"\n", 3)
+	require.NoError(t, os.WriteFile(script, []byte(lines), 0o644))
+	var trace lockedbuf.Buffer
+	g, err := Start(context.Background(), Config{
+		SocketPath: filepath.Join(runDir, ".gateway", "model.sock"),
+		Model:      config.ModelEntry{Provider: config.ProviderScripted, Name: script},
+		Trace:      &trace,
+		Logger:     quietLogger,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Close() })
+
+	stdout, stderr := runContainer(t, cli, "runc", runDir, []string{relayBin, agentBin},
+		[]string{"/usr/local/bin/taskrun-relay", "--", "/usr/local/bin/sdkagent"}, nil)
+	var apis []string
+	for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		var res struct {
+			API          string   `json:"api"`
+			Text         string   `json:"text"`
+			ToolCalls    []string `json:"tool_calls"`
+			InputTokens  int      `json:"input_tokens"`
+			OutputTokens int      `json:"output_tokens"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &res), "stdout: %s\nstderr: %s", stdout, stderr)
+		apis = append(apis, res.API)
+		assert.Equal(t, "Looking around. ", res.Text, res.API)
+		assert.Equal(t, []string{`list_dir {"path":"."}`}, res.ToolCalls, res.API)
+		assert.Equal(t, 40, res.InputTokens, res.API)
+		assert.Equal(t, 6, res.OutputTokens, res.API)
+	}
+	assert.Equal(t, []string{"chat.completions", "responses", "messages"}, apis, "stderr: %s", stderr)
+	require.NoError(t, g.Close())
+	assert.Equal(t, Usage{PromptTokens: 120, CompletionTokens: 18, Requests: 3, CacheReadTokens: 30}, g.Usage())
+	assert.Equal(t, 3, strings.Count(trace.String(), "\n"))
+}
+
+// docExamples are the offline examples of docs/agents.md: the commands
+// after "--" of its "taskrun run --image taskrun/testbox:local --model
+// scripted" blocks, line continuations joined.
+func docExamples(t *testing.T) []string {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/agents.md")
+	require.NoError(t, err)
+	var cmds []string
+	for i, block := range strings.Split(string(doc), "```") {
+		if i%2 == 0 || !strings.Contains(block, "--image taskrun/testbox:local --model scripted") {
+			continue
+		}
+		joined := strings.ReplaceAll(block, "\\\n", " ")
+		_, cmd, ok := strings.Cut(joined, " -- ")
+		require.True(t, ok, block)
+		cmds = append(cmds, strings.TrimSpace(cmd))
+	}
+	return cmds
+}
+
+// The offline examples of docs/agents.md, run as written (the relay at
+// its in-sandbox path), get answers from the scripted model.
+func TestAgentsDocExamplesWork(t *testing.T) {
+	cli := dockerClient(t)
+	relayBin := buildStatic(t, "taskrun-relay")
+	cmds := docExamples(t)
+	require.Len(t, cmds, 2, "one OpenAI and one Anthropic example")
+	for i, want := range []string{`"object":"response"`, `"type":"message"`} {
+		runDir := agentRunDir(t)
+		g, err := Start(context.Background(), Config{
+			SocketPath: filepath.Join(runDir, ".gateway", "model.sock"),
+			Model:      config.ModelEntry{Provider: config.ProviderScripted, Name: DemoScriptName},
+			Logger:     quietLogger,
+		})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = g.Close() })
+		stdout, stderr := runContainer(t, cli, "runc", runDir, nil, []string{"/bin/sh", "-c", cmds[i]}, nil,
+			map[string]string{"/.taskrun/bin/taskrun-relay": relayBin})
+		assert.Contains(t, stdout, want, "%s\nstderr: %s", cmds[i], stderr)
+		require.NoError(t, g.Close())
+		assert.Equal(t, 1, g.Usage().Requests, cmds[i])
+	}
 }

@@ -3,11 +3,32 @@
 // An untrusted agent never holds the model API key and its container keeps
 // network mode none. Instead the executor starts a Gateway that listens on a
 // unix socket inside the run directory (bind-mounted into the container). The
-// gateway serves an OpenAI-compatible API (POST /v1/chat/completions, streamed
-// or not, and GET /v1/models), forwards each request to the configured
-// upstream with the key injected host-side, meters tokens from the upstream's
-// usage reports, enforces the run's budgets and appends every exchange to a
-// JSONL trace with the key redacted.
+// gateway serves the model APIs agent CLIs speak, each streamed or not: the
+// OpenAI chat completions (POST /v1/chat/completions) and Responses
+// (POST /v1/responses) APIs for the openai provider, the Anthropic Messages
+// API (POST /v1/messages) for the anthropic provider, all three for the
+// scripted provider, and GET /v1/models and /v1/models/{id} for every
+// provider. It forwards each request to the configured upstream with the key
+// injected host-side (the agent's own auth headers are never forwarded),
+// meters tokens from the API's own usage reports, enforces the run's
+// budgets and appends every exchange to a JSONL record with the key
+// redacted.
+//
+// Metering: a request for several answers at once (chat's n > 1) is
+// refused. Before a request is forwarded, its most possible cost (its prompt
+// estimated at one token per BytesPerToken bytes, plus its completion limit)
+// is reserved against the token budget: the completion limit sent upstream
+// is clamped to what is left, and a request whose prompt alone would
+// overspend is refused. Budget refusals are 429 with x-should-retry: false,
+// so SDKs do not retry them. An upstream that answers 401, 403, 404 or 5xx,
+// or cannot be reached, is reported by UpstreamErr and warned about on the
+// host log; the agent gets a 502 that never names the upstream.
+//
+// Record: request bodies over MaxRequestBytes are refused with 413. A body
+// over MaxRecordedBodyBytes, and stream events past that cap, are recorded
+// as a size and SHA-256, not stored; requests refused for the budget are
+// never recorded in full; and once the record writer refuses a write (for
+// instance a run-level byte budget wrapping it), later lines carry no bodies.
 //
 // Socket access: the socket's directory is created 0755 and owned by the
 // executor, so the container cannot remove or replace the socket. When the
@@ -35,10 +56,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +65,7 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/internal/unixsock"
 )
 
 // DefaultAgentUID is the uid the agent runs as inside the container.
@@ -65,7 +85,10 @@ type Config struct {
 	SocketPath string
 	// Model is the upstream model, its provider, key source and budgets.
 	Model config.ModelEntry
-	// Trace receives one JSON line per exchange, key redacted; nil disables it.
+	// Trace receives the record: one JSON line per exchange, key redacted,
+	// bodies capped per exchange (see MaxRecordedBodyBytes); nil disables
+	// it. Wrap it to bound the record's total size: after a failed write
+	// the gateway writes only bodiless lines.
 	Trace io.Writer
 	// Logger logs gateway events; nil uses slog.Default().
 	Logger *slog.Logger
@@ -90,11 +113,16 @@ const (
 	readTimeout       = 2 * time.Minute
 )
 
-// Usage is what the run has spent so far.
+// Usage is what the run has spent so far. PromptTokens counts every input
+// token, cached or not; the cache counts break it down.
 type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	Requests         int `json:"requests"`
+	// CacheReadTokens are prompt tokens the provider read from its prompt cache.
+	CacheReadTokens int `json:"cache_read_tokens,omitempty"`
+	// CacheWriteTokens are prompt tokens the provider wrote to its prompt cache.
+	CacheWriteTokens int `json:"cache_write_tokens,omitempty"`
 }
 
 // TotalTokens is prompt plus completion tokens.
@@ -121,6 +149,9 @@ type Gateway struct {
 	closeMu  sync.Mutex
 	closed   bool
 	closeErr error
+	// upMu guards upErr, the upstream failure of the latest exchange.
+	upMu  sync.Mutex
+	upErr *UpstreamError
 }
 
 // Start validates cfg, prepares the upstream (reading the API key on the host),
@@ -150,9 +181,9 @@ func Start(ctx context.Context, cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := listenSocket(cfg.SocketPath, cfg.AgentUID)
+	ln, err := unixsock.Listen(cfg.SocketPath, cfg.AgentUID)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("gateway socket: %w", err)
 	}
 	g := &Gateway{
 		cfg:     cfg,
@@ -182,78 +213,6 @@ func Start(ctx context.Context, cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
-// listenSocket creates the socket's directory and listens, making the socket
-// reachable for uid (see the package doc for the permission scheme).
-func listenSocket(path string, uid int) (net.Listener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create gateway socket directory: %w", err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("open gateway socket directory: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale gateway socket: %w", err)
-	}
-	ln, err := listenUnix(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := shareSocket(path, uid); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	return ln, nil
-}
-
-// maxSocketPath is the longest path bind(2) takes for a unix socket
-// (sun_path is 108 bytes on Linux, including the terminating NUL).
-const maxSocketPath = 107
-
-// listenUnix listens on path. Run directories nest deep enough to exceed the
-// kernel's socket path limit, so a long path is bound through the short
-// /proc/self/fd/N alias of its already opened directory.
-func listenUnix(path string) (net.Listener, error) {
-	if len(path) <= maxSocketPath {
-		ln, err := net.Listen("unix", path)
-		if err != nil {
-			return nil, fmt.Errorf("listen on gateway socket: %w", err)
-		}
-		return ln, nil
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return nil, fmt.Errorf("open gateway socket directory: %w", err)
-	}
-	defer dir.Close()
-	alias := fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path))
-	ln, err := net.Listen("unix", alias)
-	if err != nil {
-		return nil, fmt.Errorf("listen on gateway socket (path longer than %d bytes, bound via %s): %w", maxSocketPath, alias, err)
-	}
-	// The listener would unlink its bind path on Close; Close removes the real path instead.
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	return ln, nil
-}
-
-// shareSocket gives uid access to the socket: by ownership when running as
-// root, by mode otherwise.
-func shareSocket(path string, uid int) error {
-	if os.Geteuid() == 0 {
-		if err := os.Chown(path, uid, uid); err != nil {
-			return fmt.Errorf("chown gateway socket to uid %d: %w", uid, err)
-		}
-		if err := os.Chmod(path, 0o600); err != nil {
-			return fmt.Errorf("chmod gateway socket: %w", err)
-		}
-		return nil
-	}
-	if err := os.Chmod(path, 0o777); err != nil {
-		return fmt.Errorf("chmod gateway socket: %w", err)
-	}
-	return nil
-}
-
 // SocketPath is the socket the gateway listens on.
 func (g *Gateway) SocketPath() string { return g.cfg.SocketPath }
 
@@ -268,6 +227,37 @@ func (g *Gateway) Usage() Usage { return g.meter.usage() }
 // Err returns nil while the run is within budget, else an error wrapping
 // ErrBudgetExceeded that names the budget; after Close returns it is final.
 func (g *Gateway) Err() error { return g.meter.err() }
+
+// UpstreamErr returns nil unless the latest exchange that reached for the
+// model upstream found it misconfigured or down (401, 403, 404, 5xx, or
+// unreachable); then it returns an *UpstreamError (wrapping ErrUpstream)
+// that says so, e.g. "model upstream answered 401 Unauthorized". A run whose
+// agent failed after that failed because of it. After Close returns it is
+// final.
+func (g *Gateway) UpstreamErr() error {
+	g.upMu.Lock()
+	defer g.upMu.Unlock()
+	if g.upErr == nil {
+		return nil
+	}
+	return g.upErr
+}
+
+// upstreamFailed notes an upstream failure and warns on the host log, with
+// the cause (which may name the upstream's address) that the agent never sees.
+func (g *Gateway) upstreamFailed(e *UpstreamError, cause error) {
+	g.upMu.Lock()
+	g.upErr = e
+	g.upMu.Unlock()
+	g.log.Warn("model upstream failed: check the model's base URL, key and name", "err", e.Error(), "base_url", g.up.baseURL, "cause", cause)
+}
+
+// upstreamOK notes that the upstream answered.
+func (g *Gateway) upstreamOK() {
+	g.upMu.Lock()
+	g.upErr = nil
+	g.upMu.Unlock()
+}
 
 // errClosing refuses requests that arrive or wait while the gateway closes.
 var errClosing = errors.New("model gateway is shutting down")

@@ -127,7 +127,7 @@ func TestAnswerWithoutUsageIsChargedAnEstimate(t *testing.T) {
 	resp, out := rawChat(t, c, body)
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(out))
 	require.NoError(t, g.Close())
-	assert.Equal(t, Usage{PromptTokens: len(body) / 4, CompletionTokens: 50, Requests: 1}, g.Usage())
+	assert.Equal(t, Usage{PromptTokens: (len(body) + len("gpt-test") + 64 + 2) / 3, CompletionTokens: 50, Requests: 1}, g.Usage())
 	assert.Contains(t, trace.String(), `"usage_estimated":true`)
 }
 
@@ -151,7 +151,7 @@ func TestCloseCancelsAHungExchangeAndChargesAnEstimate(t *testing.T) {
 	}()
 	<-entered
 	require.NoError(t, g.Close())
-	assert.Equal(t, Usage{PromptTokens: len(body) / 4, CompletionTokens: 40, Requests: 1}, g.Usage(), "Close meters the exchange it cancels")
+	assert.Equal(t, Usage{PromptTokens: (len(body) + len("gpt-test") + 64 + 2) / 3, CompletionTokens: 40, Requests: 1}, g.Usage(), "Close meters the exchange it cancels")
 }
 
 func TestExchangesRunOneAtATime(t *testing.T) {
@@ -189,31 +189,41 @@ func TestExchangesRunOneAtATime(t *testing.T) {
 	assert.Equal(t, Usage{PromptTokens: 2, CompletionTokens: 2, Requests: 2}, g.Usage())
 }
 
-func TestCompletionLimitsAreClampedToTheTokenBudget(t *testing.T) {
+func TestCompletionLimitsAreClampedToWhatTheBudgetLeaves(t *testing.T) {
 	seen := make(chan map[string]any, 4)
 	up := fakeOpenAI(t, seen) // each answer costs 11+3 tokens
 	m := openAIModel(t, up.URL+"/v1")
 	m.MaxTokens = 100
 	_, c, _ := startConfig(t, Config{Model: m})
 
+	// What is left of the budget, minus the request's estimated prompt
+	// (one token per 3 bytes of the body, model name and 64 bytes the
+	// gateway may add, rounded up), is the most it may complete.
+	left := 100
 	for _, tc := range []struct {
 		body   string
-		want   map[string]any
+		limits []string
 		absent string
 	}{
-		{`{"messages":[],"max_tokens":500}`, map[string]any{"max_tokens": float64(100)}, "max_completion_tokens"},
-		{`{"messages":[]}`, map[string]any{"max_completion_tokens": float64(86)}, "max_tokens"},
-		{`{"messages":[],"max_tokens":1000,"max_completion_tokens":5}`, map[string]any{"max_tokens": float64(72), "max_completion_tokens": float64(5)}, ""},
+		{`{"messages":[],"max_tokens":500}`, []string{"max_tokens"}, "max_completion_tokens"},
+		{`{"messages":[]}`, []string{"max_completion_tokens"}, "max_tokens"},
+		{`{"messages":[],"max_tokens":1000,"max_completion_tokens":5}`, nil, ""},
 	} {
 		resp, out := rawChat(t, c, tc.body)
 		require.Equal(t, http.StatusOK, resp.StatusCode, string(out))
 		got := <-seen
-		for k, v := range tc.want {
-			assert.Equal(t, v, got[k], "%s in %s", k, tc.body)
+		want := float64(left - (len(tc.body)+len("gpt-test")+64+2)/3)
+		for _, k := range tc.limits {
+			assert.Equal(t, want, got[k], "%s in %s", k, tc.body)
 		}
 		if tc.absent != "" {
 			assert.NotContains(t, got, tc.absent, tc.body)
 		}
+		if tc.limits == nil {
+			assert.Equal(t, want, got["max_tokens"], "the larger limit is clamped")
+			assert.Equal(t, float64(5), got["max_completion_tokens"], "a smaller limit is kept")
+		}
+		left -= 14
 	}
 
 	// Without a token budget the agent's limits pass unchanged.

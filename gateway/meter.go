@@ -5,64 +5,96 @@ import (
 	"sync"
 )
 
-// meter counts what the run spends and enforces its budgets.
+// BytesPerToken is how the gateway estimates a prompt's tokens before the
+// upstream counts them: one token per this many bytes of request body.
+// Text averages about four bytes per token and JSON framing adds more, so
+// the estimate errs high.
+const BytesPerToken = 3
+
+// rewriteOverhead bounds the bytes the gateway adds to a request besides
+// the model's name (the limit key and its value, stream options).
+const rewriteOverhead = 64
+
+// estimateTokens is the estimated prompt tokens of a request body of
+// bodyBytes sent upstream for a model named modelBytes long.
+func estimateTokens(bodyBytes, modelBytes int) int {
+	return (bodyBytes + modelBytes + rewriteOverhead + BytesPerToken - 1) / BytesPerToken
+}
+
+// meter counts what the run spends and enforces its budgets. Before a
+// request is forwarded it reserves the most the request can cost (its
+// estimated prompt plus its completion limit, clamped to what is left), so
+// the token budget is only overshot when the upstream counts more prompt
+// tokens than the estimate.
 type meter struct {
 	mu          sync.Mutex
 	maxTokens   int
 	maxRequests int
 	used        Usage
-	exceeded    error
+	// reserved is what the exchange in flight may still cost.
+	reserved int
+	exceeded error
 }
 
 func newMeter(maxTokens, maxRequests int) *meter {
 	return &meter{maxTokens: maxTokens, maxRequests: maxRequests}
 }
 
-// admit reserves one request, or refuses it with an ErrBudgetExceeded error
-// (which Err then reports) when a budget is spent.
-func (m *meter) admit() error {
+// admit reserves one request whose prompt is estimated at promptTokens and
+// returns the completion limit to send upstream (0 without a token
+// budget), or refuses it with an ErrBudgetExceeded error (which Err then
+// reports) when a budget is spent or the prompt alone would overspend it.
+func (m *meter) admit(promptTokens int) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.maxRequests > 0 && m.used.Requests >= m.maxRequests {
-		m.exceed(fmt.Errorf("%w: max_requests=%d spent", ErrBudgetExceeded, m.maxRequests))
-		return m.exceeded
+		return 0, m.exceed(fmt.Errorf("%w: max_requests=%d spent", ErrBudgetExceeded, m.maxRequests))
 	}
-	if m.maxTokens > 0 && m.used.TotalTokens() >= m.maxTokens {
-		m.exceed(fmt.Errorf("%w: max_tokens=%d spent (%d used)", ErrBudgetExceeded, m.maxTokens, m.used.TotalTokens()))
-		return m.exceeded
+	limit := 0
+	if m.maxTokens > 0 {
+		left := m.maxTokens - m.used.TotalTokens() - m.reserved
+		if left <= 0 {
+			return 0, m.exceed(fmt.Errorf("%w: max_tokens=%d spent (%d used)", ErrBudgetExceeded, m.maxTokens, m.used.TotalTokens()))
+		}
+		if promptTokens >= left {
+			return 0, m.exceed(fmt.Errorf("%w: max_tokens=%d: the request's prompt is estimated at %d tokens (one per %d bytes) and only %d are left", ErrBudgetExceeded, m.maxTokens, promptTokens, BytesPerToken, left))
+		}
+		limit = left - promptTokens
+		m.reserved += promptTokens + limit
 	}
 	m.used.Requests++
-	return nil
+	return limit, nil
 }
 
-// add records tokens reported by the upstream; going past the token budget
-// marks the run as over budget.
-func (m *meter) add(prompt, completion int) {
+// settle ends an admitted exchange: it releases its reservation and
+// records what the upstream reported, if anything; going past the token
+// budget marks the run as over budget.
+func (m *meter) settle(reserved int, u *tokenUsage) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.used.PromptTokens += prompt
-	m.used.CompletionTokens += completion
+	m.reserved = max(m.reserved-reserved, 0)
+	if u == nil {
+		return
+	}
+	m.used.PromptTokens += u.PromptTokens
+	m.used.CompletionTokens += u.CompletionTokens
+	m.used.CacheReadTokens += u.CacheReadTokens
+	m.used.CacheWriteTokens += u.CacheWriteTokens
 	if m.maxTokens > 0 && m.used.TotalTokens() > m.maxTokens {
 		m.exceed(fmt.Errorf("%w: max_tokens=%d exceeded (%d used)", ErrBudgetExceeded, m.maxTokens, m.used.TotalTokens()))
 	}
 }
 
-// exceed keeps the first budget error.
-func (m *meter) exceed(err error) {
+// exceed keeps the first budget error and returns err.
+func (m *meter) exceed(err error) error {
 	if m.exceeded == nil {
 		m.exceeded = err
 	}
+	return err
 }
 
-// remainingTokens is what is left of the token budget, 0 without one.
-func (m *meter) remainingTokens() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.maxTokens <= 0 {
-		return 0
-	}
-	return max(m.maxTokens-m.used.TotalTokens(), 1)
-}
+// hasTokenBudget reports whether the run has a token budget.
+func (m *meter) hasTokenBudget() bool { return m.maxTokens > 0 }
 
 func (m *meter) usage() Usage {
 	m.mu.Lock()

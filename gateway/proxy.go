@@ -14,115 +14,175 @@ import (
 	"time"
 )
 
-// Size limits for bodies passing through the gateway.
-const (
-	maxRequestBody  = 16 << 20
-	maxResponseBody = 64 << 20
-)
+// MaxRequestBytes is the largest request body the gateway accepts; a larger
+// one is refused with 413 and a JSON error before it is read.
+const MaxRequestBytes = 16 << 20
 
-// exchangeSeq numbers trace lines across the process.
+// maxResponseBody bounds a whole (non-streamed) upstream answer.
+const maxResponseBody = 64 << 20
+
+// exchangeSeq numbers record lines across the process.
 var exchangeSeq atomic.Int64
 
-// tokenUsage is the usage object of a chat completion.
-type tokenUsage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
-}
-
-// routes is the gateway's OpenAI-compatible surface.
+// routes is the gateway's surface: the OpenAI chat completions and
+// Responses APIs, the Anthropic Messages API and the model list.
 func (g *Gateway) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", g.chatCompletions)
+	for _, api := range []*modelAPI{chatAPI, responsesAPI, messagesAPI} {
+		mux.HandleFunc("POST "+api.path, func(w http.ResponseWriter, r *http.Request) { g.serveExchange(w, r, api) })
+	}
 	mux.HandleFunc("GET /v1/models", g.models)
+	mux.HandleFunc("GET /v1/models/{id...}", g.model)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("%s %s is not served: use POST /v1/chat/completions or GET /v1/models", r.Method, r.URL.Path))
+		writeError(w, shapeOf(r), http.StatusNotFound, codeNotFound, fmt.Sprintf("%s %s is not served: use %s, GET /v1/models or GET /v1/models/{id}", r.Method, r.URL.Path, g.servedPaths()))
 	})
 	return mux
 }
 
-// models lists the one model this run may use.
+// servedPaths names the model APIs this run's upstream speaks.
+func (g *Gateway) servedPaths() string {
+	var s string
+	for i, api := range g.up.apis {
+		if i > 0 {
+			s += ", "
+		}
+		s += "POST " + api.path
+	}
+	return s
+}
+
+// modelObject describes the run's model in the fields both the OpenAI and
+// the Anthropic model objects have.
+func (g *Gateway) modelObject() map[string]any {
+	return map[string]any{
+		"id": g.up.publicName, "object": "model", "created": 0, "owned_by": "taskrun",
+		"type": "model", "display_name": g.up.publicName, "created_at": "1970-01-01T00:00:00Z",
+	}
+}
+
+// models lists the one model this run may use, as both APIs list models.
 func (g *Gateway) models(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
-		"object": "list",
-		"data": []map[string]any{{
-			"id": g.up.publicName, "object": "model", "created": 0, "owned_by": "taskrun",
-		}},
+		"object": "list", "data": []any{g.modelObject()},
+		"has_more": false, "first_id": g.up.publicName, "last_id": g.up.publicName,
 	})
 }
 
-// chatRequest is the part of a chat completions request the scripted
-// upstream reads.
-type chatRequest struct {
-	Stream        bool `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
+// model describes the run's model, or answers 404 for any other id.
+func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
+	if id := r.PathValue("id"); id != g.up.publicName {
+		writeError(w, shapeOf(r), http.StatusNotFound, codeNotFound, fmt.Sprintf("model %q is not served: this run's model is %q", id, g.up.publicName))
+		return
+	}
+	writeJSON(w, http.StatusOK, g.modelObject())
 }
 
 // bodyReadTimeout bounds reading one request body.
 const bodyReadTimeout = 2 * time.Minute
 
-// chatCompletions meters, forwards and traces one chat completion.
+// serveExchange meters, forwards and records one model request.
 //
 // Exchanges run one at a time: a request arriving while another is in
 // flight waits, before its body is read, until the other is metered (or its
-// client goes away, RequestTimeout passes or the gateway closes). The
-// upstream exchange is detached from the agent's connection: when the agent
-// hangs up, the gateway reads the upstream answer to its end anyway so its
-// usage is metered, and an answer without usage is charged an estimate.
-func (g *Gateway) chatCompletions(w http.ResponseWriter, r *http.Request) {
+// client goes away, RequestTimeout passes or the gateway closes). Before
+// forwarding, the request's most possible cost is reserved against the
+// token budget and its completion limit clamped to it. The upstream
+// exchange is detached from the agent's connection: when the agent hangs
+// up, the gateway reads the upstream answer to its end anyway so its usage
+// is metered, and an answer without usage is charged an estimate.
+func (g *Gateway) serveExchange(w http.ResponseWriter, r *http.Request, api *modelAPI) {
 	start := time.Now()
-	x := &exchange{Time: start.UTC(), Seq: exchangeSeq.Add(1), Path: r.URL.Path}
+	x := &exchange{Time: start.UTC(), Seq: exchangeSeq.Add(1), API: api.name, Path: r.URL.Path}
 	defer func() {
 		x.DurationMS = time.Since(start).Milliseconds()
 		if err := g.trace.write(x); err != nil {
-			g.log.Warn("write gateway trace", "err", err)
+			g.log.Warn("write gateway record", "err", err)
 		}
 	}()
+	if !g.up.speaks(api) {
+		g.fail(w, api.shape, x, http.StatusNotFound, codeNotFound, fmt.Sprintf("this run's model %q does not speak the %s API: use %s", g.up.publicName, api.name, g.servedPaths()))
+		return
+	}
+	if r.ContentLength > MaxRequestBytes {
+		g.fail(w, api.shape, x, http.StatusRequestEntityTooLarge, codeTooLarge, tooLarge(r.ContentLength))
+		return
+	}
 	release, err := g.acquire(r.Context())
 	if err != nil {
-		g.fail(w, x, http.StatusServiceUnavailable, "gateway_busy", err.Error())
+		g.fail(w, api.shape, x, http.StatusServiceUnavailable, codeBusy, err.Error())
 		return
 	}
 	defer release()
 	body, err := readBody(w, r)
 	if err != nil {
-		g.fail(w, x, http.StatusRequestEntityTooLarge, "invalid_request_error", fmt.Sprintf("read request: %v", err))
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			g.fail(w, api.shape, x, http.StatusRequestEntityTooLarge, codeTooLarge, tooLarge(-1))
+			return
+		}
+		g.fail(w, api.shape, x, http.StatusBadRequest, codeInvalidRequest, fmt.Sprintf("read request: %v", err))
 		return
 	}
-	x.Request = json.RawMessage(body)
-	req, err := parseChatBody(body)
+	req, err := parseRequest(api, body)
 	if err != nil {
-		x.Request = nil
-		g.fail(w, x, http.StatusBadRequest, "invalid_request_error", err.Error())
+		x.setRequest(body, "")
+		g.fail(w, api.shape, x, http.StatusBadRequest, codeInvalidRequest, err.Error())
 		return
 	}
 	x.Stream = req.stream
-	if err := g.meter.admit(); err != nil {
-		g.log.Warn("model request refused", "err", err)
-		g.fail(w, x, http.StatusTooManyRequests, "budget_exceeded", err.Error())
+	if req.serverState && g.meter.hasTokenBudget() {
+		x.setRequest(body, "")
+		g.fail(w, api.shape, x, http.StatusBadRequest, codeInvalidRequest, "previous_response_id and conversation continue a prompt the gateway cannot see, so it cannot reserve its cost against the run's token budget: send the whole conversation in input")
 		return
 	}
-	upBody, err := req.upstreamBody(g.up.model, g.meter.remainingTokens())
+	prompt := estimateTokens(len(body), len(g.up.model))
+	limit, err := g.meter.admit(prompt)
 	if err != nil {
-		g.fail(w, x, http.StatusBadRequest, "invalid_request_error", err.Error())
+		x.setRequest(body, omitBudget)
+		g.log.Warn("model request refused", "err", err)
+		// The budget will not come back: SDKs must not retry.
+		w.Header().Set("x-should-retry", "false")
+		g.fail(w, api.shape, x, http.StatusTooManyRequests, codeBudget, err.Error())
+		return
+	}
+	x.setRequest(body, "")
+	reserved := 0
+	if limit > 0 {
+		reserved = prompt + limit
+	}
+	upBody, err := req.upstreamBody(g.up.model, limit)
+	if err != nil {
+		g.meter.settle(reserved, nil)
+		g.fail(w, api.shape, x, http.StatusBadRequest, codeInvalidRequest, err.Error())
 		return
 	}
 	ctx, cancel := g.exchangeContext(r.Context())
 	defer cancel()
-	upStatus := g.forward(ctx, w, upBody, req, x)
-	if x.Usage == nil && (upStatus == http.StatusOK || ctx.Err() != nil) {
-		g.estimate(x, len(body), req.completionCap)
+	upStatus, usage := g.forward(ctx, w, r.Header, upBody, req, x)
+	if usage == nil && (upStatus == http.StatusOK || ctx.Err() != nil) {
+		usage = g.estimate(x, prompt, req.completionCap)
 	}
+	if usage != nil {
+		x.Usage = usage
+	}
+	g.meter.settle(reserved, usage)
 }
 
-// readBody reads a request body within maxRequestBody and bodyReadTimeout,
+// tooLarge is the message for a request body over MaxRequestBytes.
+func tooLarge(n int64) string {
+	size := "the request body"
+	if n >= 0 {
+		size = fmt.Sprintf("the request body (%d bytes)", n)
+	}
+	return fmt.Sprintf("%s is over the gateway's limit of %d bytes (16 MiB): send a smaller request, e.g. fewer or smaller images or files", size, MaxRequestBytes)
+}
+
+// readBody reads a request body within MaxRequestBytes and bodyReadTimeout,
 // then lifts the read deadline so a long streamed answer is not cut short.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
 	_ = rc.SetReadDeadline(time.Time{})
 	return body, err
 }
@@ -139,86 +199,115 @@ func (g *Gateway) exchangeContext(parent context.Context) (context.Context, cont
 	}
 }
 
-// forward sends the request upstream and relays the answer to the agent,
-// metering the usage it reports. It returns the upstream's status, 0 if the
-// upstream did not answer.
-func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, upBody []byte, req *chatBody, x *exchange) int {
+// forward sends the request upstream and relays the answer to the agent.
+// It returns the upstream's status (0 if the upstream did not answer) and
+// the usage the answer reported, if any. An upstream that is misconfigured
+// or down is noted (see UpstreamErr) and the agent told so without where
+// the upstream is.
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, agent http.Header, upBody []byte, req *modelRequest, x *exchange) (int, *tokenUsage) {
 	if deadline, ok := ctx.Deadline(); ok {
 		rc := http.NewResponseController(w)
 		_ = rc.SetWriteDeadline(deadline)
 		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
 	}
-	resp, err := g.up.send(ctx, upBody)
+	shape := req.api.shape
+	resp, err := g.up.send(ctx, req.api, upBody, agent)
 	if err != nil {
-		g.fail(w, x, http.StatusBadGateway, "upstream_error", err.Error())
-		return 0
+		if ctx.Err() == nil {
+			g.upstreamFailed(unreachable(err), err)
+		}
+		g.fail(w, shape, x, http.StatusBadGateway, codeUpstream, "model upstream unreachable: the run's model is unavailable, retrying will not help; stop and report it")
+		return 0, nil
 	}
 	defer resp.Body.Close()
 	x.Status = resp.StatusCode
+	if failure := upstreamFailure(resp.StatusCode); failure != nil {
+		g.upstreamFailed(failure, nil)
+		g.relayFailure(w, resp, shape, failure, x)
+		return resp.StatusCode, nil
+	}
+	g.upstreamOK()
 	mediaType, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if req.stream && resp.StatusCode == http.StatusOK && mediaType == "text/event-stream" {
-		g.relayStream(w, resp.Body, req.includeUsage, x)
-		return resp.StatusCode
+		return resp.StatusCode, g.relayStream(w, resp.Body, req, x)
 	}
-	g.relayBody(w, resp, x)
-	return resp.StatusCode
+	return resp.StatusCode, g.relayBody(w, resp, req.api, x)
+}
+
+// relayFailure records the upstream's error body and tells the agent the
+// upstream failed, in its API's error shape, without the upstream's own
+// words (which can name its address). A misconfigured upstream cannot be
+// fixed by retrying, so SDKs are told not to.
+func (g *Gateway) relayFailure(w http.ResponseWriter, resp *http.Response, shape errorShape, failure *UpstreamError, x *exchange) {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, MaxRecordedBodyBytes+1))
+	x.setResponse(g.trace.redactor.redact(body))
+	msg := failure.Error() + ": the run's model is unavailable"
+	if failure.Misconfigured() {
+		w.Header().Set("x-should-retry", "false")
+		msg = failure.Error() + ": the run's model is misconfigured on the host; retrying will not help, stop and report it"
+	}
+	x.Status = http.StatusBadGateway
+	x.Error = failure.Error()
+	writeError(w, shape, http.StatusBadGateway, codeUpstream, msg)
 }
 
 // estimate charges an exchange that reached the upstream but reported no
-// usage: a token per 4 request bytes plus the completion limit, if any.
-func (g *Gateway) estimate(x *exchange, requestBytes, completionCap int) {
+// usage: its estimated prompt plus its completion limit, if any.
+func (g *Gateway) estimate(x *exchange, prompt, completionCap int) *tokenUsage {
 	x.UsageEstimated = true
-	g.log.Warn("upstream reported no usage: charging an estimate", "seq", x.Seq, "prompt_tokens", requestBytes/4, "completion_tokens", completionCap)
-	g.record(x, tokenUsage{PromptTokens: requestBytes / 4, CompletionTokens: completionCap, TotalTokens: requestBytes/4 + completionCap})
+	g.log.Warn("upstream reported no usage: charging an estimate", "seq", x.Seq, "prompt_tokens", prompt, "completion_tokens", completionCap)
+	return &tokenUsage{PromptTokens: prompt, CompletionTokens: completionCap, TotalTokens: prompt + completionCap}
 }
 
-// relayBody passes a whole (non-streamed or error) response through,
-// metering its usage.
-func (g *Gateway) relayBody(w http.ResponseWriter, resp *http.Response, x *exchange) {
+// relayBody passes a whole (non-streamed or error) response through and
+// returns the usage it reports.
+func (g *Gateway) relayBody(w http.ResponseWriter, resp *http.Response, api *modelAPI, x *exchange) *tokenUsage {
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody))
 	if err != nil {
-		g.fail(w, x, http.StatusBadGateway, "upstream_error", fmt.Sprintf("read upstream response: %v", err))
-		return
+		g.fail(w, api.shape, x, http.StatusBadGateway, codeUpstream, fmt.Sprintf("read upstream response: %v", err))
+		return nil
 	}
 	body = g.trace.redactor.redact(body)
-	if json.Valid(body) {
-		x.Response = json.RawMessage(body)
-	} else {
+	x.setResponse(body)
+	if !json.Valid(body) {
 		x.Error = fmt.Sprintf("upstream returned %d bytes of non-JSON", len(body))
 	}
+	var usage *tokenUsage
 	if resp.StatusCode == http.StatusOK {
-		var parsed struct {
-			Usage *tokenUsage `json:"usage"`
-		}
-		if json.Unmarshal(body, &parsed) == nil && parsed.Usage != nil {
-			g.record(x, *parsed.Usage)
+		var parsed map[string]json.RawMessage
+		if json.Unmarshal(body, &parsed) == nil {
+			if u, ok := api.parseUsage(parsed[api.usageKey]); ok {
+				usage = &u
+			}
 		}
 	}
-	if ct := resp.Header.Get("Content-Type"); ct != "" {
-		w.Header().Set("Content-Type", ct)
+	for _, h := range []string{"Content-Type", "Retry-After"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(body)
+	return usage
 }
 
-// relayStream passes a server-sent event stream through event by event,
-// metering the usage chunk and removing usage the agent did not ask for.
-func (g *Gateway) relayStream(w http.ResponseWriter, body io.Reader, keepUsage bool, x *exchange) {
+// relayStream passes a server-sent event stream through line by line and
+// returns the usage its events report. For chat completions it removes
+// the usage chunk the agent did not ask for.
+func (g *Gateway) relayStream(w http.ResponseWriter, body io.Reader, req *modelRequest, x *exchange) *tokenUsage {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
 	rd := bufio.NewReaderSize(body, 64<<10)
+	keepUsage := !req.api.streamUsageOption || req.includeUsage
 	skipBlank := false
-	var usage *tokenUsage
+	var acc streamUsage
 	agentGone := false
 	for {
 		line, err := rd.ReadBytes('\n')
 		if len(line) > 0 {
-			out, drop, u := g.streamLine(line, keepUsage, x)
-			if u != nil {
-				usage = u
-			}
+			out, drop := g.streamLine(line, req.api, keepUsage, &acc, x)
 			switch {
 			case drop:
 				skipBlank = true
@@ -230,7 +319,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, body io.Reader, keepUsage b
 					break
 				}
 				if _, werr := w.Write(out); werr != nil {
-					// Keep reading: the usage chunk comes last.
+					// Keep reading: usage comes last.
 					x.Error = fmt.Sprintf("write to agent: %v", werr)
 					agentGone = true
 					break
@@ -247,71 +336,51 @@ func (g *Gateway) relayStream(w http.ResponseWriter, body io.Reader, keepUsage b
 			break
 		}
 	}
-	if usage != nil {
-		g.record(x, *usage)
+	if u, ok := acc.final(); ok {
+		return &u
 	}
+	return nil
 }
 
-// streamLine handles one SSE line: it returns the line to send (redacted),
-// whether to drop it, and the usage it carried, if any.
-func (g *Gateway) streamLine(line []byte, keepUsage bool, x *exchange) ([]byte, bool, *tokenUsage) {
+// streamLine handles one SSE line: it returns the line to send (redacted)
+// and whether to drop it, and accumulates the usage its event reports.
+func (g *Gateway) streamLine(line []byte, api *modelAPI, keepUsage bool, acc *streamUsage, x *exchange) ([]byte, bool) {
 	payload, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
 	payload = bytes.TrimSpace(payload)
 	if !ok || bytes.Equal(payload, []byte("[DONE]")) || !json.Valid(payload) {
-		return g.trace.redactor.redact(line), false, nil
+		return g.trace.redactor.redact(line), false
 	}
-	if len(x.Chunks) < maxTracedChunks {
-		x.Chunks = append(x.Chunks, json.RawMessage(g.trace.redactor.redact(bytes.Clone(payload))))
+	x.addChunk(g.trace.redactor.redact(bytes.Clone(payload)))
+	var event map[string]json.RawMessage
+	if json.Unmarshal(payload, &event) != nil {
+		return g.trace.redactor.redact(line), false
 	}
-	var chunk map[string]json.RawMessage
-	if json.Unmarshal(payload, &chunk) != nil {
-		return g.trace.redactor.redact(line), false, nil
-	}
-	rawUsage, hasUsage := chunk["usage"]
-	var usage *tokenUsage
-	if hasUsage && string(rawUsage) != "null" {
-		var u tokenUsage
-		if json.Unmarshal(rawUsage, &u) == nil {
-			usage = &u
-		}
-	}
+	api.eventUsage(event, acc)
+	rawUsage, hasUsage := event["usage"]
 	if keepUsage || !hasUsage {
-		return g.trace.redactor.redact(line), false, usage
+		return g.trace.redactor.redact(line), false
 	}
-	var choices []json.RawMessage
-	if json.Unmarshal(chunk["choices"], &choices) == nil && len(choices) == 0 {
-		return nil, true, usage
+	// A chat completion chunk with usage the agent did not ask for.
+	if isNull(rawUsage) {
+		delete(event, "usage")
+	} else {
+		var choices []json.RawMessage
+		if json.Unmarshal(event["choices"], &choices) == nil && len(choices) == 0 {
+			return nil, true
+		}
+		delete(event, "usage")
 	}
-	delete(chunk, "usage")
-	stripped, err := json.Marshal(chunk)
+	stripped, err := json.Marshal(event)
 	if err != nil {
-		return g.trace.redactor.redact(line), false, usage
+		return g.trace.redactor.redact(line), false
 	}
-	return g.trace.redactor.redact(append(append([]byte("data: "), stripped...), '\n')), false, usage
+	return g.trace.redactor.redact(append(append([]byte("data: "), stripped...), '\n')), false
 }
 
-// record meters an exchange's usage and notes it in the trace.
-func (g *Gateway) record(x *exchange, u tokenUsage) {
-	x.Usage = &u
-	g.meter.add(u.PromptTokens, u.CompletionTokens)
-}
-
-// fail answers with an OpenAI-style error and notes it in the trace.
-func (g *Gateway) fail(w http.ResponseWriter, x *exchange, status int, kind, msg string) {
+// fail answers with an error in the API's shape and notes it in the record.
+func (g *Gateway) fail(w http.ResponseWriter, shape errorShape, x *exchange, status int, code, msg string) {
 	msg = string(g.trace.redactor.redact([]byte(msg)))
 	x.Status = status
 	x.Error = msg
-	writeError(w, status, kind, msg)
-}
-
-// writeError writes an OpenAI-style error body.
-func writeError(w http.ResponseWriter, status int, kind, msg string) {
-	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": kind, "code": kind}})
-}
-
-// writeJSON writes v as a JSON response.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	writeError(w, shape, status, code, msg)
 }

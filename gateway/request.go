@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// Keys of a chat completions request that the gateway reads or rewrites.
+// Keys of a model request that the gateway reads or rewrites.
 const (
 	keyModel               = "model"
 	keyStream              = "stream"
@@ -16,109 +16,138 @@ const (
 	keyIncludeUsage        = "include_usage"
 	keyMaxTokens           = "max_tokens"
 	keyMaxCompletionTokens = "max_completion_tokens"
+	keyMaxOutputTokens     = "max_output_tokens"
+	keyN                   = "n"
+	keyBackground          = "background"
+	keyPreviousResponseID  = "previous_response_id"
+	keyConversation        = "conversation"
 )
 
-// topLevelKeys and optionKeys are the keys checked for look-alikes: the
-// gateway reads them by their exact spelling, and a parser that matches keys
-// case-insensitively upstream must never see a second spelling.
-var (
-	topLevelKeys = []string{keyModel, keyStream, keyStreamOptions, keyMaxTokens, keyMaxCompletionTokens}
-	optionKeys   = []string{keyIncludeUsage}
-)
+// optionKeys are the stream_options keys checked for look-alikes.
+var optionKeys = []string{keyIncludeUsage}
 
-// chatBody is an agent's chat completions request, parsed from the exact
-// keys that are forwarded, so the gateway and the upstream agree on it.
-type chatBody struct {
+// modelRequest is an agent's request to one of the model APIs, parsed from
+// the exact keys that are forwarded, so the gateway and the upstream agree
+// on it.
+type modelRequest struct {
+	api    *modelAPI
 	fields map[string]json.RawMessage
 	// stream is true when the agent asked for a streamed answer.
 	stream bool
-	// includeUsage is true when the agent asked for the usage chunk.
+	// includeUsage is true when the agent asked for the usage chunk (chat completions).
 	includeUsage bool
 	// completionCap is the smallest completion token limit sent upstream, 0 if none.
 	completionCap int
+	// serverState is true when the request continues state held by the
+	// upstream (a previous response or conversation), so its prompt cannot
+	// be estimated from its body.
+	serverState bool
 }
 
-// parseChatBody reads the fields the gateway acts on. It refuses duplicate
+// parseRequest reads the fields the gateway acts on. It refuses duplicate
 // keys and keys spelled like a known key in another case, which a different
-// JSON parser upstream could read differently.
-func parseChatBody(body []byte) (*chatBody, error) {
-	fields, err := objectFields(body, topLevelKeys)
+// JSON parser upstream could read differently, and requests the gateway
+// cannot meter.
+func parseRequest(api *modelAPI, body []byte) (*modelRequest, error) {
+	fields, err := objectFields(body, api.knownKeys)
 	if err != nil {
 		return nil, fmt.Errorf("request body: %w", err)
 	}
-	c := &chatBody{fields: fields}
-	if c.stream, err = optionalBool(fields, keyStream); err != nil {
+	r := &modelRequest{api: api, fields: fields}
+	if r.stream, err = optionalBool(fields, keyStream); err != nil {
 		return nil, err
 	}
-	if raw, ok := fields[keyStreamOptions]; ok && !isNull(raw) {
-		opts, err := objectFields(raw, optionKeys)
-		if err != nil {
-			return nil, fmt.Errorf("stream_options: %w", err)
-		}
-		if c.includeUsage, err = optionalBool(opts, keyIncludeUsage); err != nil {
-			return nil, fmt.Errorf("stream_options: %w", err)
+	if api.streamUsageOption {
+		if raw, ok := fields[keyStreamOptions]; ok && !isNull(raw) {
+			opts, err := objectFields(raw, optionKeys)
+			if err != nil {
+				return nil, fmt.Errorf("stream_options: %w", err)
+			}
+			if r.includeUsage, err = optionalBool(opts, keyIncludeUsage); err != nil {
+				return nil, fmt.Errorf("stream_options: %w", err)
+			}
 		}
 	}
-	for _, key := range []string{keyMaxTokens, keyMaxCompletionTokens} {
+	for _, key := range api.limitKeys {
 		n, ok, err := optionalCount(fields, key)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			c.lowerCap(n)
+			r.lowerCap(n)
 		}
 	}
-	return c, nil
+	if key := api.choicesKey; key != "" {
+		if n, ok, err := optionalCount(fields, key); err != nil {
+			return nil, err
+		} else if ok && n != 1 {
+			return nil, fmt.Errorf("%s=%d: the gateway serves one choice per request; omit %s or set it to 1", key, n, key)
+		}
+	}
+	if api.name == apiResponses {
+		if bg, err := optionalBool(fields, keyBackground); err != nil {
+			return nil, err
+		} else if bg {
+			return nil, errors.New("background=true: the gateway cannot meter a response it does not relay; send the request without background")
+		}
+		for _, key := range []string{keyPreviousResponseID, keyConversation} {
+			if raw, ok := fields[key]; ok && !isNull(raw) {
+				r.serverState = true
+			}
+		}
+	}
+	return r, nil
 }
 
 // upstreamBody rewrites the request for the upstream: the configured model
-// replaces whatever the agent named, streamed requests always ask for usage
-// so tokens can be metered, and with a token budget (remaining > 0) the
-// completion limits are clamped to what is left, max_completion_tokens being
-// added when the agent set no limit.
-func (c *chatBody) upstreamBody(model string, remaining int) ([]byte, error) {
-	c.fields[keyModel], _ = json.Marshal(model)
-	if c.stream {
+// replaces whatever the agent named, streamed chat completions always ask
+// for usage so tokens can be metered, and with a completion limit
+// (limit > 0) every completion limit is clamped to it, the API's own limit
+// key being added when the agent set none.
+func (r *modelRequest) upstreamBody(model string, limit int) ([]byte, error) {
+	r.fields[keyModel], _ = json.Marshal(model)
+	if r.stream && r.api.streamUsageOption {
 		opts := map[string]json.RawMessage{}
-		if raw, ok := c.fields[keyStreamOptions]; ok && !isNull(raw) {
+		if raw, ok := r.fields[keyStreamOptions]; ok && !isNull(raw) {
 			if err := json.Unmarshal(raw, &opts); err != nil {
 				return nil, fmt.Errorf("stream_options must be an object: %w", err)
 			}
 		}
 		opts[keyIncludeUsage] = json.RawMessage("true")
-		c.fields[keyStreamOptions], _ = json.Marshal(opts)
+		r.fields[keyStreamOptions], _ = json.Marshal(opts)
 	}
-	if remaining > 0 {
-		c.clamp(remaining)
+	if limit > 0 {
+		r.clamp(limit)
 	}
-	out, err := json.Marshal(c.fields)
+	out, err := json.Marshal(r.fields)
 	if err != nil {
 		return nil, fmt.Errorf("encode upstream request: %w", err)
 	}
 	return out, nil
 }
 
-// clamp lowers every completion limit to limit, adding one if none is set.
-func (c *chatBody) clamp(limit int) {
+// clamp lowers every completion limit to limit, adding the API's default
+// limit key if none is set.
+func (r *modelRequest) clamp(limit int) {
 	set := false
-	for _, key := range []string{keyMaxTokens, keyMaxCompletionTokens} {
-		if raw, ok := c.fields[key]; ok && !isNull(raw) {
+	for _, key := range r.api.limitKeys {
+		if raw, ok := r.fields[key]; ok && !isNull(raw) {
 			set = true
-			if n, _, _ := optionalCount(c.fields, key); n > limit {
-				c.fields[key], _ = json.Marshal(limit)
+			if n, _, _ := optionalCount(r.fields, key); n > limit {
+				r.fields[key], _ = json.Marshal(limit)
 			}
 		}
 	}
 	if !set {
-		c.fields[keyMaxCompletionTokens], _ = json.Marshal(limit)
+		r.fields[r.api.limitKeys[0]], _ = json.Marshal(limit)
 	}
-	c.lowerCap(limit)
+	r.lowerCap(limit)
 }
 
 // lowerCap notes a completion token limit.
-func (c *chatBody) lowerCap(n int) {
-	if c.completionCap == 0 || n < c.completionCap {
-		c.completionCap = n
+func (r *modelRequest) lowerCap(n int) {
+	if r.completionCap == 0 || n < r.completionCap {
+		r.completionCap = n
 	}
 }
 

@@ -2,39 +2,121 @@ package gateway
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"sync"
 	"time"
 )
 
-// redacted replaces secrets in traces and in bodies relayed to the agent.
+// redacted replaces secrets in records and in bodies relayed to the agent.
 const redacted = "[REDACTED]"
 
-// exchange is one trace line: a request from the agent and what came of it.
+// MaxRecordedBodyBytes bounds what one exchange's record keeps of each body:
+// a request or response body larger than this, and the stream events past
+// it, are summarized (size and SHA-256), not stored.
+const MaxRecordedBodyBytes = 256 << 10
+
+// Why a body was summarized instead of recorded.
+const (
+	omitTooLarge     = "over the per-exchange record cap"
+	omitBudget       = "model budget exhausted"
+	omitRecordFailed = "the record refused an earlier write"
+)
+
+// exchange is one record line: a request from the agent and what came of it.
 type exchange struct {
 	Time       time.Time   `json:"ts"`
 	Seq        int64       `json:"seq"`
+	API        string      `json:"api,omitempty"`
 	Path       string      `json:"path"`
 	Stream     bool        `json:"stream"`
 	Status     int         `json:"status"`
 	DurationMS int64       `json:"duration_ms"`
 	Usage      *tokenUsage `json:"usage,omitempty"`
 	// UsageEstimated is true when the upstream reported no usage and Usage is the gateway's estimate.
-	UsageEstimated bool              `json:"usage_estimated,omitempty"`
-	Request        json.RawMessage   `json:"request,omitempty"`
+	UsageEstimated bool            `json:"usage_estimated,omitempty"`
+	Request        json.RawMessage `json:"request,omitempty"`
+	// RequestSummary stands in for a request body that was not recorded.
+	RequestSummary *bodySummary      `json:"request_summary,omitempty"`
 	Response       json.RawMessage   `json:"response,omitempty"`
+	ResponseSumm   *bodySummary      `json:"response_summary,omitempty"`
 	Chunks         []json.RawMessage `json:"chunks,omitempty"`
-	Error          string            `json:"error,omitempty"`
+	// ChunksOmitted counts the stream events past the record cap.
+	ChunksOmitted int    `json:"chunks_omitted,omitempty"`
+	Error         string `json:"error,omitempty"`
+
+	// chunkBytes is what Chunks holds.
+	chunkBytes int
 }
 
-// maxTracedChunks bounds the stream chunks one trace line keeps.
-const maxTracedChunks = 4096
+// bodySummary describes a body the record does not keep.
+type bodySummary struct {
+	Bytes  int    `json:"bytes"`
+	SHA256 string `json:"sha256"`
+	Reason string `json:"reason"`
+}
 
-// traceWriter appends exchanges as JSON lines, redacting the key.
+func summarize(body []byte, reason string) *bodySummary {
+	sum := sha256.Sum256(body)
+	return &bodySummary{Bytes: len(body), SHA256: hex.EncodeToString(sum[:]), Reason: reason}
+}
+
+// setRequest records a request body, or its summary when it is over the
+// cap or when omit gives a reason to leave it out.
+func (x *exchange) setRequest(body []byte, omit string) {
+	switch {
+	case omit != "":
+		x.RequestSummary = summarize(body, omit)
+	case len(body) > MaxRecordedBodyBytes:
+		x.RequestSummary = summarize(body, omitTooLarge)
+	case json.Valid(body):
+		x.Request = json.RawMessage(body)
+	}
+}
+
+// setResponse records a (redacted) response body, or its summary.
+func (x *exchange) setResponse(body []byte) {
+	switch {
+	case len(body) > MaxRecordedBodyBytes:
+		x.ResponseSumm = summarize(body, omitTooLarge)
+	case json.Valid(body):
+		x.Response = json.RawMessage(body)
+	}
+}
+
+// addChunk records one (redacted) stream event while the record cap allows.
+func (x *exchange) addChunk(payload []byte) {
+	if x.chunkBytes+len(payload) > MaxRecordedBodyBytes {
+		x.ChunksOmitted++
+		return
+	}
+	x.chunkBytes += len(payload)
+	x.Chunks = append(x.Chunks, json.RawMessage(payload))
+}
+
+// stripBodies leaves only the summaries.
+func (x *exchange) stripBodies(reason string) {
+	if x.Request != nil {
+		x.RequestSummary = summarize(x.Request, reason)
+		x.Request = nil
+	}
+	if x.Response != nil {
+		x.ResponseSumm = summarize(x.Response, reason)
+		x.Response = nil
+	}
+	x.ChunksOmitted += len(x.Chunks)
+	x.Chunks, x.chunkBytes = nil, 0
+}
+
+// traceWriter appends exchanges as JSON lines, redacting the key. Once the
+// writer refuses a line (a full disk, or the run's record budget spent), it
+// writes only bodiless lines.
 type traceWriter struct {
 	mu       sync.Mutex
 	w        io.Writer
+	failed   bool
 	redactor redactor
 }
 
@@ -42,19 +124,24 @@ func newTraceWriter(w io.Writer, key string) *traceWriter {
 	return &traceWriter{w: w, redactor: newRedactor(key)}
 }
 
-// write appends one exchange; trace failures never fail the exchange.
+// write appends one exchange; record failures never fail the exchange.
 func (t *traceWriter) write(x *exchange) error {
 	if t.w == nil {
 		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failed {
+		x.stripBodies(omitRecordFailed)
 	}
 	line, err := json.Marshal(x)
 	if err != nil {
 		return err
 	}
 	line = append(t.redactor.redact(line), '\n')
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, err = t.w.Write(line)
+	if _, err = t.w.Write(line); err != nil {
+		t.failed = true
+	}
 	return err
 }
 

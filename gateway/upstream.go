@@ -13,13 +13,25 @@ import (
 	"github.com/taskrun/taskrun/config"
 )
 
-// upstream is where the gateway forwards chat completions.
+// AnthropicVersion is the anthropic-version header the gateway sends to the
+// Anthropic API, whatever the agent sent.
+const AnthropicVersion = "2023-06-01"
+
+// DefaultAnthropicBaseURL is the Anthropic API root used when a model entry
+// names none.
+const DefaultAnthropicBaseURL = "https://api.anthropic.com/v1"
+
+// upstream is where the gateway forwards model requests.
 type upstream struct {
 	client *http.Client
-	// chatURL is the upstream's chat completions endpoint.
-	chatURL string
+	// baseURL is the upstream's API root, e.g. https://api.openai.com/v1.
+	baseURL string
+	// apis are the APIs the upstream speaks.
+	apis []*modelAPI
 	// key is the API key, injected host-side; empty for the scripted provider.
 	key string
+	// auth sets the key and the provider's fixed headers on a request.
+	auth func(h http.Header, agent http.Header)
 	// model is the model name sent upstream, whatever the agent asked for.
 	model string
 	// publicName is the model name shown to the agent.
@@ -34,7 +46,24 @@ func newUpstream(cfg Config) (*upstream, error) {
 	m := cfg.Model
 	switch m.Provider {
 	case config.ProviderOpenAI:
-		return newOpenAIUpstream(cfg)
+		return newKeyedUpstream(cfg, m.BaseURL, []*modelAPI{chatAPI, responsesAPI}, func(key string) func(h, _ http.Header) {
+			return func(h, _ http.Header) { h.Set("Authorization", "Bearer "+key) }
+		})
+	case config.ProviderAnthropic:
+		base := m.BaseURL
+		if base == "" {
+			base = DefaultAnthropicBaseURL
+		}
+		return newKeyedUpstream(cfg, base, []*modelAPI{messagesAPI}, func(key string) func(h, agent http.Header) {
+			return func(h, agent http.Header) {
+				h.Set("x-api-key", key)
+				h.Set("anthropic-version", AnthropicVersion)
+				// Beta features change what the API accepts, not who pays: pass them on.
+				for _, v := range agent.Values("anthropic-beta") {
+					h.Add("anthropic-beta", v)
+				}
+			}
+		})
 	case config.ProviderScripted:
 		script, err := loadScript(m.Name)
 		if err != nil {
@@ -42,24 +71,26 @@ func newUpstream(cfg Config) (*upstream, error) {
 		}
 		return &upstream{
 			client:     &http.Client{Transport: script},
-			chatURL:    "http://scripted.invalid/v1/chat/completions",
+			baseURL:    "http://scripted.invalid/v1",
+			apis:       []*modelAPI{chatAPI, responsesAPI, messagesAPI},
+			auth:       func(_, _ http.Header) {},
 			model:      scriptedModelName,
 			publicName: scriptedModelName,
 		}, nil
 	default:
-		return nil, fmt.Errorf("%w: provider %q is unknown: use %q or %q", ErrBadConfig, m.Provider, config.ProviderOpenAI, config.ProviderScripted)
+		return nil, fmt.Errorf("%w: provider %q is unknown: use %q, %q or %q", ErrBadConfig, m.Provider, config.ProviderOpenAI, config.ProviderAnthropic, config.ProviderScripted)
 	}
 }
 
-// newOpenAIUpstream checks the model entry and reads its key on the host.
-func newOpenAIUpstream(cfg Config) (*upstream, error) {
+// newKeyedUpstream checks a model entry with a key and reads the key on the host.
+func newKeyedUpstream(cfg Config, baseURL string, apis []*modelAPI, auth func(key string) func(h, agent http.Header)) (*upstream, error) {
 	m := cfg.Model
 	if m.Name == "" {
-		return nil, fmt.Errorf("%w: model name is empty: set name, e.g. gpt-4o-mini", ErrBadConfig)
+		return nil, fmt.Errorf("%w: model name is empty: set name, e.g. gpt-4o-mini or claude-sonnet-4-5", ErrBadConfig)
 	}
-	base, err := url.Parse(m.BaseURL)
+	base, err := url.Parse(baseURL)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		return nil, fmt.Errorf("%w: base_url %q must be an http(s) URL such as https://api.openai.com/v1", ErrBadConfig, m.BaseURL)
+		return nil, fmt.Errorf("%w: base_url %q must be an http(s) URL such as https://api.openai.com/v1", ErrBadConfig, baseURL)
 	}
 	key, err := readAPIKey(m)
 	if err != nil {
@@ -71,11 +102,23 @@ func newOpenAIUpstream(cfg Config) (*upstream, error) {
 	}
 	return &upstream{
 		client:     client,
-		chatURL:    strings.TrimSuffix(base.String(), "/") + "/chat/completions",
+		baseURL:    strings.TrimSuffix(base.String(), "/"),
+		apis:       apis,
 		key:        key,
+		auth:       auth(key),
 		model:      m.Name,
 		publicName: m.Name,
 	}, nil
+}
+
+// speaks reports whether the upstream serves api.
+func (u *upstream) speaks(api *modelAPI) bool {
+	for _, a := range u.apis {
+		if a == api {
+			return true
+		}
+	}
+	return false
 }
 
 // defaultHTTPClient bounds connection set-up but not streamed bodies, which
@@ -92,20 +135,15 @@ func defaultHTTPClient() *http.Client {
 	}}
 }
 
-// send posts a chat completions body upstream with the key injected.
-func (u *upstream) send(ctx context.Context, body []byte) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.chatURL, bytes.NewReader(body))
+// send posts a request body to api upstream with the key injected. Only
+// the headers the gateway sets are sent: none of the agent's credentials.
+func (u *upstream) send(ctx context.Context, api *modelAPI, body []byte, agent http.Header) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.baseURL+api.upstreamPath, bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("build upstream request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
-	if u.key != "" {
-		req.Header.Set("Authorization", "Bearer "+u.key)
-	}
-	resp, err := u.client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("upstream request: %w", err)
-	}
-	return resp, nil
+	u.auth(req.Header, agent)
+	return u.client.Do(req)
 }

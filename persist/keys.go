@@ -3,8 +3,11 @@ package persist
 import (
 	"errors"
 	"fmt"
+	"math"
 	"path"
+	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/taskrun/taskrun/model"
@@ -24,6 +27,13 @@ const (
 	artifactsDir = "artifacts"
 	// digestsDir holds the digest records of streamed uploads (see put.go).
 	digestsDir = "digests"
+	// indexDir holds a tenant's run index: one small object per run.
+	indexDir = "index"
+	// indexTimeDigits is the width of the inverted start time that begins
+	// every index object name.
+	indexTimeDigits = 19
+	// indexSuffix ends every index object name.
+	indexSuffix = ".json"
 )
 
 // objectKey is a validated key split into its tenant and the rest, so the
@@ -222,4 +232,49 @@ func sessionFile(sessionID, runID, prefix string) (string, error) {
 		return "", err
 	}
 	return tracesDir + "/" + sessionID + "/" + prefix + runID + recordFileExt, nil
+}
+
+// IndexKey returns the key of a run's index object:
+// "tenants/<user>/index/<inverted start>_<run>.json", where the inverted
+// start is math.MaxInt64 minus start in Unix nanoseconds, as 19 digits, so a
+// tenant's index lists newest first in key order.
+func IndexKey(ref RunRef, start time.Time) (string, error) {
+	if err := validateRef(ref); err != nil {
+		return "", err
+	}
+	if start.IsZero() || start.UnixNano() < 0 {
+		return "", fmt.Errorf("%w: run start %v cannot be indexed: give the time the run started", ErrInvalidName, start)
+	}
+	inv := fmt.Sprintf("%0*d", indexTimeDigits, math.MaxInt64-start.UnixNano())
+	return tenantsRoot + "/" + ref.UserID + "/" + indexDir + "/" + inv + "_" + ref.RunID + indexSuffix, nil
+}
+
+// IndexPrefix returns the key prefix (ending in "/") of userID's run index.
+func IndexPrefix(userID string) (string, error) {
+	if err := validateID("user", userID); err != nil {
+		return "", err
+	}
+	return tenantsRoot + "/" + userID + "/" + indexDir + "/", nil
+}
+
+// ParseIndexKey splits a key made by IndexKey into its entry.
+func ParseIndexKey(key string) (IndexEntry, error) {
+	bad := fmt.Errorf("%w: %q is not a run index key: build it with IndexKey", ErrInvalidName, key)
+	k, err := parseKey(key)
+	if err != nil {
+		return IndexEntry{}, err
+	}
+	name, ok := strings.CutPrefix(k.rest, indexDir+"/")
+	if !ok || !strings.HasSuffix(name, indexSuffix) || len(name) < indexTimeDigits+1+len(indexSuffix)+1 || name[indexTimeDigits] != '_' {
+		return IndexEntry{}, bad
+	}
+	inv, err := strconv.ParseInt(name[:indexTimeDigits], 10, 64)
+	if err != nil || inv < 0 {
+		return IndexEntry{}, bad
+	}
+	runID := strings.TrimSuffix(name[indexTimeDigits+1:], indexSuffix)
+	if err := validateID("run", runID); err != nil {
+		return IndexEntry{}, err
+	}
+	return IndexEntry{Key: key, UserID: k.userID, RunID: runID, Start: time.Unix(0, math.MaxInt64-inv).UTC()}, nil
 }

@@ -75,16 +75,13 @@ func pipe(dst, src net.Conn) {
 	}
 }
 
-// runCommand runs argv with OPENAI_BASE_URL pointing at the relay and
-// returns its exit code; SIGINT and SIGTERM reach it through ctx.
+// runCommand runs argv with OPENAI_BASE_URL and ANTHROPIC_BASE_URL pointing
+// at the relay and returns its exit code; SIGINT and SIGTERM reach it
+// through ctx.
 func runCommand(ctx context.Context, argv []string, addr string) (int, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), "OPENAI_BASE_URL=http://"+addr+"/v1")
-	if os.Getenv("OPENAI_API_KEY") == "" {
-		// SDKs insist on a key; the real one never leaves the host.
-		cmd.Env = append(cmd.Env, "OPENAI_API_KEY=taskrun-gateway")
-	}
+	cmd.Env = append(os.Environ(), commandEnv(os.Getenv, addr)...)
 	if err := cmd.Start(); err != nil {
 		return 127, fmt.Errorf("start %s: %w", argv[0], err)
 	}
@@ -103,4 +100,27 @@ func runCommand(ctx context.Context, argv []string, addr string) (int, error) {
 	default:
 		return 1, fmt.Errorf("wait for %s: %w", argv[0], err)
 	}
+}
+
+// Placeholder keys for SDKs that insist on one; the real key never leaves the host.
+const (
+	placeholderOpenAIKey    = "taskrun-gateway"
+	placeholderAnthropicKey = "taskrun-gateway"
+)
+
+// commandEnv is what the command gets on top of the relay's environment:
+// both SDKs' base URLs pointing at the relay, and placeholder keys where
+// none is set.
+func commandEnv(getenv func(string) string, addr string) []string {
+	env := []string{
+		"OPENAI_BASE_URL=http://" + addr + "/v1",
+		"ANTHROPIC_BASE_URL=http://" + addr,
+	}
+	if getenv("OPENAI_API_KEY") == "" {
+		env = append(env, "OPENAI_API_KEY="+placeholderOpenAIKey)
+	}
+	if getenv("ANTHROPIC_API_KEY") == "" && getenv("ANTHROPIC_AUTH_TOKEN") == "" {
+		env = append(env, "ANTHROPIC_API_KEY="+placeholderAnthropicKey)
+	}
+	return env
 }

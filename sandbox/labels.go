@@ -23,4 +23,7 @@ const (
 	// the container: created + timeout + stop grace + slack. It is absent when
 	// the Spec has no timeout.
 	LabelExpires = "dev.taskrun.expires"
+	// LabelEgress marks the container of a run with an egress policy; its
+	// value is the in-container path of the egress proxy's socket.
+	LabelEgress = "dev.taskrun.egress"
 )

@@ -22,7 +22,34 @@ type PatchTaskRunRequest struct {
 	CompletionTokens *int            `json:"completion_tokens,omitempty"`
 	TracePath        *string         `json:"trace_path,omitempty"`
 	Artifact         *Artifact       `json:"artifact,omitempty"`
+	Changes          *ChangeSet      `json:"changes,omitempty"`
 	Container        *ContainerInfo  `json:"container,omitempty"`
+}
+
+// ChangeSet summarises what the run changed in its workspace and names the
+// stored patch and change list; the patch itself is never inlined.
+type ChangeSet struct {
+	// Patch is changes.patch, a git patch against the starting tree.
+	Patch Artifact `json:"patch"`
+	// List is changes.json, every changed path with sizes and SHA-256.
+	List Artifact `json:"list"`
+	// TreeHash identifies the final tree; BaseCommit is the git
+	// workspace's HEAD at the start, if it was one.
+	TreeHash   string `json:"tree_hash"`
+	BaseCommit string `json:"base_commit,omitempty"`
+	Files      int    `json:"files"`
+	Added      int    `json:"added"`
+	Deleted    int    `json:"deleted"`
+	Modified   int    `json:"modified"`
+	Renamed    int    `json:"renamed"`
+	// ModeChanged and TypeChanged count paths whose git mode, or whose
+	// type (file or symlink), alone changed.
+	ModeChanged int `json:"mode_changed"`
+	TypeChanged int `json:"type_changed"`
+	// Omitted counts changes left out of the patch (over a cap).
+	Omitted    int `json:"omitted"`
+	Insertions int `json:"insertions"`
+	Deletions  int `json:"deletions"`
 }
 
 // Artifact describes a stored artifact of the run.

@@ -69,6 +69,10 @@ func writeSummary(w io.Writer, ref runRefFlags, store string, out *taskrun.Outco
 	if key := traceKey(out, ref.user); key != "" {
 		fmt.Fprintf(w, "  trace:     %s\n", termsafe.String(key))
 	}
+	if c := out.Changes; c != nil {
+		fmt.Fprintf(w, "  changes:   %d files (%d added, %d deleted, %d modified, %d renamed, %d mode), +%d -%d lines: taskrun diff %s\n",
+			c.Files, c.Added, c.Deleted, c.Modified, c.Renamed, c.ModeChanged, c.Insertions, c.Deletions, ref.runID)
+	}
 	if len(out.Stored) > 0 {
 		fmt.Fprintf(w, "  stored in %s:\n", termsafe.String(store))
 		for _, o := range out.Stored {

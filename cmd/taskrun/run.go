@@ -16,6 +16,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/model"
@@ -51,11 +52,20 @@ type runOptions struct {
 	jsonOut    bool
 	model      config.ModelEntry
 	excludes   []string
+	egress     egress.Policy
 	command    []string
+	env        []string
+
+	// Raw --env and --env-file values, read by finish.
+	envVars  []string
+	envFiles []string
 
 	// Raw flag values, checked by finish.
-	modelSpec string
-	cpus      float64
+	modelSpec   string
+	cpus        float64
+	allows      []string
+	egressFile  string
+	credentials []string
 }
 
 const runHelp = `
@@ -119,12 +129,17 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.reap, "gc", true, "first remove leftover containers that no live run owns, as taskrun gc does (--gc=false skips it)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result on stdout; the run's stdout goes to stderr")
 	fs.BoolVar(&o.raw, "raw", false, "copy the run's output to the terminal verbatim, escape sequences included")
-	fs.StringVar(&o.modelSpec, "model", "", "model for the agent: scripted (the built-in demo script), scripted:FILE or openai:NAME; empty runs the agent offline")
-	fs.StringVar(&o.model.BaseURL, "model-base-url", "", "upstream API root for openai:NAME, e.g. https://api.openai.com/v1")
+	fs.StringVar(&o.modelSpec, "model", "", "model for the agent: scripted (the built-in demo script), scripted:FILE, openai:NAME or anthropic:NAME; empty runs the agent offline")
+	fs.StringVar(&o.model.BaseURL, "model-base-url", "", "upstream API root, e.g. https://api.openai.com/v1 (required for openai:NAME; anthropic:NAME defaults to "+gateway.DefaultAnthropicBaseURL+")")
 	fs.StringVar(&o.model.APIKeyEnv, "model-api-key-env", "", "host environment variable holding the API key (it never enters the sandbox)")
 	fs.StringVar(&o.model.APIKeyFile, "model-api-key-file", "", "host file holding the API key (it never enters the sandbox)")
 	fs.IntVar(&o.model.MaxTokens, "max-tokens", 0, "fail the run once it has used this many tokens (0: no cap)")
 	fs.IntVar(&o.model.MaxRequests, "max-requests", 0, "fail the run once it has made this many model requests (0: no cap)")
+	fs.StringArrayVar(&o.allows, "allow", nil, "let the run reach HOST[:PORT] through its egress proxy (no port: 80 and 443; *.suffix for every name below suffix); repeatable")
+	fs.StringVar(&o.egressFile, "egress-policy", "", "JSON egress policy file: rules, credentials, budgets (see docs/egress.md)")
+	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, its value read on the host: host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"]; repeatable`)
+	fs.StringArrayVar(&o.envVars, "env", nil, "set NAME=VALUE in the agent's environment (a bare NAME takes the host's value); repeatable; visible to the agent, so never a secret")
+	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read variables from a file in docker's --env-file format (NAME=VALUE lines, # comments); repeatable")
 }
 
 // finish checks the parsed flags and takes args as the command to run.
@@ -133,6 +148,15 @@ func (o *runOptions) finish(args []string) error {
 	if err := parseModel(o.modelSpec, &o.model); err != nil {
 		return err
 	}
+	var err error
+	if o.egress, err = egress.BuildPolicy(o.egressFile, o.allows, o.credentials); err != nil {
+		return err
+	}
+	env, err := readEnv(o.envFiles, o.envVars, os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	o.env = env
 	if o.cpus <= 0 {
 		return fmt.Errorf("--cpus %v: give a positive number such as 1 or 0.5", o.cpus)
 	}
@@ -186,8 +210,15 @@ func parseModel(spec string, m *config.ModelEntry) error {
 		if m.APIKeyEnv == "" && m.APIKeyFile == "" {
 			return errors.New("--model openai:NAME needs --model-api-key-env or --model-api-key-file")
 		}
+	case config.ProviderAnthropic:
+		if name == "" {
+			return errors.New("--model anthropic:NAME needs a model name, e.g. anthropic:claude-sonnet-4-5")
+		}
+		if m.APIKeyEnv == "" && m.APIKeyFile == "" {
+			return errors.New("--model anthropic:NAME needs --model-api-key-env or --model-api-key-file")
+		}
 	default:
-		return fmt.Errorf("--model %q: use scripted, scripted:FILE or openai:NAME", spec)
+		return fmt.Errorf("--model %q: use scripted, scripted:FILE, openai:NAME or anthropic:NAME", spec)
 	}
 	m.Provider, m.Name = provider, name
 	return nil
@@ -203,6 +234,50 @@ func uidLeaseDir(root string) string {
 		return uidpool.DefaultDir
 	}
 	return filepath.Join(root, "uids")
+}
+
+// readEnv reads the --env-file files in order, then the --env values, a
+// later value of a name replacing an earlier one (as docker run does), and
+// checks the result: no name taskrun sets itself.
+func readEnv(files, vars []string, lookup func(string) (string, bool)) ([]string, error) {
+	var env []string
+	at := map[string]int{}
+	add := func(kv string) {
+		name, _, _ := strings.Cut(kv, "=")
+		if i, ok := at[name]; ok {
+			env[i] = kv
+			return
+		}
+		at[name] = len(env)
+		env = append(env, kv)
+	}
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, fmt.Errorf("--env-file: %w", err)
+		}
+		vars, err := config.ParseEnvFile(f, lookup)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("--env-file %s: %w", name, err)
+		}
+		for _, kv := range vars {
+			add(kv)
+		}
+	}
+	for _, v := range vars {
+		kv, ok, err := config.ParseEnvVar(v, lookup)
+		if err != nil {
+			return nil, fmt.Errorf("--env %q: %w", v, err)
+		}
+		if ok {
+			add(kv)
+		}
+	}
+	if err := config.CheckEnv(env); err != nil {
+		return nil, fmt.Errorf("--env: %w", err)
+	}
+	return env, nil
 }
 
 // newRunID returns a sortable, unique run ID such as r20261129T230812-1a2b3c4d.
@@ -311,9 +386,11 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		Persist:         store,
 		ArtifactStorage: store,
 		Model:           o.model,
+		Egress:          o.egress,
 		Sandbox:         backend,
 		Image:           o.image,
 		Command:         o.command,
+		Env:             o.env,
 		Policy:          o.policy,
 		Timeout:         o.timeout,
 		DiskLimitBytes:  o.disk,
@@ -391,6 +468,9 @@ type jsonResult struct {
 	Stored []persist.ObjectInfo `json:"stored"`
 	// TraceKey is the trace's key in the store; empty without a trace.
 	TraceKey string `json:"trace_key,omitempty"`
+	// Changes names the stored change set and counts it; absent when the
+	// run has none.
+	Changes *workerclient.ChangeSet `json:"changes,omitempty"`
 	// Skipped lists the agent's files that were not stored, with why.
 	Skipped []taskrun.SkippedFile `json:"skipped,omitempty"`
 }
@@ -417,6 +497,7 @@ func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err err
 			res.Stored = out.Stored
 		}
 		res.TraceKey = traceKey(out, ref.user)
+		res.Changes = out.Changes
 		res.Skipped = out.Skipped
 	}
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
@@ -104,6 +105,44 @@ func TestParseRunFlagsModels(t *testing.T) {
 	o, err = parseRunFlags([]string{"--model", "openai:gpt-4o", "--model-base-url", "https://api.example/v1", "--model-api-key-env", "KEY"})
 	require.NoError(t, err)
 	assert.Equal(t, config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-4o", BaseURL: "https://api.example/v1", APIKeyEnv: "KEY"}, o.model)
+}
+
+func TestParseRunFlagsAnthropicModel(t *testing.T) {
+	o, err := parseRunFlags([]string{"--model", "anthropic:claude-test", "--model-api-key-env", "KEY"})
+	require.NoError(t, err)
+	assert.Equal(t, config.ModelEntry{Provider: config.ProviderAnthropic, Name: "claude-test", APIKeyEnv: "KEY"}, o.model)
+	_, err = parseRunFlags([]string{"--model", "anthropic:claude-test"})
+	assert.ErrorContains(t, err, "--model-api-key-env")
+	_, err = parseRunFlags([]string{"--model", "anthropic:"})
+	assert.ErrorContains(t, err, "needs a model name")
+}
+
+func TestParseRunFlagsEnv(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "run.env")
+	require.NoError(t, os.WriteFile(file, []byte("# settings\nLEVEL=debug\nGREETING=from file\n"), 0o644))
+	t.Setenv("TASKRUN_TEST_FROM_HOST", "host value")
+	_, err := parseRunFlags([]string{"--env-file", file, "--env", "TASKRUN_TEST_FROM_HOST"})
+	require.ErrorIs(t, err, config.ErrBadEnv, "a bare TASKRUN_* name is still reserved")
+	o, err := parseRunFlags([]string{"--env-file", file, "--env", "GREETING=from flag", "--env", "EMPTY="})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"LEVEL=debug", "GREETING=from flag", "EMPTY="}, o.env, "--env overrides the file, as in docker run")
+
+	for _, args := range [][]string{{"--env", "HOME=/root"}, {"--env", "HTTP_PROXY=http://x:1"}, {"--env", "TASKRUN_RUN_ID=x"}} {
+		_, err := parseRunFlags(args)
+		require.ErrorIs(t, err, config.ErrBadEnv, args)
+		assert.ErrorContains(t, err, "is set by taskrun", args)
+	}
+	_, err = parseRunFlags([]string{"--env-file", filepath.Join(t.TempDir(), "missing.env")})
+	assert.ErrorContains(t, err, "--env-file")
+}
+
+func TestRunEnvReachesTheAgent(t *testing.T) {
+	stdout, stderr, code := cli(t, "--image", testImage, "--env", "GREETING=hello world", "--", "sh", "-c", `echo "[$GREETING]"`)
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, "[hello world]\n", stdout)
+	_, stderr, code = cli(t, "--image", testImage, "--env", "HOME=/root", "--", "true")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "HOME is set by taskrun")
 }
 
 func TestExitCodeFollowsDockerRun(t *testing.T) {
@@ -375,5 +414,34 @@ func TestRunEscapesOutputForTheTerminal(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, stored, string(data), "the stored log is byte-exact")
 		})
+	}
+}
+
+func TestParseRunFlagsEgress(t *testing.T) {
+	o, err := parseRunFlags(nil)
+	require.NoError(t, err)
+	assert.True(t, o.egress.IsZero(), "no flag, no proxy")
+
+	policy := filepath.Join(t.TempDir(), "egress.json")
+	require.NoError(t, os.WriteFile(policy, []byte(`{"rules": [{"host": "proxy.golang.org"}], "max_bytes": 1000}`), 0o644))
+	o, err = parseRunFlags([]string{
+		"--egress-policy", policy, "--allow", "api.github.com:443", "--allow", "*.npmjs.org",
+		"--credential", `host=api.github.com,header=Authorization,value-env=GH_TOKEN,format="Bearer %s"`,
+	})
+	require.NoError(t, err)
+	assert.Equal(t, egress.Policy{
+		Rules:       []egress.Rule{{Host: "proxy.golang.org"}, {Host: "api.github.com", Port: 443}, {Host: "*.npmjs.org"}},
+		Credentials: []egress.Credential{{Host: "api.github.com", Header: "Authorization", ValueEnv: "GH_TOKEN", Format: "Bearer %s"}},
+		MaxBytes:    1000,
+	}, o.egress)
+
+	for _, args := range [][]string{
+		{"--allow", "bad host"},
+		{"--allow", "a.test:0"},
+		{"--credential", "host=a.test,header=X,value-env=V"}, // no rule allows a.test
+		{"--egress-policy", filepath.Join(t.TempDir(), "missing.json")},
+	} {
+		_, err := parseRunFlags(args)
+		require.ErrorIs(t, err, egress.ErrBadPolicy, "%v", args)
 	}
 }

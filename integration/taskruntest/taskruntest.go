@@ -71,6 +71,9 @@ type Options struct {
 	Image string
 	// Cmd replaces the image's default command when non-empty.
 	Cmd []string
+	// Env adds NAME=VALUE variables to the agent's environment (visible to
+	// it: no secrets); names taskrun sets itself are refused.
+	Env []string
 	// Workspace is a host directory copied into the run's home.
 	Workspace string
 	// Prompt is the task's instruction, readable at $TASKRUN_PROMPT_FILE.
@@ -239,6 +242,7 @@ func (e *Env) input(opts Options, rec *controlplanetest.Recorder) taskrun.RunTas
 	in.SessionID = defaultString(opts.SessionID, DefaultSessionID)
 	in.Updater, in.StreamSender = rec, rec
 	in.Model, in.Policy = opts.Model, opts.Policy
+	in.Env = opts.Env
 	in.Labels = e.Labels(opts.Labels)
 	in.Timeout = opts.Timeout
 	if in.Timeout == 0 {

@@ -73,6 +73,23 @@ func TestRunFailureIsAResultAndAnError(t *testing.T) {
 	assert.Equal(t, "agent exited with code 7", *res.Final().Error)
 }
 
+func TestRunPassesEnvToTheAgent(t *testing.T) {
+	res, err := taskruntest.Run(context.Background(), t, taskruntest.Options{
+		Image: testboxImage,
+		Cmd:   []string{"sh", "-c", `echo "$FEATURE_FLAG"`},
+		Env:   []string{"FEATURE_FLAG=on"},
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "on\n", string(res.Stream))
+
+	_, err = taskruntest.Run(context.Background(), t, taskruntest.Options{
+		Image: testboxImage,
+		Cmd:   []string{"true"},
+		Env:   []string{"TASKRUN_SESSION_ID=other"},
+	})
+	require.ErrorIs(t, err, taskrun.ErrInvalidInput, "a name taskrun sets is refused")
+}
+
 func TestRunRefusesMissingImage(t *testing.T) {
 	_, err := taskruntest.Run(context.Background(), t, taskruntest.Options{})
 	require.ErrorIs(t, err, taskruntest.ErrBadOptions)

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -50,6 +51,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) *persist.Store) {
 		{"ConcurrentPuts", testConcurrentPuts},
 		{"SourceChangedAborts", testSourceChangedAborts},
 		{"SourceReadErrorAborts", testSourceReadErrorAborts},
+		{"RunIndex", testRunIndex},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -648,4 +650,56 @@ func testSourceReadErrorAborts(t *testing.T, s *persist.Store) {
 	assert.ErrorIs(t, err, errDisk)
 	_, err = s.OpenArtifact(ctx, ref, "never.bin")
 	assert.ErrorIs(t, err, persist.ErrNotFound, "failed upload left an object behind")
+}
+
+func testRunIndex(t *testing.T, s *persist.Store) {
+	ctx := context.Background()
+	a, b := newRef(), newRef()
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	put := func(ref persist.RunRef, run string, start time.Time) string {
+		ref.RunID = run
+		info, err := s.PutIndex(ctx, ref, start, []byte(`{"run_id":"`+run+`"}`))
+		require.NoError(t, err)
+		return info.Key
+	}
+	put(a, "r1", t0)
+	put(a, "r3", t0.Add(2*time.Hour))
+	keyR2 := put(a, "r2", t0.Add(time.Hour))
+	put(b, "r9", t0.Add(90*time.Minute))
+	// Run files of the same tenant are not part of the index.
+	_, err := s.PutRunFile(ctx, a, "output.log", strings.NewReader("log"), "")
+	require.NoError(t, err)
+
+	got, err := s.ListIndex(ctx, a.UserID, 0)
+	require.NoError(t, err)
+	var runs []string
+	for _, e := range got {
+		runs = append(runs, e.RunID)
+		assert.Equal(t, a.UserID, e.UserID)
+	}
+	assert.Equal(t, []string{"r3", "r2", "r1"}, runs, "newest first")
+	assert.True(t, got[1].Start.Equal(t0.Add(time.Hour)), "start round-trips through the key: %v", got[1].Start)
+	assert.Equal(t, keyR2, got[1].Key)
+	rc, err := s.Open(ctx, keyR2)
+	assert.Equal(t, `{"run_id":"r2"}`, string(readAll(t, rc, err)))
+
+	limited, err := s.ListIndex(ctx, a.UserID, 2)
+	require.NoError(t, err)
+	require.Len(t, limited, 2)
+	assert.Equal(t, "r3", limited[0].RunID)
+
+	all, err := s.ListIndex(ctx, "", 0)
+	require.NoError(t, err)
+	var mine []string
+	for _, e := range all {
+		if e.UserID == a.UserID || e.UserID == b.UserID {
+			mine = append(mine, e.RunID)
+		}
+	}
+	assert.Equal(t, []string{"r3", "r9", "r2", "r1"}, mine, "every tenant, newest first")
+
+	_, err = s.PutIndex(ctx, persist.RunRef{UserID: "../x", ConversationID: "c", TaskID: "t", RunID: "r"}, t0, []byte("{}"))
+	assert.ErrorIs(t, err, persist.ErrInvalidName)
+	_, err = s.PutIndex(ctx, a, time.Time{}, []byte("{}"))
+	assert.ErrorIs(t, err, persist.ErrInvalidName)
 }

@@ -13,8 +13,10 @@ package docker
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -142,6 +144,11 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 	}
 	cc := convert(spec, pol, b.now(), b.expirySlack)
 	created, err := b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name)
+	if err != nil && cc.Name != "" && isConflict(err) {
+		// The name is taken, by a container of a reused run ID that is
+		// still being removed: keep it recognisable and make it unique.
+		created, err = b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name+"-"+strings.ToLower(rand.Text()[:8]))
+	}
 	if err != nil {
 		return nil, b.createError(spec, err)
 	}

@@ -1,0 +1,242 @@
+package taskrun
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/changeset"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runindex"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// Names of the change set's run objects.
+const (
+	ChangesPatchName = "changes.patch"
+	ChangesListName  = "changes.json"
+)
+
+// changesBaseDir is the executor-private directory (in plan.hostDir) where
+// prepare records the starting tree for the change set.
+const changesBaseDir = "changes-base"
+
+// ContainerName is the name of a run's container, so that `docker ps` and
+// `taskrun audit` show which run is which.
+func ContainerName(runID string) string {
+	return "taskrun-" + runID
+}
+
+// SpoolPath is the executor's spool of a live run's stdout (or stderr) on
+// this host, as `taskrun logs --follow` reads it; it is removed with the
+// run's directory.
+func SpoolPath(paths RuntimePaths, ref model.RunRef, stderr bool) (string, error) {
+	if err := ref.Validate(); err != nil {
+		return "", err
+	}
+	name := stdoutSpoolName
+	if stderr {
+		name = stderrSpoolName
+	}
+	return filepath.Join(paths.RuntimeTaskRunDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID)+hostDirSuffix, name), nil
+}
+
+// snapshotChanges records the run's starting tree (the workspace as copied
+// in, or the restored session) for the change set. A failure costs only the
+// change set, never the run.
+func snapshotChanges(ctx context.Context, p *plan) {
+	var opts changeset.Options
+	if p.in.Run.PreviousRunID == "" {
+		// A resumed run starts from its session, not from the workspace's
+		// base commit.
+		opts.Workspace = p.in.Task.WorkspaceDir
+	}
+	if err := changeset.Snapshot(ctx, p.dirs.Home, filepath.Join(p.hostDir, changesBaseDir), opts); err != nil {
+		p.log.Warn("the run will have no change set: recording its starting tree failed", "err", err)
+	}
+}
+
+// changeResult is what collect stored of the change set.
+type changeResult struct {
+	set         *changeset.Set
+	patch, list persist.ObjectInfo
+}
+
+// changes computes the change set of the run's home against the starting
+// tree and stores changes.patch and changes.json. A run whose starting tree
+// was not recorded, or whose tree cannot be compared, has none (logged); a
+// failed upload is a persist error like any other.
+func (c *collector) changes(ctx context.Context) error {
+	patchPath := filepath.Join(c.p.hostDir, ChangesPatchName)
+	pf, err := os.OpenFile(patchPath, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer pf.Close()
+	set, err := changeset.Compute(ctx, filepath.Join(c.p.hostDir, changesBaseDir), c.p.dirs.Home, pf)
+	if err != nil {
+		c.p.log.Warn("no change set for this run", "err", err)
+		return nil
+	}
+	if _, err := pf.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	list, err := json.Marshal(set)
+	if err != nil {
+		return err
+	}
+	res := &changeResult{set: set}
+	if res.patch, err = c.p.in.Persist.PutRunFile(ctx, c.p.ref, ChangesPatchName, pf, "text/x-diff; charset=utf-8"); err != nil {
+		return err
+	}
+	c.out.objects = append(c.out.objects, res.patch)
+	if res.list, err = c.p.in.Persist.PutRunFile(ctx, c.p.ref, ChangesListName, bytes.NewReader(list), "application/json"); err != nil {
+		return err
+	}
+	c.out.objects = append(c.out.objects, res.list)
+	c.out.changes = res
+	c.p.log.Info("change set", "files", set.Summary.Files, "patch_bytes", set.Summary.PatchBytes, "tree_hash", set.TreeHash)
+	return nil
+}
+
+// patchChanges is the change set as the PATCH names it.
+func patchChanges(r *changeResult) *workerclient.ChangeSet {
+	if r == nil {
+		return nil
+	}
+	s := r.set.Summary
+	return &workerclient.ChangeSet{
+		Patch:       artifactOf(r.patch),
+		List:        artifactOf(r.list),
+		TreeHash:    r.set.TreeHash,
+		BaseCommit:  r.set.BaseCommit,
+		Files:       s.Files,
+		Added:       s.Added,
+		Deleted:     s.Deleted,
+		Modified:    s.Modified,
+		Renamed:     s.Renamed,
+		ModeChanged: s.ModeChanged,
+		TypeChanged: s.TypeChanged,
+		Omitted:     s.Omitted,
+		Insertions:  s.Insertions,
+		Deletions:   s.Deletions,
+	}
+}
+
+func artifactOf(o persist.ObjectInfo) workerclient.Artifact {
+	return workerclient.Artifact{Key: o.Key, Size: o.Size, SHA256: o.SHA256, ContentType: o.ContentType}
+}
+
+// indexRecord is the run's entry in the store's run index; out is nil while
+// the run is in progress.
+func indexRecord(p *plan, wd *workdir, ex execution, out *Outcome, st stored) *runindex.Record {
+	host, _ := os.Hostname()
+	rec := &runindex.Record{
+		RunID:          p.ref.RunID,
+		UserID:         p.ref.UserID,
+		ConversationID: p.ref.ConversationID,
+		TaskID:         p.ref.TaskID,
+		SessionID:      p.in.SessionID,
+		Status:         model.StatusRunning,
+		Start:          wd.started.UTC(),
+		Image:          p.spec.Image,
+		ImageDigest:    ex.ImageDigest,
+		Runtime:        ex.Runtime,
+		ContainerID:    ex.ContainerID,
+		ContainerName:  ContainerName(p.ref.RunID),
+		Host:           host,
+		Limits: map[string]any{
+			"memory_bytes":     p.policy.MemoryBytes,
+			"nano_cpus":        p.policy.NanoCPUs,
+			"pids":             p.policy.PidsLimit,
+			"disk_bytes":       p.limits.disk,
+			"max_output_bytes": p.limits.maxOutput,
+			"timeout":          p.spec.Timeout.String(),
+		},
+		PromptTokens:     ex.PromptTokens,
+		CompletionTokens: ex.CompletionTokens,
+		Isolation:        isolationVerdict(ex.record),
+	}
+	if out == nil {
+		return rec
+	}
+	rec.Status, rec.Reason = out.Status, out.Reason
+	rec.End = time.UnixMilli(out.Result.EndTime).UTC()
+	if out.ContainerID != "" {
+		rec.ExitCode = &out.Exit.ExitCode
+	}
+	rec.Stored = out.Stored
+	for _, o := range out.Stored {
+		switch o.Key {
+		case runKey(p, OutputLogName):
+			rec.Keys.Log = o.Key
+		case runKey(p, StderrLogName):
+			rec.Keys.Stderr = o.Key
+		case runKey(p, ChangesPatchName):
+			rec.Keys.Patch = o.Key
+		case runKey(p, ChangesListName):
+			rec.Keys.Changes = o.Key
+		case runKey(p, SessionStateName):
+			rec.Keys.State = o.Key
+		case runKey(p, AuditRecordName):
+			rec.Keys.Audit = o.Key
+		}
+	}
+	if st.tracePath != "" {
+		rec.Keys.Trace, _ = persist.GlobalKey(p.ref.UserID, st.tracePath)
+	}
+	if c := st.changes; c != nil {
+		rec.Changes = &runindex.Changes{BaseCommit: c.set.BaseCommit, TreeHash: c.set.TreeHash, Summary: c.set.Summary}
+	}
+	return rec
+}
+
+func runKey(p *plan, name string) string {
+	k, _ := persist.RunKey(p.ref, name)
+	return k
+}
+
+// isolationVerdict summarises the isolation record for the run index.
+func isolationVerdict(record []byte) string {
+	if record == nil {
+		return ""
+	}
+	var r audit.Record
+	if err := json.Unmarshal(record, &r); err != nil {
+		return "unreadable isolation record: " + err.Error()
+	}
+	failed := 0
+	for _, f := range r.Findings {
+		if f.Status == audit.Fail {
+			failed++
+		}
+	}
+	switch {
+	case len(r.ProbeContradictions) > 0:
+		return fmt.Sprintf("refused: the self-check contradicts the host (%d contradictions)", len(r.ProbeContradictions))
+	case failed > 0:
+		return fmt.Sprintf("%d of %d rules failed", failed, len(r.Findings))
+	case r.Probe == nil:
+		return fmt.Sprintf("%d rules passed (no in-sandbox self-check)", len(r.Findings))
+	}
+	return fmt.Sprintf("%d rules passed; the self-check agrees", len(r.Findings))
+}
+
+// writeIndex stores rec in the run index when the store keeps one. The
+// index only helps find runs: a failure is logged, never fatal.
+func writeIndex(ctx context.Context, p *plan, rec *runindex.Record) {
+	w, ok := p.in.Persist.(runindex.Writer)
+	if !ok {
+		return
+	}
+	if _, err := runindex.Put(ctx, w, rec); err != nil {
+		p.log.Warn("run index not updated", "status", rec.Status, "err", err)
+	}
+}

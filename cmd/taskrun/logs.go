@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runindex"
+	"github.com/taskrun/taskrun/spool"
+)
+
+const logsHelp = `
+Prints a run's output log (the agent's stdout) from the store, or its stderr
+log with --stderr. With --follow, a run still in progress on this host is
+followed from the executor's spool under --root until it ends; a finished run
+is printed from the store. Printed to a terminal, control characters and
+escape sequences are shown escaped.
+`
+
+// followPoll is how often --follow checks for new output.
+const followPoll = 200 * time.Millisecond
+
+// followRecheck is how often --follow re-reads the run's record.
+const followRecheck = 2 * time.Second
+
+func init() {
+	register(&command{
+		Name:     "logs",
+		Synopsis: "print a run's output log (--stderr: its stderr), --follow a live run",
+		Args:     "RUN",
+		Help:     logsHelp + runLookupHelp,
+		Flags: func(fs *pflag.FlagSet) action {
+			var (
+				run            storedRunFlags
+				root           string
+				stderr, follow bool
+			)
+			run.define(fs)
+			addRootFlag(fs, &root, defaultRoot)
+			fs.BoolVar(&stderr, "stderr", false, "print the stderr log instead of the output log")
+			fs.BoolVarP(&follow, "follow", "f", false, "keep printing a live run's output until it ends")
+			return func(ctx context.Context, a *app, args []string) int {
+				runID, ok := a.oneRunArg("logs", args)
+				if !ok {
+					return exitUsage
+				}
+				st, rec, code := run.openRun(ctx, a, "logs", runID)
+				if st == nil {
+					return code
+				}
+				defer st.Close()
+				out, flush := a.terminalSafe(a.stdout)
+				defer flush()
+				if follow && rec.Status == model.StatusRunning {
+					return followLive(ctx, a, st, rec, root, stderr, out)
+				}
+				return printLog(ctx, a, st, rec, stderr, out)
+			}
+		},
+	})
+}
+
+func printLog(ctx context.Context, a *app, st *persist.Store, rec *runindex.Record, stderr bool, out io.Writer) int {
+	rc, err := runindex.OpenLog(ctx, st, rec, stderr)
+	if err != nil {
+		return a.storeError("logs", err)
+	}
+	defer rc.Close()
+	if _, err := io.Copy(out, rc); err != nil {
+		fmt.Fprintln(a.stderr, "taskrun logs:", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// followLive follows the spool of a run in progress on this host.
+func followLive(ctx context.Context, a *app, st *persist.Store, rec *runindex.Record, root string, stderr bool, out io.Writer) int {
+	host, _ := os.Hostname()
+	if rec.Host != "" && rec.Host != host {
+		fmt.Fprintf(a.stderr, "taskrun logs: run %s is in progress on host %s: follow it there\n", rec.RunID, rec.Host)
+		return exitUsage
+	}
+	rootAbs, err := filepath.Abs(root)
+	if err != nil {
+		return a.usageError("logs", fmt.Errorf("--root: %w", err))
+	}
+	path, err := taskrun.SpoolPath(taskrun.NewRuntimePathsFromRoot(rootAbs), rec.Ref(), stderr)
+	if err != nil {
+		return a.storeError("logs", err)
+	}
+	lastCheck := time.Now()
+	done := func() bool {
+		if time.Since(lastCheck) < followRecheck {
+			return false
+		}
+		lastCheck = time.Now()
+		now, err := runindex.Find(ctx, st, rec.RunID, rec.UserID)
+		return err == nil && now.Status.Terminal()
+	}
+	_, err = spool.FollowFile(ctx, path, out, followPoll, done)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		// The run ended between the lookup and now: print what it stored.
+		now, ferr := runindex.Find(ctx, st, rec.RunID, rec.UserID)
+		if ferr != nil {
+			return a.storeError("logs", ferr)
+		}
+		return printLog(ctx, a, st, now, stderr, out)
+	case errors.Is(err, context.Canceled):
+		return exitInterrupted
+	case err != nil:
+		fmt.Fprintln(a.stderr, "taskrun logs:", err)
+		return exitFailure
+	}
+	return exitOK
+}
