@@ -36,7 +36,7 @@ func runConformance(t *testing.T, runtime string) {
 			return plantOrphan(ctx, b, labels, runtime)
 		},
 		Reap: func(ctx context.Context, sb sandbox.Backend, labels map[string]string) error {
-			_, err := sb.(*Backend).Reap(ctx, ReapOptions{Labels: labels, Grace: time.Millisecond})
+			_, err := sb.(*Backend).Reap(ctx, ReapOptions{Labels: labels, Grace: time.Millisecond, All: true})
 			return err
 		},
 	})

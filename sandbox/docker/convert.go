@@ -30,6 +30,10 @@ const (
 	// the container: created + timeout + stop grace + slack. It is absent when
 	// the Spec has no timeout.
 	LabelExpires = "dev.taskrun.expires"
+	// LabelInstance holds the ID of the executor instance that created the
+	// container (see WithInstance and package instance); Reap uses it to
+	// leave other live executors' containers alone.
+	LabelInstance = "dev.taskrun.instance"
 )
 
 // TmpfsPath is where the size-capped writable tmpfs is mounted.

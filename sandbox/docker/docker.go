@@ -51,6 +51,7 @@ type Backend struct {
 	expirySlack time.Duration
 	drainIdle   time.Duration
 	now         func() time.Time
+	instance    string
 
 	mu   sync.Mutex
 	live map[string]*handle
@@ -73,6 +74,19 @@ func WithExpirySlack(d time.Duration) Option { return func(b *Backend) { b.expir
 // exited while no byte arrives (a guard against attach streams that never
 // close, moby #36516).
 func WithDrainIdle(d time.Duration) Option { return func(b *Backend) { b.drainIdle = d } }
+
+// WithInstance labels every container the backend creates with the
+// executor's instance ID (LabelInstance), so that Reap run by any other
+// executor leaves them alone while this one lives.
+func WithInstance(id string) Option { return func(b *Backend) { b.instance = id } }
+
+// WithClock sets the clock used for the creation and expiry labels and by
+// Reap; the default is time.Now.
+func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = now } }
+
+// Instance returns the executor instance ID the backend labels containers
+// with, or "" when none was set.
+func (b *Backend) Instance() string { return b.instance }
 
 // New connects to the Docker Engine named by the environment and checks that it
 // answers. When it does not, the error wraps sandbox.ErrDaemonUnavailable.
@@ -137,6 +151,7 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 		return nil, err
 	}
 	cc := convert(spec, pol, b.now(), b.expirySlack)
+	setInstance(cc.Config.Labels, b.instance)
 	created, err := b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name)
 	if err != nil {
 		return nil, b.createError(spec, err)
@@ -193,6 +208,16 @@ func (b *Backend) EngineInfo(ctx context.Context) (json.RawMessage, error) {
 		return nil, fmt.Errorf("encode docker info: %w", err)
 	}
 	return raw, nil
+}
+
+// setInstance sets the instance label to id, or removes it (whoever set it)
+// when the backend has no instance.
+func setInstance(labels map[string]string, id string) {
+	if id == "" {
+		delete(labels, LabelInstance)
+		return
+	}
+	labels[LabelInstance] = id
 }
 
 // createError explains a failed ContainerCreate or image lookup.
