@@ -40,6 +40,10 @@ var ErrUnsupported = errors.New("diskcap: loop-mounted filesystem not supported 
 // which the mount would hide.
 var ErrNotEmpty = errors.New("diskcap: run dir is not empty; mount the cap before materializing the run")
 
+// ErrInUse is returned by Mount when another Mount of the same dir holds its
+// image: two runs raced for one run dir. The other run's image is untouched.
+var ErrInUse = errors.New("the run dir is being capped by another run")
+
 // MinSize is the smallest cap Mount accepts (ext4 needs room for metadata).
 const MinSize = 8 << 20
 
@@ -66,7 +70,6 @@ func Mount(ctx context.Context, dir string, size int64) (unmount func() error, e
 	}
 	img := imagePath(dir)
 	if err := makeImage(ctx, img, size); err != nil {
-		os.Remove(img)
 		return nil, err
 	}
 	if out, err := exec.CommandContext(ctx, "mount", "-t", "ext4", "-o", "loop,nosuid,nodev", img, dir).CombinedOutput(); err != nil {
@@ -146,11 +149,20 @@ func supported() error {
 	return nil
 }
 
-func makeImage(ctx context.Context, img string, size int64) error {
+func makeImage(ctx context.Context, img string, size int64) (err error) {
 	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		// Another run is capping this dir: its image is not ours to remove.
+		return fmt.Errorf("diskcap: %w: %s exists", ErrInUse, img)
+	}
 	if err != nil {
 		return fmt.Errorf("diskcap: create image: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			os.Remove(img)
+		}
+	}()
 	// The image is fully allocated, so the run's writes can never fail
 	// (or be dropped by the loop device) because the host filled up: a run
 	// admitted with Admit owns its cap. Where allocation is unsupported the

@@ -114,3 +114,20 @@ func TestDetachKeepsTheContentWithoutAMount(t *testing.T) {
 	assert.False(t, mounted)
 	assert.False(t, HasImage(dir))
 }
+
+// TestSecondMountOfADirLeavesTheFirstAlone: two runs racing for one run dir;
+// the loser fails with ErrInUse and the winner's image and mount survive.
+func TestSecondMountOfADirLeavesTheFirstAlone(t *testing.T) {
+	dir := newRunDir(t)
+	mountOrSkip(t, dir)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "winner"), []byte("w"), 0o644))
+	require.NoError(t, os.Remove(filepath.Join(dir, "winner")))
+
+	_, err := Mount(context.Background(), dir, capSize)
+	require.ErrorIs(t, err, ErrInUse)
+	assert.FileExists(t, imagePath(dir), "the winner's image was deleted")
+	mounted, err := Mounted(dir)
+	require.NoError(t, err)
+	assert.True(t, mounted)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "still-works"), []byte("w"), 0o644))
+}
