@@ -112,6 +112,9 @@ func Release(dir string) error {
 		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
 			return fmt.Errorf("diskcap: umount %s: %w: %s", dir, err, out)
 		}
+		if err := awaitLoopDetached(imagePath(dir)); err != nil {
+			return err
+		}
 	}
 	if err := os.Remove(imagePath(dir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("diskcap: %w", err)

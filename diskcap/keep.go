@@ -1,6 +1,7 @@
 package diskcap
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"time"
 )
 
 // ImagePath is where Mount keeps the filesystem image for dir.
@@ -40,7 +42,21 @@ func Detach(dir string) error {
 	if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
 		return fmt.Errorf("diskcap: umount %s: %w: %s", dir, err, out)
 	}
-	return nil
+	return awaitLoopDetached(imagePath(dir))
+}
+
+// awaitLoopDetached waits until no loop device is backed by img: the kernel
+// detaches an auto-clearing loop device shortly after its last unmount, and
+// until then the image cannot be mounted again.
+func awaitLoopDetached(img string) error {
+	for range 100 {
+		out, err := exec.Command("losetup", "-j", img).Output()
+		if err != nil || len(bytes.TrimSpace(out)) == 0 {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("diskcap: a loop device still backs %s after unmounting it", img)
 }
 
 // Reattach mounts, read-only, the image Detach kept for dir back on dir so
@@ -58,6 +74,9 @@ func Reattach(ctx context.Context, dir string) (release func() error, err error)
 	img := imagePath(dir)
 	if _, err := os.Stat(img); err != nil {
 		return nil, fmt.Errorf("diskcap: kept image of %s: %w", dir, err)
+	}
+	if err := awaitLoopDetached(img); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("diskcap: %w", err)

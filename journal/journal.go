@@ -468,3 +468,38 @@ func RedactURL(rawURL string) string {
 // secretParams are substrings of URL query parameter names that carry
 // credentials; RedactURL drops such parameters.
 var secretParams = []string{"secret", "token", "password", "passwd", "signature", "credential", "access_key", "accesskey", "account_key", "sas"}
+
+// WriteFileAtomic writes data to path as the journal writes records: to a
+// temporary file beside it, fsync'd, renamed over path, with the directory
+// fsync'd. A reader sees the old file or the new one, never a partial or
+// empty one; on error (ENOSPC included) the old file is intact.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, tempPrefix+filepath.Base(path)+"-")
+	if err != nil {
+		return noSpace(err, dir)
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	return noSpace(err, dir)
+}

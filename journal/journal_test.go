@@ -235,3 +235,15 @@ func TestRedactURL(t *testing.T) {
 	assert.Equal(t, "s3://bucket?endpoint=http%3A%2F%2F127.0.0.1%3A9000&region=us-east-1",
 		journal.RedactURL("s3://bucket?region=us-east-1&endpoint=http://127.0.0.1:9000&secret_access_key=S&session_token=T"))
 }
+
+func TestWriteFileAtomicReplacesWhole(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run.json")
+	require.NoError(t, journal.WriteFileAtomic(path, []byte("first"), 0o600))
+	require.NoError(t, journal.WriteFileAtomic(path, []byte("second"), 0o600))
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "second", string(data))
+	entries, err := os.ReadDir(filepath.Dir(path))
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "no temporary file is left")
+}

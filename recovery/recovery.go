@@ -59,6 +59,8 @@ const maxLogBytes = 256 << 20
 // Containers is what recovery needs of the sandbox engine; the Docker
 // backend (sandbox/docker.Backend) implements it.
 type Containers interface {
+	// OrphanExists reports whether the container still exists.
+	OrphanExists(ctx context.Context, id string) (bool, error)
 	// StopOrphan stops the container; one that is gone or stopped is fine.
 	StopOrphan(ctx context.Context, id string, grace time.Duration) error
 	// OrphanLogs copies the engine's log of the container's stdout and
@@ -218,6 +220,13 @@ func (r *Recoverer) settleContainer(ctx context.Context, e *journal.Entry, res *
 	if r.Containers == nil {
 		return fmt.Errorf("container %s: no container engine to stop it", rec.ContainerID)
 	}
+	exists, err := r.Containers.OrphanExists(ctx, rec.ContainerID)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		return nil // removed by its executor, or an earlier recovery
+	}
 	grace := r.StopGrace
 	if grace <= 0 {
 		grace = DefaultStopGrace
@@ -236,7 +245,6 @@ func (r *Recoverer) settleContainer(ctx context.Context, e *journal.Entry, res *
 	}
 	return e.Update(func(rec *journal.Record) {
 		rec.Pending = slices.DeleteFunc(rec.Pending, func(p journal.Pending) bool { return p == journal.PendingContainer })
-		rec.ContainerID = ""
 	})
 }
 

@@ -41,6 +41,12 @@ func (b *Backend) InspectOrphan(ctx context.Context, id string) (OrphanState, er
 	return st, nil
 }
 
+// OrphanExists reports whether container id exists.
+func (b *Backend) OrphanExists(ctx context.Context, id string) (bool, error) {
+	st, err := b.InspectOrphan(ctx, id)
+	return st.Exists, err
+}
+
 // StopOrphan stops container id (SIGTERM, SIGKILL after grace) and waits
 // until it is no longer running. A container that is gone or stopped is not
 // an error.
