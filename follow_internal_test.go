@@ -34,7 +34,7 @@ func TestFollowersGiveUpOnAStalledConsumer(t *testing.T) {
 	streamDrainTimeout = 200 * time.Millisecond
 
 	sender := stalledSender{returned: make(chan struct{})}
-	r := &runner{in: RunTaskInput{StreamSender: sender, Run: &model.TaskRun{ID: "r1"}}, log: slog.Default()}
+	p := &plan{in: RunTaskInput{StreamSender: sender}, ref: model.RunRef{RunID: "r1"}, log: slog.Default()}
 	dir := t.TempDir()
 	stdout, err := spool.New(filepath.Join(dir, "out"))
 	require.NoError(t, err)
@@ -43,7 +43,7 @@ func TestFollowersGiveUpOnAStalledConsumer(t *testing.T) {
 	_, err = stdout.Write([]byte("bytes nobody takes"))
 	require.NoError(t, err)
 
-	f := r.follow(context.Background(), stdout, stderr)
+	f := follow(context.Background(), p, stdout, stderr)
 	require.NoError(t, stdout.Close())
 	require.NoError(t, stderr.Close())
 	assert.Error(t, f.wait(), "the stall is reported")
@@ -65,7 +65,7 @@ func TestFollowersDoNotWaitForABlockedWriter(t *testing.T) {
 	defer func(d time.Duration) { streamDrainTimeout = d }(streamDrainTimeout)
 	streamDrainTimeout = 200 * time.Millisecond
 
-	r := &runner{in: RunTaskInput{Stdout: blockedWriter{}, Run: &model.TaskRun{ID: "r1"}}, log: slog.Default()}
+	p := &plan{in: RunTaskInput{Stdout: blockedWriter{}}, ref: model.RunRef{RunID: "r1"}, log: slog.Default()}
 	dir := t.TempDir()
 	stdout, err := spool.New(filepath.Join(dir, "out"))
 	require.NoError(t, err)
@@ -77,7 +77,7 @@ func TestFollowersDoNotWaitForABlockedWriter(t *testing.T) {
 	require.NoError(t, stderr.Close())
 
 	done := make(chan error, 1)
-	go func() { done <- r.follow(context.Background(), stdout, stderr).wait() }()
+	go func() { done <- follow(context.Background(), p, stdout, stderr).wait() }()
 	select {
 	case err := <-done:
 		assert.Error(t, err)

@@ -7,21 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/probe"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
-// Names of the isolation record and the in-sandbox self-check.
+// The in-sandbox self-check.
 const (
-	// AuditRecordName is the run object holding the isolation record.
-	AuditRecordName = "audit.json"
 	// ProbeBinary is the self-check's file name in the helpers directory.
 	ProbeBinary = "taskrun-probe"
 	// ProbeRefusedExitCode is the self-check's exit status when the sandbox
@@ -33,7 +30,7 @@ const (
 // isolated as the policy demands, seen from the host or from inside.
 var ErrIsolation = errors.New("isolation check failed")
 
-// isolation is one run's self-check and isolation record.
+// isolation is one run's self-check, live audit and what they found.
 type isolation struct {
 	nonce       string
 	expect      probe.Expectation
@@ -41,58 +38,34 @@ type isolation struct {
 	posture     *audit.Posture
 	host        audit.HostFacts
 	opts        audit.Options
+	// probeReport and contradictions are what the self-check saw.
+	probeReport    *probe.Report
+	contradictions []string
 }
 
-// newIsolation prepares the checks. The self-check runs when the helpers
-// directory holds the static probe; it is mounted read-only and wraps the
-// container's command, so the agent starts only after the probe reported.
-func (r *runner) newIsolation() *isolation {
-	iso := &isolation{
+// newIsolation prepares the checks of a run under p.
+func newIsolation(p *plan) *isolation {
+	return &isolation{
 		nonce:  strings.ToLower(rand.Text()),
-		expect: expectation(r.policy),
+		expect: expectation(p.policy),
 		opts: audit.Options{
-			Mounts:        audit.MountPolicy{RunDir: r.dirs.Dir, HelpersDir: r.helpersDir()},
-			RequireGVisor: r.policy.Runtime == sandbox.RuntimeGVisor,
+			Mounts:        audit.MountPolicy{RunDir: p.dirs.Dir, HelpersDir: p.helpersDir()},
+			RequireGVisor: p.policy.Runtime == sandbox.RuntimeGVisor,
 		},
 	}
-	return iso
 }
 
-// helpersDir is the helpers directory as mounted, or "" for none.
-func (r *runner) helpersDir() string {
-	if r.in.HelpersDir == "" {
-		return ""
-	}
-	return filepath.Clean(r.in.HelpersDir)
-}
-
-// probePath is the host path of the self-check binary, or "" when the run
-// has no helpers directory. A helpers directory without a usable probe is an
-// error: the self-check is never skipped silently.
-func (r *runner) probePath() (string, error) {
-	if r.in.HelpersDir == "" {
-		return "", nil
-	}
-	p := filepath.Join(r.in.HelpersDir, ProbeBinary)
-	info, err := os.Stat(p)
-	if err == nil && !info.Mode().IsRegular() {
-		err = errors.New("not a regular file")
-	}
-	if err != nil {
-		return "", fmt.Errorf("%w: self-check %s: %w; build it with `make build`, or run without a helpers directory", ErrIsolation, p, err)
-	}
-	return p, nil
-}
-
-// apply adds the self-check to spec and returns the stderr writer that
-// extracts its report.
+// apply adds the self-check to spec: the static probe from helpersDir,
+// mounted read-only, wraps the container's command, so the agent starts only
+// after the probe reported. It returns the stderr writer that extracts the
+// report.
 func (iso *isolation) apply(spec *sandbox.Spec, helpersDir string, stderr io.Writer) (io.Writer, error) {
 	expect, err := json.Marshal(iso.expect)
 	if err != nil {
 		return nil, err
 	}
-	spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: helpersDir, Target: audit.HelperTarget, ReadOnly: true})
-	spec.Wrapper = []string{audit.HelperTarget + "/" + ProbeBinary, "--nonce", iso.nonce, "--expect", string(expect), "--"}
+	spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: helpersDir, Target: model.ContainerHelpersDir, ReadOnly: true})
+	spec.Wrapper = []string{model.ContainerHelpersDir + "/" + ProbeBinary, "--nonce", iso.nonce, "--expect", string(expect), "--"}
 	iso.interceptor = probe.NewInterceptor(stderr, iso.nonce)
 	return iso.interceptor, nil
 }
@@ -126,7 +99,7 @@ func expectation(p sandbox.Policy) probe.Expectation {
 // auditLive inspects the live container and checks it against the audit
 // rules. A failing rule refuses the run: the executor does not trust a
 // container it did not get exactly as asked.
-func (r *runner) auditLive(ctx context.Context, iso *isolation, h sandbox.Handle) error {
+func (iso *isolation) auditLive(ctx context.Context, backend sandbox.Backend, h sandbox.Handle) error {
 	raw, err := h.Inspect(ctx)
 	if err != nil {
 		return fmt.Errorf("inspect container: %w", err)
@@ -136,7 +109,7 @@ func (r *runner) auditLive(ctx context.Context, iso *isolation, h sandbox.Handle
 		return fmt.Errorf("read container posture: %w", err)
 	}
 	iso.posture = &p
-	if d, ok := r.in.Sandbox.(sandbox.EngineDescriber); ok {
+	if d, ok := backend.(sandbox.EngineDescriber); ok {
 		info, err := d.EngineInfo(ctx)
 		if err == nil {
 			iso.host, err = audit.ParseHostInfo(info)
@@ -151,36 +124,37 @@ func (r *runner) auditLive(ctx context.Context, iso *isolation, h sandbox.Handle
 	return nil
 }
 
-// probeVerdict reads the self-check's report after the run and explains a
+// readProbe reads the self-check's report after the run and explains a
 // refusal.
-func (iso *isolation) probeVerdict(exit sandbox.Result) (*probe.Report, []string, error) {
+func (iso *isolation) readProbe(exit sandbox.Result) error {
 	if iso.interceptor == nil {
-		return nil, nil, nil
+		return nil
 	}
 	if err := iso.interceptor.Flush(); err != nil {
-		return nil, nil, err
+		return err
 	}
 	rep, ok := iso.interceptor.Report()
 	if !ok {
 		if exit.TimedOut || exit.Cancelled {
-			return nil, nil, nil
+			return nil
 		}
-		return nil, nil, fmt.Errorf("%w: the in-sandbox self-check sent no report", ErrIsolation)
+		return fmt.Errorf("%w: the in-sandbox self-check sent no report", ErrIsolation)
 	}
-	contradictions := iso.expect.Contradictions(*rep)
-	if len(contradictions) > 0 {
-		return rep, contradictions, fmt.Errorf("%w: the in-sandbox self-check refused the run: %s", ErrIsolation, strings.Join(contradictions, "; "))
+	iso.probeReport = rep
+	iso.contradictions = iso.expect.Contradictions(*rep)
+	if len(iso.contradictions) > 0 {
+		return fmt.Errorf("%w: the in-sandbox self-check refused the run: %s", ErrIsolation, strings.Join(iso.contradictions, "; "))
 	}
-	return rep, nil, nil
+	return nil
 }
 
-// isolationRecord is the run's isolation record as JSON, or nil when no
-// container was inspected.
-func (r *runner) isolationRecord() []byte {
-	if r.iso == nil || r.iso.posture == nil {
+// record is the run's isolation record as JSON, or nil when no container
+// was inspected.
+func (iso *isolation) record(runID string) []byte {
+	if iso.posture == nil {
 		return nil
 	}
-	rec := audit.NewRecord(r.ref.RunID, *r.iso.posture, r.iso.host, r.iso.opts, r.probeReport, r.probeContradictions, time.Now())
+	rec := audit.NewRecord(runID, *iso.posture, iso.host, iso.opts, iso.probeReport, iso.contradictions, time.Now())
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return nil // a Record always marshals

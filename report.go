@@ -7,41 +7,31 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
-// report settles the final status from the run's verdict (r.out.Status and
-// Reason, see verdict) and the persist step's error, sends the final PATCH
-// and returns the outcome. runErr is the first error of preparing or running
-// the container; persistErr is the persist step's.
-func (r *runner) report(cleanupCtx context.Context, runErr, persistErr error) (*Outcome, error) {
-	if r.out.Result.EndTime == 0 {
-		r.out.Result.EndTime = time.Now().UnixMilli()
-	}
-	if persistErr != nil {
-		r.out.Status, r.out.Reason = model.StatusFailed, joinReasons(r.out.Reason,
-			fmt.Sprintf("%v (the run directory %s is kept; `taskrun persist` retries)", persistErr, r.dirs.Dir))
-	}
-
-	req := r.patch()
-	if a := r.reportedArtifact(); a != nil {
-		req.Artifact = a
-	}
-	if r.runningReported != nil {
-		select {
-		case <-r.runningReported:
-		case <-cleanupCtx.Done():
-		}
-	}
-	var err error
-	if r.out.Status != model.StatusSucceeded {
-		err = &RunError{Status: r.out.Status, Reason: r.out.Reason, Err: errors.Join(runErr, persistErr)}
-	}
-	if perr := r.in.Updater.UpdateRunStatus(cleanupCtx, r.in.Run.ID, req); perr != nil {
-		err = errors.Join(err, fmt.Errorf("report %s: %w", r.out.Status, perr))
-	}
-	r.log.Info("run finished", "status", r.out.Status, "reason", r.out.Reason, "exit_code", r.out.Exit.ExitCode)
-	return &r.out, err
+// Outcome is how a run ended, as seen by the executor.
+type Outcome struct {
+	// Status is the final status reported to the control plane.
+	Status model.RunStatus `json:"status"`
+	// Reason explains a status other than SUCCEEDED.
+	Reason string `json:"reason,omitempty"`
+	// Exit is the container's result; zero when no container ran.
+	Exit sandbox.Result `json:"exit"`
+	// ContainerID is the container that ran the agent.
+	ContainerID string `json:"container_id,omitempty"`
+	// Result is the seed's run result.
+	Result RunResult `json:"result"`
+	// Artifacts are the stored artifacts, in path order.
+	Artifacts []persist.ObjectInfo `json:"artifacts,omitempty"`
+	// DroppedOutputBytes counts stdout and stderr bytes past MaxOutputBytes,
+	// drained from the container but not kept.
+	DroppedOutputBytes int64 `json:"dropped_output_bytes,omitempty"`
+	// Stored lists every object the run stored: logs, artifacts, output
+	// files, the trace, session state and the isolation record.
+	Stored []persist.ObjectInfo `json:"stored,omitempty"`
 }
 
 // RunError is returned for a run that did not succeed. It matches
@@ -61,24 +51,173 @@ func (e *RunError) Error() string { return fmt.Sprintf("run %s: %s", e.Status, e
 // Unwrap returns ErrRunFailed and the underlying errors.
 func (e *RunError) Unwrap() []error { return []error{ErrRunFailed, e.Err} }
 
-// verdict maps what happened before persisting to a status and a reason.
-func (r *runner) verdict(ctx context.Context, runErr error) (model.RunStatus, string) {
-	exit := r.out.Exit
+// verdict is how the run ended before anything was persisted.
+type verdict struct {
+	status model.RunStatus
+	reason string
+	// err is the first failure of preparing or supervising the run.
+	err   error
+	ended time.Time
+}
+
+// judge maps what prepare and supervise returned to a verdict.
+func judge(ctx context.Context, p *plan, ex execution, runErr error) verdict {
+	v := verdict{status: model.StatusSucceeded, err: runErr, ended: time.Now()}
+	exit := ex.Exit
 	switch {
 	case ctx.Err() != nil:
-		return model.StatusCancelled, "run cancelled"
+		v.status, v.reason = model.StatusCancelled, "run cancelled"
 	case runErr != nil:
-		return model.StatusFailed, runErr.Error()
+		v.status, v.reason = model.StatusFailed, runErr.Error()
 	case exit.TimedOut:
-		return model.StatusFailed, fmt.Sprintf("timed out after %s", r.spec().Timeout)
+		v.status, v.reason = model.StatusFailed, fmt.Sprintf("timed out after %s", p.spec.Timeout)
 	case exit.OOMKilled:
-		return model.StatusFailed, fmt.Sprintf("out of memory: the container exceeded its %d MiB limit", r.policy.MemoryBytes>>20)
+		v.status, v.reason = model.StatusFailed, fmt.Sprintf("out of memory: the container exceeded its %d MiB limit", p.policy.MemoryBytes>>20)
 	case exit.Cancelled:
-		return model.StatusCancelled, "run cancelled"
+		v.status, v.reason = model.StatusCancelled, "run cancelled"
 	case exit.ExitCode != 0:
-		return model.StatusFailed, fmt.Sprintf("agent exited with code %d", exit.ExitCode)
+		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d", exit.ExitCode)
 	}
-	return model.StatusSucceeded, ""
+	return v
+}
+
+// report settles the final status from the verdict and the persist error,
+// builds the Outcome, sends the final PATCH (after the RUNNING one, if any)
+// and returns the outcome with the run's error.
+func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, st stored, persistErr error) (*Outcome, error) {
+	out := outcome(p, ex, v, st, persistErr)
+	req := patch(out, wd.started, container(p, ex))
+	if len(st.artifacts) > 0 {
+		// The first stored artifact in path order; every one is stored.
+		a := st.artifacts[0]
+		req.Artifact = &workerclient.Artifact{Key: a.Key, Size: a.Size, SHA256: a.SHA256, ContentType: a.ContentType}
+	}
+	if ex.running != nil {
+		select {
+		case <-ex.running:
+		case <-ctx.Done():
+		}
+	}
+	var err error
+	if out.Status != model.StatusSucceeded {
+		err = &RunError{Status: out.Status, Reason: out.Reason, Err: errors.Join(v.err, persistErr)}
+	}
+	if perr := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req); perr != nil {
+		err = errors.Join(err, fmt.Errorf("report %s: %w", out.Status, perr))
+	}
+	p.log.Info("run finished", "status", out.Status, "reason", out.Reason, "exit_code", out.Exit.ExitCode)
+	return out, err
+}
+
+// outcome is the one place an Outcome is built. A failed persist fails the
+// run, with the reason naming the kept copy.
+func outcome(p *plan, ex execution, v verdict, st stored, persistErr error) *Outcome {
+	out := &Outcome{
+		Status:             v.status,
+		Reason:             v.reason,
+		Exit:               ex.Exit,
+		ContainerID:        ex.ContainerID,
+		Artifacts:          st.artifacts,
+		DroppedOutputBytes: ex.DroppedOutputBytes,
+		Stored:             st.objects,
+		Result: RunResult{
+			EndTime:          v.ended.UnixMilli(),
+			Output:           st.output,
+			OutputStr:        string(st.output),
+			RunArtifactsDir:  st.artifactsDir,
+			PromptTokens:     ex.PromptTokens,
+			CompletionTokens: ex.CompletionTokens,
+			TracePath:        st.tracePath,
+		},
+	}
+	if persistErr != nil {
+		out.Status, out.Reason = model.StatusFailed, joinReasons(out.Reason,
+			fmt.Sprintf("%v (the run directory %s is kept; `taskrun persist` retries)", persistErr, p.dirs.Dir))
+	}
+	return out
+}
+
+// failEarly reports a run refused before it touched disk or Docker: FAILED,
+// or CANCELLED when the caller cancelled meanwhile. The PATCH is sent only
+// when the run ID itself is valid, since it names the URL, and on a context
+// of its own so that a cancellation cannot swallow it.
+func failEarly(ctx context.Context, in RunTaskInput, cause error) (*Outcome, error) {
+	status := model.StatusFailed
+	if ctx.Err() != nil {
+		status = model.StatusCancelled
+	}
+	out := &Outcome{Status: status, Reason: cause.Error(), Result: RunResult{EndTime: time.Now().UnixMilli()}}
+	if in.Updater != nil && in.Run != nil && model.ValidateID("run", in.Run.ID) == nil {
+		reportCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := in.Updater.UpdateRunStatus(reportCtx, in.Run.ID, patch(out, time.Time{}, nil)); err != nil {
+			cause = errors.Join(cause, fmt.Errorf("report %s: %w", status, err))
+		}
+	}
+	return out, &RunError{Status: status, Reason: out.Reason, Err: cause}
+}
+
+// reportRunning sends the RUNNING PATCH in the background, so a slow
+// control plane never delays supervising the container; report waits for
+// the returned channel before the final PATCH, which keeps the two in order.
+func reportRunning(ctx context.Context, p *plan, wd *workdir, ex execution) <-chan struct{} {
+	done := make(chan struct{})
+	req := &workerclient.PatchTaskRunRequest{
+		Status:    model.StatusRunning,
+		StartedAt: ptr(wd.started.UnixMilli()),
+		Container: container(p, ex),
+	}
+	go func() {
+		defer close(done)
+		if err := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req); err != nil {
+			p.log.Warn("report RUNNING", "err", err)
+		}
+	}()
+	return done
+}
+
+// patch builds the PATCH body for an outcome; started is zero and c nil
+// for a run that never started.
+func patch(out *Outcome, started time.Time, c *workerclient.ContainerInfo) *workerclient.PatchTaskRunRequest {
+	res := out.Result
+	req := &workerclient.PatchTaskRunRequest{
+		Status:           out.Status,
+		EndedAt:          ptr(res.EndTime),
+		PromptTokens:     res.PromptTokens,
+		CompletionTokens: res.CompletionTokens,
+	}
+	if !started.IsZero() {
+		req.StartedAt = ptr(started.UnixMilli())
+	}
+	if res.Output != nil {
+		text, cut := capOutput(res.Output, MaxPatchOutputBytes)
+		req.Output = ptr(string(text))
+		req.OutputTruncated = cut
+	}
+	if out.Reason != "" {
+		req.Error = ptr(out.Reason)
+	}
+	if out.ContainerID != "" && c != nil {
+		req.ExitCode = ptr(out.Exit.ExitCode)
+		req.Container = c
+	}
+	if res.TracePath != "" {
+		req.TracePath = ptr(res.TracePath)
+	}
+	return req
+}
+
+// container describes the run's container for the control plane; nil when
+// none ran.
+func container(p *plan, ex execution) *workerclient.ContainerInfo {
+	if ex.ContainerID == "" {
+		return nil
+	}
+	runtime := ex.Runtime
+	if runtime == "" {
+		runtime = p.policy.Runtime
+	}
+	return &workerclient.ContainerInfo{ID: ex.ContainerID, Runtime: runtime, ImageDigest: ex.ImageDigest}
 }
 
 // joinReasons joins the non-empty reasons with "; ".
@@ -96,12 +235,4 @@ func joinReasons(reasons ...string) string {
 	return out
 }
 
-// reportedArtifact is the artifact named in the PATCH: the first stored
-// artifact in path order. Every artifact is stored regardless.
-func (r *runner) reportedArtifact() *workerclient.Artifact {
-	if len(r.out.Artifacts) == 0 {
-		return nil
-	}
-	a := r.out.Artifacts[0]
-	return &workerclient.Artifact{Key: a.Key, Size: a.Size, SHA256: a.SHA256, ContentType: a.ContentType}
-}
+func ptr[T any](v T) *T { return &v }

@@ -118,7 +118,7 @@ func assertNoContainers(t *testing.T, tenant string) {
 	defer cli.Close()
 	list, err := cli.ContainerList(context.Background(), container.ListOptions{
 		All:     true,
-		Filters: filters.NewArgs(filters.Arg("label", docker.LabelTenant+"="+tenant)),
+		Filters: filters.NewArgs(filters.Arg("label", sandbox.LabelTenant+"="+tenant)),
 	})
 	require.NoError(t, err)
 	assert.Empty(t, list, "containers left behind for tenant %s", tenant)

@@ -175,7 +175,7 @@ func (h *harness) containers(t *testing.T) []container.Summary {
 	t.Helper()
 	list, err := h.cli.ContainerList(context.Background(), container.ListOptions{
 		All:     true,
-		Filters: filters.NewArgs(filters.Arg("label", docker.LabelTenant+"="+h.tenant)),
+		Filters: filters.NewArgs(filters.Arg("label", sandbox.LabelTenant+"="+h.tenant)),
 	})
 	require.NoError(t, err)
 	return list
@@ -225,8 +225,8 @@ func (h *harness) runContainer(t *testing.T, runID string) string {
 	t.Helper()
 	list, err := h.cli.ContainerList(context.Background(), container.ListOptions{
 		Filters: filters.NewArgs(
-			filters.Arg("label", docker.LabelTenant+"="+h.tenant),
-			filters.Arg("label", docker.LabelRun+"="+runID),
+			filters.Arg("label", sandbox.LabelTenant+"="+h.tenant),
+			filters.Arg("label", sandbox.LabelRun+"="+runID),
 		),
 	})
 	require.NoError(t, err)

@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/taskrun/taskrun/model"
 )
 
 // FileName is the name of the agent instructions file, both in the workspace
@@ -29,21 +31,24 @@ var ErrUnsafeWorkspaceFile = errors.New("unsafe workspace AGENTS.md")
 // agent sees it.
 const RunDirSection = `# Run directory
 
-You are running inside a sandboxed task run. The run directory is mounted at /taskrun:
+You are running inside a sandboxed task run. The run directory is mounted at ` + dir + `:
 
 | path | use |
 |---|---|
-| /taskrun/AGENTS.md | this file: run context (read-only in intent) |
-| /taskrun/home | your HOME and working directory: the task's workspace; it is saved as session state |
-| /taskrun/artifacts | put files you deliver here; only regular files are collected |
-| /taskrun/global | run-global storage; traces go to /taskrun/global/traces/<session>/ |
-| /taskrun/output | write your final answer to /taskrun/output/result.md |
+| ` + dir + `/AGENTS.md | this file: run context (read-only in intent) |
+| ` + dir + `/home | your HOME and working directory: the task's workspace; it is saved as session state |
+| ` + dir + `/artifacts | put files you deliver here; only regular files are collected |
+| ` + dir + `/global | run-global storage; traces go to ` + dir + `/global/traces/<session>/ |
+| ` + dir + `/output | write your final answer to ` + dir + `/output/result.md |
 
 The task's prompt is in the file named by $TASKRUN_PROMPT_FILE. Your run is identified by
 $TASKRUN_RUN_ID, $TASKRUN_TASK_ID and $TASKRUN_SESSION_ID. The network is off; when a model is
 configured it is reachable through the unix socket named by $TASKRUN_MODEL_SOCKET. The root
 filesystem is read-only; /tmp is a small scratch space that is not kept.
 `
+
+// dir is where the run directory is mounted.
+const dir = model.ContainerRunDir
 
 // BuildRunAgentsMdContent returns the content of the run's AGENTS.md: the
 // run-directory section first, then runHome/AGENTS.md if present.

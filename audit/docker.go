@@ -8,6 +8,8 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/system"
+
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // DockerAPI is the part of the Docker client the audit uses;
@@ -46,15 +48,15 @@ func Inspect(ctx context.Context, cli DockerAPI, ids ...string) ([]Posture, erro
 }
 
 // ManagedIDs lists the IDs of all containers, running or not, that carry
-// LabelManaged=true, plus any extra label filters ("key=value").
+// sandbox.LabelManaged=true, plus any extra label filters ("key=value").
 func ManagedIDs(ctx context.Context, cli DockerAPI, extraLabels ...string) ([]string, error) {
-	f := filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))
+	f := filters.NewArgs(filters.Arg("label", sandbox.LabelManaged+"=true"))
 	for _, l := range extraLabels {
 		f.Add("label", l)
 	}
 	list, err := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: f})
 	if err != nil {
-		return nil, fmt.Errorf("list containers labelled %s=true: %w", LabelManaged, err)
+		return nil, fmt.Errorf("list containers labelled %s=true: %w", sandbox.LabelManaged, err)
 	}
 	ids := make([]string, len(list))
 	for i, c := range list {

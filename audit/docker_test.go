@@ -16,6 +16,8 @@ import (
 	units "github.com/docker/go-units"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 const testImage = "taskrun/testbox:local"
@@ -54,7 +56,7 @@ func baseline(t *testing.T, runID string) fixture {
 			Cmd:        []string{"true"},
 			User:       "10001:10001",
 			WorkingDir: "/taskrun",
-			Labels:     map[string]string{LabelManaged: "true", LabelRun: runID, key: val},
+			Labels:     map[string]string{sandbox.LabelManaged: "true", sandbox.LabelRun: runID, key: val},
 		},
 		hc: &container.HostConfig{
 			NetworkMode:    "none",

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"path"
 	"strings"
+
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // mountClass says which rule a mount is attributed to.
@@ -76,26 +78,26 @@ func below(p, root string) bool {
 
 // runDirAllowed reports whether src may be mounted at RunDirTarget: it must be
 // strictly below RunsRoot when that is set, and be the policy's RunDir, else
-// the LabelRunDir path (trusted only strictly below RunsRoot), else a dir
-// named after the LabelRun value; the second result says what was expected.
+// the sandbox.LabelRunDir path (trusted only strictly below RunsRoot), else a dir
+// named after the sandbox.LabelRun value; the second result says what was expected.
 func (c checkCtx) runDirAllowed(src string) (bool, string) {
 	mp := c.opts.Mounts
 	root := path.Clean(mp.RunsRoot)
 	if mp.RunsRoot != "" && !below(src, root) {
 		return false, fmt.Sprintf("run dir %s is not strictly below %s", src, mp.RunsRoot)
 	}
-	label := c.p.Labels[LabelRunDir]
+	label := c.p.Labels[sandbox.LabelRunDir]
 	switch {
 	case mp.RunDir != "":
 		return src == path.Clean(mp.RunDir), "expected " + mp.RunDir
 	case label != "" && mp.RunsRoot != "" && below(path.Clean(label), root):
 		want := path.Clean(label)
-		return src == want, "expected " + want + " (label " + LabelRunDir + ")"
-	case c.p.Labels[LabelRun] != "":
-		run := c.p.Labels[LabelRun]
-		return path.Base(src) == run, "expected a dir named " + run + " (label " + LabelRun + ")"
+		return src == want, "expected " + want + " (label " + sandbox.LabelRunDir + ")"
+	case c.p.Labels[sandbox.LabelRun] != "":
+		run := c.p.Labels[sandbox.LabelRun]
+		return path.Base(src) == run, "expected a dir named " + run + " (label " + sandbox.LabelRun + ")"
 	}
-	return false, "cannot tie it to the run: no " + LabelRun + " label, and no " + LabelRunDir + " label below a configured RunsRoot"
+	return false, "cannot tie it to the run: no " + sandbox.LabelRun + " label, and no " + sandbox.LabelRunDir + " label below a configured RunsRoot"
 }
 
 // helperAllowed reports whether a bind mount under HelperTarget is allowed,

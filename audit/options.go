@@ -6,27 +6,30 @@ import (
 	"strings"
 
 	"github.com/docker/docker/api/types/system"
+
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
-// Labels the executor puts on every run container that the audit reads.
+// The labels the audit reads, defined in package sandbox.
+//
+// Deprecated: use sandbox.LabelManaged, sandbox.LabelRun and
+// sandbox.LabelRunDir.
 const (
-	// LabelManaged marks containers created by taskrun ("true").
-	LabelManaged = "dev.taskrun.managed"
-	// LabelRun holds the run ID; the run dir's last path element equals it.
-	LabelRun = "dev.taskrun.run"
-	// LabelRunDir holds the absolute host path of the run dir, when recorded.
-	LabelRunDir = "dev.taskrun.run-dir"
+	LabelManaged = sandbox.LabelManaged
+	LabelRun     = sandbox.LabelRun
+	LabelRunDir  = sandbox.LabelRunDir
 )
 
-// Documented in-container paths.
+// The in-container paths the audit checks, defined in package model.
 const (
 	// RunDirTarget is where the run's own directory is bind-mounted.
-	RunDirTarget = "/taskrun"
+	RunDirTarget = model.ContainerRunDir
 	// HelperTarget is the directory under which read-only helper binaries
 	// (such as taskrun-probe) may be bind-mounted. Their host sources must
 	// not lie in a sensitive tree such as /usr (rule 5.6): keep them in a
 	// dedicated directory such as /var/lib/taskrun/bin.
-	HelperTarget = "/.taskrun/bin"
+	HelperTarget = model.ContainerHelpersDir
 )
 
 // HostFacts is what the audit needs to know about the Docker host, taken from

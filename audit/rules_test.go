@@ -8,6 +8,8 @@ import (
 	"github.com/docker/docker/api/types/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -17,7 +19,7 @@ func ptr[T any](v T) *T { return &v }
 func compliant() Posture {
 	return Posture{
 		ID:              "c0ffee",
-		Labels:          map[string]string{LabelManaged: "true", LabelRun: "run-1"},
+		Labels:          map[string]string{sandbox.LabelManaged: "true", sandbox.LabelRun: "run-1"},
 		User:            "10001:10001",
 		WorkingDir:      "/taskrun/home",
 		CapDrop:         []string{"ALL"},
@@ -191,7 +193,7 @@ func TestOptions(t *testing.T) {
 func TestRunDirStrictlyBelowRunsRoot(t *testing.T) {
 	p := compliant()
 	p.Mounts[0].Source = "/srv/taskrun/runs"
-	p.Labels[LabelRun] = "runs"
+	p.Labels[sandbox.LabelRun] = "runs"
 	assert.Empty(t, Check(p, fullHost, Options{}).FailedIDs(), "without RunsRoot the run ID rule decides")
 	for _, mp := range []MountPolicy{
 		{RunsRoot: "/srv/taskrun/runs"},
@@ -247,28 +249,28 @@ func TestTmpfsOptionsAccepted(t *testing.T) {
 func TestRunDirFromLabels(t *testing.T) {
 	rooted := Options{Mounts: MountPolicy{RunsRoot: "/srv/taskrun"}}
 	p := compliant()
-	p.Labels[LabelRunDir] = p.Mounts[0].Source
+	p.Labels[sandbox.LabelRunDir] = p.Mounts[0].Source
 	assert.Empty(t, Check(p, fullHost, rooted).FailedIDs())
-	p.Labels[LabelRunDir] = "/srv/taskrun/other/run-1"
+	p.Labels[sandbox.LabelRunDir] = "/srv/taskrun/other/run-1"
 	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, rooted).FailedIDs(), "a trusted label names another dir")
 
 	// Without RunsRoot, or with a label not strictly below it, the label is
 	// not trusted and the run ID rule decides.
 	p = compliant()
-	p.Labels[LabelRunDir] = "/elsewhere"
+	p.Labels[sandbox.LabelRunDir] = "/elsewhere"
 	p.Mounts[0].Source = "/elsewhere"
 	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, Options{}).FailedIDs(), "untrusted label, dir not named after the run")
 	p = compliant()
-	delete(p.Labels, LabelRun)
-	p.Labels[LabelRunDir] = p.Mounts[0].Source
+	delete(p.Labels, sandbox.LabelRun)
+	p.Labels[sandbox.LabelRunDir] = p.Mounts[0].Source
 	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, Options{}).FailedIDs(), "label alone is not trusted without RunsRoot")
 	assert.Empty(t, Check(p, fullHost, rooted).FailedIDs(), "label trusted below RunsRoot")
-	p.Labels[LabelRunDir] = "/srv/taskrun"
+	p.Labels[sandbox.LabelRunDir] = "/srv/taskrun"
 	p.Mounts[0].Source = "/srv/taskrun"
 	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, rooted).FailedIDs(), "a label equal to RunsRoot is not trusted")
 
 	p = compliant()
-	delete(p.Labels, LabelRun)
+	delete(p.Labels, sandbox.LabelRun)
 	r := Check(p, fullHost, Options{})
 	assert.Equal(t, []string{"TR:only-run-mount"}, r.FailedIDs(), "an unlabelled run dir cannot be tied to the run")
 }

@@ -9,15 +9,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/docker"
 )
 
 // dockerRunArgs is `docker run --rm` with taskrun's default policy as CLI
 // flags, the bench labels and dir bind-mounted at /taskrun.
 func (e *env) dockerRunArgs(dir string, cmd ...string) []string {
 	args := []string{"run", "--rm",
-		"--label", docker.LabelManaged + "=true",
+		"--label", sandbox.LabelManaged + "=true",
 		"--label", labelBench + "=" + e.c.benchID,
 		"--user", "10001:10001",
 		"--cap-drop", "ALL",
@@ -107,8 +107,8 @@ func (e *env) backendRun(ctx context.Context, streams sandbox.Streams, first *fi
 	if err != nil {
 		return 0, err
 	}
-	spec := sandbox.Spec{Image: e.c.image, Cmd: cmd, Labels: e.labels, RunID: "bench",
-		Mounts: []sandbox.Mount{{Source: dir, Target: "/taskrun"}}}
+	spec := sandbox.Spec{Image: e.c.image, Cmd: cmd, Labels: e.labels, Run: model.RunRef{RunID: "bench"},
+		Mounts: []sandbox.Mount{{Source: dir, Target: model.ContainerRunDir}}}
 	start := time.Now()
 	if first != nil {
 		first.start = start

@@ -288,7 +288,7 @@ func childBackend(ctx context.Context, o childOptions) (transfer, error) {
 		defer close(done)
 		got, readErr = consume(out.NewReaderContext(ctx, 0))
 	}()
-	spec := sandbox.Spec{Image: o.image, Cmd: ddCommand(o.sizeMiB), RunID: "throughput",
+	spec := sandbox.Spec{Image: o.image, Cmd: ddCommand(o.sizeMiB), Run: model.RunRef{RunID: "throughput"},
 		Labels: map[string]string{labelBench: o.benchID}}
 	h, err := backend.Start(ctx, spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: out, Stderr: io.Discard})
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 
 	"github.com/taskrun/taskrun/images"
 	"github.com/taskrun/taskrun/integration/taskruntest"
-	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // The S3 server's account, bucket and region.
@@ -186,7 +186,7 @@ func startS3(ctx context.Context, image string) (stop func() error, err error) {
 		testcontainers.WithCmd("--port", ":7070", "posix", "/data"),
 		testcontainers.WithEnv(map[string]string{"ROOT_ACCESS_KEY_ID": s3AccessKey, "ROOT_SECRET_ACCESS_KEY": s3SecretKey}),
 		testcontainers.WithExposedPorts(s3Port),
-		testcontainers.WithLabels(map[string]string{docker.LabelManaged: "true", labelSuite: suite.id}),
+		testcontainers.WithLabels(map[string]string{sandbox.LabelManaged: "true", labelSuite: suite.id}),
 		testcontainers.WithWaitStrategy(wait.ForHTTP("/").WithPort(s3Port).
 			WithStatusCodeMatcher(func(int) bool { return true }).WithStartupTimeout(time.Minute)),
 	)

@@ -98,44 +98,38 @@ func validateRunName(name string) error {
 	return nil
 }
 
-// Validate checks every ID of the run reference.
-func (r RunRef) Validate() error {
-	for _, f := range []struct{ kind, id string }{
-		{"user", r.UserID},
-		{"conversation", r.ConversationID},
-		{"task", r.TaskID},
-		{"run", r.RunID},
-	} {
-		if err := validateID(f.kind, f.id); err != nil {
-			return err
-		}
+// validateRef checks every ID of the run reference; the error also wraps
+// ErrInvalidName, as every key error does.
+func validateRef(ref RunRef) error {
+	if err := ref.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
 	return nil
 }
 
 // runRest is the run's prefix below its tenant, with a trailing slash.
-func (r RunRef) runRest() string {
+func runRest(r RunRef) string {
 	return "conversations/" + r.ConversationID + "/tasks/" + r.TaskID + "/runs/" + r.RunID + "/"
 }
 
 func runKey(ref RunRef, name string) (objectKey, error) {
-	if err := ref.Validate(); err != nil {
+	if err := validateRef(ref); err != nil {
 		return objectKey{}, err
 	}
 	if err := validateRunName(name); err != nil {
 		return objectKey{}, err
 	}
-	return objectKey{userID: ref.UserID, rest: ref.runRest() + name}, nil
+	return objectKey{userID: ref.UserID, rest: runRest(ref) + name}, nil
 }
 
 func artifactKey(ref RunRef, relPath string) (objectKey, error) {
-	if err := ref.Validate(); err != nil {
+	if err := validateRef(ref); err != nil {
 		return objectKey{}, err
 	}
 	if err := ValidateRelPath(relPath); err != nil {
 		return objectKey{}, err
 	}
-	return objectKey{userID: ref.UserID, rest: ref.runRest() + artifactsDir + "/" + relPath}, nil
+	return objectKey{userID: ref.UserID, rest: runRest(ref) + artifactsDir + "/" + relPath}, nil
 }
 
 func globalKey(userID, relPath string) (objectKey, error) {
@@ -189,10 +183,10 @@ func GlobalKey(userID, relPath string) (string, error) {
 // RunPrefix returns the key prefix (ending in "/") under which all of a run's
 // files and artifacts live.
 func RunPrefix(ref RunRef) (string, error) {
-	if err := ref.Validate(); err != nil {
+	if err := validateRef(ref); err != nil {
 		return "", err
 	}
-	return objectKey{userID: ref.UserID, rest: ref.runRest()}.String(), nil
+	return objectKey{userID: ref.UserID, rest: runRest(ref)}.String(), nil
 }
 
 // TenantPrefix returns the key prefix (ending in "/") of everything stored
@@ -204,14 +198,29 @@ func TenantPrefix(userID string) (string, error) {
 	return tenantsRoot + "/" + userID + "/", nil
 }
 
+// tracesDir is the run-global directory holding every session's traces.
+const tracesDir = "traces"
+
 // TracePath returns the run-global relative path of an agent run's trace,
 // "traces/<session>/rt_<agentRunID>.jsonl"; pass it to PutGlobalFile.
 func TracePath(sessionID, agentRunID string) (string, error) {
+	return sessionFile(sessionID, agentRunID, "rt_")
+}
+
+// GatewayRecordPath returns the run-global relative path of the
+// executor-owned record of a run's model exchanges, next to its trace:
+// "traces/<session>/gw_<runID>.jsonl".
+func GatewayRecordPath(sessionID, runID string) (string, error) {
+	return sessionFile(sessionID, runID, "gw_")
+}
+
+// sessionFile is "traces/<session>/<prefix><runID>.jsonl".
+func sessionFile(sessionID, runID, prefix string) (string, error) {
 	if err := validateID("session", sessionID); err != nil {
 		return "", err
 	}
-	if err := validateID("agent run", agentRunID); err != nil {
+	if err := validateID("agent run", runID); err != nil {
 		return "", err
 	}
-	return "traces/" + sessionID + "/rt_" + agentRunID + ".jsonl", nil
+	return tracesDir + "/" + sessionID + "/" + prefix + runID + ".jsonl", nil
 }

@@ -5,15 +5,13 @@ package persist
 import (
 	"context"
 	"io"
+
+	"github.com/taskrun/taskrun/model"
 )
 
-// RunRef names one run and so the tenant-scoped prefix of its blobs.
-type RunRef struct {
-	UserID         string
-	ConversationID string
-	TaskID         string
-	RunID          string
-}
+// RunRef names one run and so the tenant-scoped prefix of its blobs. It is
+// the run identity every package shares.
+type RunRef = model.RunRef
 
 // ObjectInfo describes a stored blob.
 type ObjectInfo struct {

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/taskrun/taskrun/model"
 )
 
 // Config tunes Collect. The zero value uses the defaults below.
@@ -45,7 +47,7 @@ const (
 	DefaultDNSName        = "example.com"
 	DefaultEgressTimeout  = 2 * time.Second
 	DefaultMaxWalkEntries = 20000
-	DefaultRunDir         = "/taskrun"
+	DefaultRunDir         = model.ContainerRunDir
 	DefaultSocketTimeout  = time.Second
 )
 

@@ -76,7 +76,7 @@ func newFixture(t *testing.T) *fixture {
 
 	out, err := spool.New(filepath.Join(spoolDir, recovery.StdoutSpoolName))
 	require.NoError(t, err)
-	h, err := b.Start(ctx, sandbox.Spec{Image: testImage, Cmd: printer, RunID: runID,
+	h, err := b.Start(ctx, sandbox.Spec{Image: testImage, Cmd: printer, Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: runID},
 		Labels: map[string]string{"dev.taskrun.test": runID}}, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: out})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = h.Close(context.Background()) })

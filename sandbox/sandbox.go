@@ -24,6 +24,8 @@ import (
 	"encoding/json"
 	"io"
 	"time"
+
+	"github.com/taskrun/taskrun/model"
 )
 
 // Backend runs containers.
@@ -81,12 +83,10 @@ type Mount struct {
 type Spec struct {
 	// Name is an optional container name.
 	Name string `json:"name,omitempty"`
-	// TenantID, TaskID and RunID identify the run; backends record them on the
-	// container (for Docker as dev.taskrun.tenant/task/run labels) so that audits
-	// and the reaper can tell whose container it is.
-	TenantID string `json:"tenant_id,omitempty"`
-	TaskID   string `json:"task_id,omitempty"`
-	RunID    string `json:"run_id,omitempty"`
+	// Run identifies the run; backends record it on the container (for
+	// Docker as the dev.taskrun.tenant/conversation/task/run labels) so that
+	// audits and the reaper can tell whose container it is.
+	Run model.RunRef `json:"run"`
 	// Image is the image reference; it must already exist locally.
 	Image string `json:"image"`
 	// Cmd replaces the image's default command when non-empty.

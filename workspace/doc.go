@@ -17,7 +17,7 @@
 //
 // A typical run uses the package in this order:
 //
-//	dirs, err := paths.Run(userID, convID, taskID, runID) // validates every ID
+//	dirs, err := paths.Run(ref) // validates every ID of the model.RunRef
 //	err = workspace.CreateRunDirs(dirs, workspace.SandboxOwner)
 //	_, err = workspace.UnpackHome(ctx, sessionArchive, dirs.Home, workspace.UnpackOptions{Owner: &owner})
 //	_, err = workspace.CopyTree(ctx, workspaceDir, dirs.Home, workspace.CopyOptions{Owner: &owner, KeepExisting: true})

@@ -54,11 +54,11 @@ func (d RunDirs) sandboxDirs() []string {
 
 // Run validates all four IDs and returns the run's directories. Nothing is
 // created on disk; see CreateRunDirs.
-func (p *Paths) Run(userID, conversationID, taskID, runID string) (RunDirs, error) {
-	if err := validateRunIDs(userID, conversationID, taskID, runID); err != nil {
+func (p *Paths) Run(ref model.RunRef) (RunDirs, error) {
+	if err := ref.Validate(); err != nil {
 		return RunDirs{}, err
 	}
-	dir := p.runDir(userID, conversationID, taskID, runID)
+	dir := p.runDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID)
 	return RunDirs{
 		Dir:       dir,
 		Home:      filepath.Join(dir, "home"),
@@ -66,15 +66,6 @@ func (p *Paths) Run(userID, conversationID, taskID, runID string) (RunDirs, erro
 		Global:    filepath.Join(dir, "global"),
 		Output:    filepath.Join(dir, "output"),
 	}, nil
-}
-
-func validateRunIDs(userID, conversationID, taskID, runID string) error {
-	return errors.Join(
-		model.ValidateID("user", userID),
-		model.ValidateID("conversation", conversationID),
-		model.ValidateID("task", taskID),
-		model.ValidateID("run", runID),
-	)
 }
 
 func (p *Paths) userDir(userID string) string {
@@ -96,31 +87,31 @@ func (p *Paths) PersistentUserDir(userID string) string {
 
 // RuntimeTaskRunDir returns the run directory, or "" if an ID is invalid.
 func (p *Paths) RuntimeTaskRunDir(userID, conversationID, taskID, runID string) string {
-	d, _ := p.Run(userID, conversationID, taskID, runID)
+	d, _ := p.Run(model.RunRef{UserID: userID, ConversationID: conversationID, TaskID: taskID, RunID: runID})
 	return d.Dir
 }
 
 // RuntimeTaskRunHomeDir returns the run's home directory, or "" if an ID is invalid.
 func (p *Paths) RuntimeTaskRunHomeDir(userID, conversationID, taskID, runID string) string {
-	d, _ := p.Run(userID, conversationID, taskID, runID)
+	d, _ := p.Run(model.RunRef{UserID: userID, ConversationID: conversationID, TaskID: taskID, RunID: runID})
 	return d.Home
 }
 
 // RuntimeTaskRunArtifactsDir returns the run's artifacts directory, or "" if an ID is invalid.
 func (p *Paths) RuntimeTaskRunArtifactsDir(userID, conversationID, taskID, runID string) string {
-	d, _ := p.Run(userID, conversationID, taskID, runID)
+	d, _ := p.Run(model.RunRef{UserID: userID, ConversationID: conversationID, TaskID: taskID, RunID: runID})
 	return d.Artifacts
 }
 
 // RuntimeTaskRunGlobalDir returns the run's global directory, or "" if an ID is invalid.
 func (p *Paths) RuntimeTaskRunGlobalDir(userID, conversationID, taskID, runID string) string {
-	d, _ := p.Run(userID, conversationID, taskID, runID)
+	d, _ := p.Run(model.RunRef{UserID: userID, ConversationID: conversationID, TaskID: taskID, RunID: runID})
 	return d.Global
 }
 
 // RunOutputDir returns the run's output directory, or "" if an ID is invalid.
 func (p *Paths) RunOutputDir(userID, conversationID, taskID, runID string) string {
-	d, _ := p.Run(userID, conversationID, taskID, runID)
+	d, _ := p.Run(model.RunRef{UserID: userID, ConversationID: conversationID, TaskID: taskID, RunID: runID})
 	return d.Output
 }
 

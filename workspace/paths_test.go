@@ -24,7 +24,7 @@ func TestPathsLayout(t *testing.T) {
 	assert.Equal(t, filepath.Join(run, "global"), p.RuntimeTaskRunGlobalDir("u1", "c1", "t1", "r1"))
 	assert.Equal(t, filepath.Join(run, "output"), p.RunOutputDir("u1", "c1", "t1", "r1"))
 
-	dirs, err := p.Run("u1", "c1", "t1", "r1")
+	dirs, err := p.Run(model.RunRef{UserID: "u1", ConversationID: "c1", TaskID: "t1", RunID: "r1"})
 	require.NoError(t, err)
 	assert.Equal(t, workspace.RunDirs{
 		Dir:       run,
@@ -50,7 +50,7 @@ func TestPathsRejectBadIDsBeforeTouchingDisk(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			root := t.TempDir()
 			p := workspace.NewPaths(root)
-			dirs, err := p.Run(tt.user, tt.conv, tt.task, tt.r)
+			dirs, err := p.Run(model.RunRef{UserID: tt.user, ConversationID: tt.conv, TaskID: tt.task, RunID: tt.r})
 			require.ErrorIs(t, err, model.ErrInvalidID)
 			assert.Contains(t, err.Error(), tt.kind)
 			assert.Equal(t, workspace.RunDirs{}, dirs)
@@ -69,7 +69,7 @@ func TestPathsRejectBadIDsBeforeTouchingDisk(t *testing.T) {
 
 func TestCreateRunDirs(t *testing.T) {
 	root := t.TempDir()
-	dirs, err := workspace.NewPaths(root).Run("u", "c", "t", "r")
+	dirs, err := workspace.NewPaths(root).Run(model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "r"})
 	require.NoError(t, err)
 	require.NoError(t, workspace.CreateRunDirs(dirs, workspace.SandboxOwner))
 
@@ -96,7 +96,7 @@ func TestCreateRunDirs(t *testing.T) {
 }
 
 func TestCreateRunDirsRefusesReusedRunID(t *testing.T) {
-	dirs, err := workspace.NewPaths(t.TempDir()).Run("u", "c", "t", "r")
+	dirs, err := workspace.NewPaths(t.TempDir()).Run(model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "r"})
 	require.NoError(t, err)
 	require.NoError(t, workspace.CreateRunDirs(dirs, workspace.SandboxOwner))
 	writeFile(t, filepath.Join(dirs.Home, "left-over"), "x", 0o644)
@@ -107,7 +107,7 @@ func TestCreateRunDirsRefusesReusedRunID(t *testing.T) {
 }
 
 func TestCreateRunDirsAcceptsEmptyExistingRunDir(t *testing.T) {
-	dirs, err := workspace.NewPaths(t.TempDir()).Run("u", "c", "t", "r")
+	dirs, err := workspace.NewPaths(t.TempDir()).Run(model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "r"})
 	require.NoError(t, err)
 	require.NoError(t, os.MkdirAll(dirs.Dir, 0o700))
 	require.NoError(t, workspace.CreateRunDirs(dirs, workspace.SandboxOwner))

@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/docker/docker/client"
+	"github.com/spf13/pflag"
+
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // Exit statuses of `taskrun audit`.
@@ -21,50 +24,95 @@ const (
 	auditExitError = 2 // usage error, unreadable record or Docker daemon error
 )
 
-const auditUsage = `usage: taskrun audit [flags] CONTAINER...
-       taskrun audit [flags] --all
-       taskrun audit [flags] --record FILE
+const auditHelp = `
+Checks containers against CIS Docker Benchmark 1.6.0 section 5, Kubernetes Pod
+Security Standards (restricted) and taskrun's own rules. Name containers, or
+pass --all for every container labelled ` + sandbox.LabelManaged + `=true, or
+--record to re-check a run's stored isolation record (audit.json): a local
+file, or its key in --store. With --root, every run directory mounted into a
+container must lie under it.
 
-Checks containers against CIS Docker Benchmark 1.6.0 §5, PSS restricted and
-taskrun's own rules. --all audits every container labelled ` + audit.LabelManaged + `=true.
---record re-checks a stored isolation record (audit.json).
-Exit status: 0 all rules pass, 1 a rule fails, 2 usage or daemon error.
-
-flags:
+Exit status: 0 every rule passes, 1 a rule fails, 2 usage or daemon error.
 `
 
+// auditFlags are the parsed flags of taskrun audit.
 type auditFlags struct {
 	all, json, requireGVisor bool
 	record, networks         string
-	runsRoot, store          string
+	root, store              string
 }
 
-// runAudit implements `taskrun audit`.
-func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f, targets, err := parseAuditFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return auditExitPass
+func init() {
+	register(&command{
+		Name:     "audit",
+		Synopsis: "check containers against CIS Docker section 5 and PSS restricted",
+		Args:     "CONTAINER... | --all | --record FILE",
+		Help:     auditHelp,
+		Flags: func(fs *pflag.FlagSet) action {
+			var f auditFlags
+			f.define(fs)
+			return func(ctx context.Context, a *app, args []string) int {
+				if err := f.check(args); err != nil {
+					return a.usageError("audit", err)
+				}
+				return runAudit(ctx, a, f, args)
+			}
+		},
+	})
+}
+
+func (f *auditFlags) define(fs *pflag.FlagSet) {
+	fs.BoolVar(&f.all, "all", false, "audit every container labelled "+sandbox.LabelManaged+"=true")
+	fs.BoolVar(&f.json, "json", false, "print the reports as JSON")
+	fs.StringVar(&f.record, "record", "", "re-check the isolation record in this local file (audit.json), or at this key of --store")
+	fs.StringVar(&f.store, "store", "", storeUsage+"; with it, --record is an object key")
+	fs.BoolVar(&f.requireGVisor, "require-gvisor", false, "fail containers not running under runsc")
+	fs.StringVar(&f.networks, "networks", "", "comma-separated network modes to allow (default none)")
+	addRootFlag(fs, &f.root, "")
+}
+
+// check allows exactly one way of choosing what to audit.
+func (f *auditFlags) check(targets []string) error {
+	modes := 0
+	for _, on := range []bool{f.all, f.record != "", len(targets) > 0} {
+		if on {
+			modes++
+		}
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "taskrun audit: %v\n", err)
-		return auditExitError
+	if modes != 1 {
+		return errors.New("name containers, or pass --all, or pass --record FILE (exactly one of them)")
 	}
-	opts := audit.Options{RequireGVisor: f.requireGVisor, Mounts: audit.MountPolicy{RunsRoot: f.runsRoot}}
+	return nil
+}
+
+// runAudit audits what f and targets select and exits 0, 1 or 2.
+func runAudit(ctx context.Context, a *app, f auditFlags, targets []string) int {
+	root := f.root
+	if root != "" {
+		abs, err := filepath.Abs(root)
+		if err != nil {
+			fmt.Fprintf(a.stderr, "taskrun audit: --root: %v\n", err)
+			return auditExitError
+		}
+		root = abs
+	}
+	opts := audit.Options{RequireGVisor: f.requireGVisor, Mounts: audit.MountPolicy{RunsRoot: root}}
 	if f.networks != "" {
 		opts.AllowedNetworkModes = strings.Split(f.networks, ",")
 	}
 	var reports []audit.Report
+	var err error
 	if f.record != "" {
 		reports, err = auditRecord(ctx, f.store, f.record)
 	} else {
 		reports, err = auditLive(ctx, f.all, targets, opts)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "taskrun audit: %v\n", err)
+		fmt.Fprintf(a.stderr, "taskrun audit: %v\n", err)
 		return auditExitError
 	}
-	if err := writeAuditReports(stdout, reports, f.json); err != nil {
-		fmt.Fprintf(stderr, "taskrun audit: write report: %v\n", err)
+	if err := writeAuditReports(a.stdout, reports, f.json); err != nil {
+		fmt.Fprintf(a.stderr, "taskrun audit: write report: %v\n", err)
 		return auditExitError
 	}
 	for _, r := range reports {
@@ -73,38 +121,6 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 	return auditExitPass
-}
-
-func parseAuditFlags(args []string, stderr io.Writer) (auditFlags, []string, error) {
-	var f auditFlags
-	fs := flag.NewFlagSet("taskrun audit", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, auditUsage)
-		fs.PrintDefaults()
-	}
-	fs.BoolVar(&f.all, "all", false, "audit every container labelled "+audit.LabelManaged+"=true")
-	fs.BoolVar(&f.json, "json", false, "print the reports as JSON")
-	fs.StringVar(&f.record, "record", "", "re-check the isolation record in this local file (audit.json), or at this key of --store")
-	fs.StringVar(&f.store, "store", "", "blob store URL holding the record, e.g. file://./.taskrun/store; --record is then the object key")
-	fs.BoolVar(&f.requireGVisor, "require-gvisor", false, "fail containers not running under runsc")
-	fs.StringVar(&f.networks, "networks", "", "comma-separated network modes to allow (default none)")
-	fs.StringVar(&f.runsRoot, "runs-root", "", "host directory every run dir must lie under")
-	if err := fs.Parse(args); err != nil {
-		return f, nil, err
-	}
-	targets := fs.Args()
-	modes := 0
-	for _, on := range []bool{f.all, f.record != "", len(targets) > 0} {
-		if on {
-			modes++
-		}
-	}
-	if modes != 1 {
-		fs.Usage()
-		return f, nil, errors.New("name containers, or pass --all, or pass --record FILE (exactly one of them)")
-	}
-	return f, targets, nil
 }
 
 func auditLive(ctx context.Context, all bool, ids []string, opts audit.Options) ([]audit.Report, error) {
@@ -166,7 +182,7 @@ func writeAuditReports(w io.Writer, reports []audit.Report, asJSON bool) error {
 		return audit.WriteJSON(w, reports)
 	}
 	if len(reports) == 0 {
-		_, err := fmt.Fprintf(w, "no containers labelled %s=true\n", audit.LabelManaged)
+		_, err := fmt.Fprintf(w, "no containers labelled %s=true\n", sandbox.LabelManaged)
 		return err
 	}
 	for _, r := range reports {

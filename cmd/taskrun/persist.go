@@ -2,75 +2,98 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"path/filepath"
+
+	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/termsafe"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
-// runPersist implements `taskrun persist --run-id R`: it uploads the local
-// copy a run kept because its store was down, and reports the run again.
-func runPersist(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("taskrun persist", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	runID := fs.String("run-id", "", "the run whose kept local copy to persist (required)")
-	root := fs.String("root", "./.taskrun/runtime", "host directory holding run directories, as given to `taskrun run`")
-	store := fs.String("store", "file://./.taskrun/store", "blob store URL")
-	user := fs.String("user", "local", "user (tenant) ID of the run")
-	task := fs.String("task", "default", "task ID of the run")
-	session := fs.String("session", "default", "session ID of the run")
-	server := fs.String("server", "", "control plane base URL; without it the status goes to the terminal")
-	token := fs.String("token", "", "bearer token for --server")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if *runID == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: taskrun persist --run-id RUN_ID [--root DIR] [--store URL] [--user ID] [--task ID] [--session ID]")
-		return exitUsage
-	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
-	rootAbs, err := filepath.Abs(*root)
+const persistHelp = `
+When the store fails at the end of a run, the run keeps its directory on the
+host and reports FAILED. Once the store works again, this uploads what the run
+kept and reports the run again. Name the run as taskrun run did: the same
+--root, --store and IDs.
+`
+
+func init() {
+	register(&command{
+		Name:     "persist",
+		Synopsis: "upload what a run kept on the host after a store outage",
+		Help:     persistHelp,
+		Flags: func(fs *pflag.FlagSet) action {
+			var (
+				ref         runRefFlags
+				srv         serverFlags
+				root, store string
+			)
+			ref.define(fs, "the run whose kept local copy to persist (required)")
+			srv.define(fs)
+			addRootFlag(fs, &root, defaultRoot)
+			addStoreFlag(fs, &store)
+			return func(ctx context.Context, a *app, args []string) int {
+				if len(args) > 0 {
+					return a.usageError("persist", fmt.Errorf("unexpected argument %q", args[0]))
+				}
+				if ref.runID == "" {
+					return a.usageError("persist", fmt.Errorf("--run-id is required"))
+				}
+				if err := ref.validate(); err != nil {
+					return a.usageError("persist", err)
+				}
+				if err := srv.check(); err != nil {
+					return a.usageError("persist", err)
+				}
+				return runPersist(ctx, a, ref, srv, root, store)
+			}
+		},
+	})
+}
+
+// runPersist uploads the local copy a run kept because its store was down.
+func runPersist(ctx context.Context, a *app, ref runRefFlags, srv serverFlags, root, store string) int {
+	rootAbs, err := filepath.Abs(root)
 	if err != nil {
-		fmt.Fprintln(stderr, "taskrun persist: --root:", err)
+		fmt.Fprintln(a.stderr, "taskrun persist: --root:", err)
 		return exitUsage
 	}
-	st, err := persist.Open(ctx, *store)
+	st, err := persist.Open(ctx, store)
 	if err != nil {
-		fmt.Fprintln(stderr, "taskrun persist: --store:", err)
+		fmt.Fprintln(a.stderr, "taskrun persist: --store:", err)
 		return exitCannotRun
 	}
 	defer st.Close()
 	in := taskrun.RunTaskInput{
-		Task:            &model.Task{ID: *task, UserID: *user, ConversationID: cliConversation},
-		Run:             &model.TaskRun{ID: *runID, TaskID: *task},
-		SessionID:       *session,
+		Task:            &model.Task{ID: ref.task, UserID: ref.user, ConversationID: ref.conversation},
+		Run:             &model.TaskRun{ID: ref.runID, TaskID: ref.task},
+		SessionID:       ref.session,
 		Paths:           taskrun.NewRuntimePathsFromRoot(rootAbs),
 		Persist:         st,
 		ArtifactStorage: st,
-		Updater:         logUpdater{log: log},
-		Logger:          log,
+		Updater:         logUpdater{log: a.log},
+		Logger:          a.log,
 	}
-	if *server != "" {
-		in.Updater = workerclient.New(*server, *token)
+	if srv.server != "" {
+		in.Updater = workerclient.New(srv.server, srv.token)
 	}
 	out, err := taskrun.RetryPersist(ctx, in)
-	writeSummary(stderr, *runID, *store, out)
+	code := exitOK
 	if err != nil {
-		fmt.Fprintln(stderr, "taskrun persist:", oneLine(err))
+		code = exitFailure
 		if out == nil {
-			return exitCannotRun
+			code = exitCannotRun
 		}
-		return exitFailure
 	}
-	return exitOK
+	if !a.quiet {
+		writeSummary(a.stderr, ref, store, out, code)
+	}
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun persist:", termsafe.String(oneLine(err)))
+	}
+	return code
 }

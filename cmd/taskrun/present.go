@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/termsafe"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -37,15 +40,17 @@ func shortID(id string) string {
 	return id
 }
 
-// writeSummary prints where a finished run's results are.
-func writeSummary(w io.Writer, runID, store string, out *taskrun.Outcome) {
+// writeSummary prints where a finished run's results are. code is the
+// process's exit status, which the summary repeats. Everything that came
+// from the run (reason, keys) is escaped for the terminal.
+func writeSummary(w io.Writer, ref runRefFlags, store string, out *taskrun.Outcome, code int) {
 	if out == nil {
 		return
 	}
 	res := out.Result
-	fmt.Fprintf(w, "\nrun %s: %s", runID, out.Status)
+	fmt.Fprintf(w, "\nrun %s: %s", ref.runID, out.Status)
 	if out.ContainerID != "" {
-		fmt.Fprintf(w, " (exit %d", out.Exit.ExitCode)
+		fmt.Fprintf(w, " (exit %d", code)
 		if !out.Exit.StartedAt.IsZero() && !out.Exit.FinishedAt.IsZero() {
 			fmt.Fprintf(w, ", %s", out.Exit.FinishedAt.Sub(out.Exit.StartedAt).Round(10*time.Millisecond))
 		}
@@ -53,21 +58,46 @@ func writeSummary(w io.Writer, runID, store string, out *taskrun.Outcome) {
 	}
 	fmt.Fprintln(w)
 	if out.Reason != "" {
-		fmt.Fprintf(w, "  reason:    %s\n", out.Reason)
+		fmt.Fprintf(w, "  reason:    %s\n", termsafe.String(out.Reason))
 	}
 	if out.DroppedOutputBytes > 0 {
 		fmt.Fprintf(w, "  output:    %d bytes past --max-output were dropped\n", out.DroppedOutputBytes)
 	}
-	if res.PromptTokens != nil {
+	if res.PromptTokens != nil && res.CompletionTokens != nil {
 		fmt.Fprintf(w, "  tokens:    %d prompt, %d completion (metered by the gateway)\n", *res.PromptTokens, *res.CompletionTokens)
 	}
-	if res.TracePath != "" {
-		fmt.Fprintf(w, "  trace:     %s\n", res.TracePath)
+	if key := traceKey(out, ref.user); key != "" {
+		fmt.Fprintf(w, "  trace:     %s\n", termsafe.String(key))
 	}
 	if len(out.Stored) > 0 {
-		fmt.Fprintf(w, "  stored in %s:\n", store)
+		fmt.Fprintf(w, "  stored in %s:\n", termsafe.String(store))
 		for _, o := range out.Stored {
-			fmt.Fprintf(w, "    %-90s %8d bytes\n", o.Key, o.Size)
+			fmt.Fprintf(w, "    %-90s %8d bytes\n", termsafe.String(o.Key), o.Size)
 		}
 	}
+}
+
+// traceKey is the store key of the run's trace: the stored object whose key
+// is the trace path in the tenant's run-global storage (or ends in it). It is
+// empty when the run stored no trace.
+func traceKey(out *taskrun.Outcome, user string) string {
+	rel := out.Result.TracePath
+	if rel == "" {
+		return ""
+	}
+	want, err := persist.GlobalKey(user, rel)
+	if err != nil {
+		want = ""
+	}
+	for _, o := range out.Stored {
+		if o.Key == want {
+			return o.Key
+		}
+	}
+	for _, o := range out.Stored {
+		if strings.HasSuffix(o.Key, "/"+rel) {
+			return o.Key
+		}
+	}
+	return ""
 }

@@ -5,16 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/docker/go-units"
+	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
@@ -23,118 +21,137 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/termsafe"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
 )
 
 // runOptions are the parsed flags of `taskrun run`.
 type runOptions struct {
+	runRefFlags
+	serverFlags
 	workspace  string
 	prompt     string
 	image      string
 	store      string
 	root       string
-	user       string
-	task       string
-	session    string
 	resumeFrom string
-	runID      string
 	timeout    time.Duration
 	disk       int64
 	maxOutput  int64
 	helpersDir string
 	reap       bool
 	keep       bool
+	raw        bool
 	policy     sandbox.Policy
 	jsonOut    bool
-	server     string
-	token      string
 	model      config.ModelEntry
-	excludes   stringList
+	excludes   []string
 	command    []string
+
+	// Raw flag values, checked by finish.
+	modelSpec string
+	cpus      float64
 }
 
-// parseRunFlags parses `taskrun run` arguments; everything after `--` is the
-// command to run instead of the image's default.
-func parseRunFlags(args []string, stderr io.Writer) (runOptions, error) {
-	o := runOptions{policy: sandbox.DefaultPolicy()}
-	fs := flag.NewFlagSet("taskrun run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+const runHelp = `
+Runs one task in a fresh, hardened container: the workspace is copied into the
+run's home, the agent (or CMD) runs with the run directory mounted at /taskrun,
+and the output log, artifacts, session state, trace and isolation record go to
+the store. Everything after the first argument that is not a flag is the
+command to run instead of the image's default, flags included.
+
+The run's stdout is copied live to stdout, its stderr to stderr. On a terminal,
+control characters and escape sequences in them are shown as text (ESC as ^[);
+--raw passes them through. The stored output log is always byte-exact.
+
+Exit status: the command's own, 124 on timeout, 125 when taskrun could not run
+the container (bad input, no Docker engine, missing image), 130 on interrupt.
+`
+
+func init() {
+	register(&command{
+		Name:          "run",
+		Synopsis:      "run one task in a sandbox",
+		Args:          "[--] [CMD [ARGS...]]",
+		Help:          runHelp,
+		StopAtCommand: true,
+		Flags: func(fs *pflag.FlagSet) action {
+			o := &runOptions{}
+			o.define(fs)
+			return func(ctx context.Context, a *app, args []string) int {
+				if err := o.finish(args); err != nil {
+					return a.usageError("run", err)
+				}
+				return runRun(ctx, a, *o)
+			}
+		},
+	})
+}
+
+// define adds the flags of `taskrun run` to fs.
+func (o *runOptions) define(fs *pflag.FlagSet) {
+	o.policy = sandbox.DefaultPolicy()
+	o.runRefFlags.define(fs, "run ID (default: generated)")
+	o.serverFlags.define(fs)
+	addStoreFlag(fs, &o.store)
+	addRootFlag(fs, &o.root, defaultRoot)
 	fs.StringVar(&o.workspace, "workspace", "", "host directory copied into the run's home")
 	fs.StringVar(&o.prompt, "prompt", "", "the task's instruction to the agent")
-	fs.StringVar(&o.image, "image", taskrun.DefaultImage, "run image (must exist locally; see `taskrun images build`)")
-	fs.StringVar(&o.store, "store", "file://./.taskrun/store", "blob store URL: file://, s3://, gs://, azblob://, mem://")
-	fs.StringVar(&o.root, "root", "./.taskrun/runtime", "host directory holding run directories")
-	fs.StringVar(&o.user, "user", "local", "user (tenant) ID")
-	fs.StringVar(&o.task, "task", "default", "task ID")
-	fs.StringVar(&o.session, "session", "default", "agent session ID")
+	fs.StringVar(&o.image, "image", taskrun.DefaultImage, "run image; it must exist locally (taskrun images build makes the default)")
 	fs.StringVar(&o.resumeFrom, "resume-from", "", "run ID whose session state this run resumes")
-	fs.StringVar(&o.runID, "run-id", "", "run ID (default: generated)")
 	fs.DurationVar(&o.timeout, "timeout", taskrun.DefaultTimeout, "stop the run after this long")
-	memory := fs.String("memory", units.BytesSize(float64(o.policy.MemoryBytes)), "memory limit, e.g. 512m or 2g (no swap)")
-	cpus := fs.Float64("cpus", float64(o.policy.NanoCPUs)/1e9, "CPU limit")
+	o.maxOutput, o.disk = taskrun.DefaultMaxOutputBytes, taskrun.DefaultDiskLimitBytes
+	addSizeFlag(fs, &o.policy.MemoryBytes, "memory", "memory limit, e.g. 512m or 2g (no swap)")
+	fs.Float64Var(&o.cpus, "cpus", float64(o.policy.NanoCPUs)/1e9, "CPU limit")
 	fs.Int64Var(&o.policy.PidsLimit, "pids", o.policy.PidsLimit, "process limit")
-	maxOutput := fs.String("max-output", units.BytesSize(taskrun.DefaultMaxOutputBytes), "cap on the stdout (and the stderr) kept from the run; the rest is dropped")
-	disk := fs.String("disk", units.BytesSize(taskrun.DefaultDiskLimitBytes), "cap on what the run may store under /taskrun")
+	addSizeFlag(fs, &o.maxOutput, "max-output", "cap on the stdout (and the stderr) kept from the run; the rest is dropped")
+	addSizeFlag(fs, &o.disk, "disk", "cap on what the run may store under /taskrun")
 	fs.StringVar(&o.helpersDir, "helpers-dir", executableDir(), "directory of the static in-sandbox helpers (taskrun-probe); empty disables the self-check")
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
-	fs.Var(&o.excludes, "session-exclude", "glob pattern (relative to home) left out of the session state; repeatable (default: "+strings.Join(workspace.DefaultExcludes, ", ")+")")
+	fs.StringArrayVar(&o.excludes, "session-exclude", nil, "glob pattern (relative to home) left out of the session state; repeatable (default: "+strings.Join(workspace.DefaultExcludes, ", ")+")")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directory on the host after a successful run")
-	fs.BoolVar(&o.reap, "gc", true, "first remove leftover containers that no live run owns (as `taskrun gc`)")
+	fs.BoolVar(&o.reap, "gc", true, "first remove leftover containers that no live run owns, as taskrun gc does (--gc=false skips it)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result on stdout; the run's stdout goes to stderr")
-	fs.StringVar(&o.server, "server", "", "control plane base URL; without it, status and output go to the terminal")
-	fs.StringVar(&o.token, "token", "", "bearer token for --server")
-	modelSpec := fs.String("model", "", "model for the agent: scripted (the built-in demo script), scripted:FILE or openai:NAME; empty runs the agent offline")
+	fs.BoolVar(&o.raw, "raw", false, "copy the run's output to the terminal verbatim, escape sequences included")
+	fs.StringVar(&o.modelSpec, "model", "", "model for the agent: scripted (the built-in demo script), scripted:FILE or openai:NAME; empty runs the agent offline")
 	fs.StringVar(&o.model.BaseURL, "model-base-url", "", "upstream API root for openai:NAME, e.g. https://api.openai.com/v1")
 	fs.StringVar(&o.model.APIKeyEnv, "model-api-key-env", "", "host environment variable holding the API key (it never enters the sandbox)")
 	fs.StringVar(&o.model.APIKeyFile, "model-api-key-file", "", "host file holding the API key (it never enters the sandbox)")
 	fs.IntVar(&o.model.MaxTokens, "max-tokens", 0, "fail the run once it has used this many tokens (0: no cap)")
 	fs.IntVar(&o.model.MaxRequests, "max-requests", 0, "fail the run once it has made this many model requests (0: no cap)")
-	if err := fs.Parse(args); err != nil {
-		return o, err
+}
+
+// finish checks the parsed flags and takes args as the command to run.
+func (o *runOptions) finish(args []string) error {
+	o.command = args
+	if err := parseModel(o.modelSpec, &o.model); err != nil {
+		return err
 	}
-	if err := parseModel(*modelSpec, &o.model); err != nil {
-		return o, err
+	if o.cpus <= 0 {
+		return fmt.Errorf("--cpus %v: give a positive number such as 1 or 0.5", o.cpus)
 	}
-	o.command = fs.Args()
-	if len(o.command) > 0 && !hasDoubleDash(args) {
-		return o, fmt.Errorf("unexpected argument %q; put the command after `--`", o.command[0])
-	}
-	mem, err := units.RAMInBytes(*memory)
-	if err != nil || mem <= 0 {
-		return o, fmt.Errorf("--memory %q: give a size such as 512m or 2g", *memory)
-	}
-	o.policy.MemoryBytes = mem
-	if o.maxOutput, err = units.RAMInBytes(*maxOutput); err != nil || o.maxOutput <= 0 {
-		return o, fmt.Errorf("--max-output %q: give a size such as 1g", *maxOutput)
-	}
-	if o.disk, err = units.RAMInBytes(*disk); err != nil || o.disk <= 0 {
-		return o, fmt.Errorf("--disk %q: give a size such as 2g", *disk)
-	}
-	if *cpus <= 0 {
-		return o, fmt.Errorf("--cpus %v: give a positive number such as 1 or 0.5", *cpus)
-	}
-	o.policy.NanoCPUs = int64(*cpus * 1e9)
+	o.policy.NanoCPUs = int64(o.cpus * 1e9)
 	if o.timeout <= 0 {
-		return o, fmt.Errorf("--timeout %v: give a positive duration such as 10m", o.timeout)
+		return fmt.Errorf("--timeout %v: give a positive duration such as 10m", o.timeout)
 	}
 	if o.runID == "" {
 		o.runID = newRunID()
 	}
-	if o.server == "" && o.token != "" {
-		return o, errors.New("--token needs --server")
-	}
-	return o, nil
+	return o.serverFlags.check()
 }
 
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (l *stringList) String() string { return strings.Join(*l, ",") }
-
-func (l *stringList) Set(v string) error {
-	*l = append(*l, v)
-	return nil
+// parseRunFlags parses the arguments of `taskrun run`.
+func parseRunFlags(args []string) (runOptions, error) {
+	var o runOptions
+	fs := newFlagSet("taskrun run", io.Discard)
+	fs.SetInterspersed(false)
+	o.define(fs)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	err := o.finish(fs.Args())
+	return o, err
 }
 
 // parseModel fills m's provider and name from a --model value.
@@ -164,49 +181,36 @@ func parseModel(spec string, m *config.ModelEntry) error {
 	return nil
 }
 
-func hasDoubleDash(args []string) bool {
-	for _, a := range args {
-		if a == "--" {
-			return true
-		}
-	}
-	return false
-}
-
 // newRunID returns a sortable, unique run ID such as r20261129T230812-1a2b3c4d.
 func newRunID() string {
 	return "r" + time.Now().UTC().Format("20060102T150405") + "-" + strings.ToLower(rand.Text()[:8])
 }
 
-func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	o, err := parseRunFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "taskrun run:", err)
-		return exitUsage
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	out, err := executeRun(ctx, o, stdout, stderr, log)
-	if o.jsonOut {
-		writeJSONResult(stdout, o.runID, out, err)
-	} else {
-		writeSummary(stderr, o.runID, o.store, out)
+// runRun runs one task with the parsed options and presents its outcome.
+func runRun(ctx context.Context, a *app, o runOptions) int {
+	out, err := executeRun(ctx, a, o)
+	code := exitCode(out, err)
+	switch {
+	case o.jsonOut:
+		writeJSONResult(a.stdout, o.runRefFlags, out, err)
+	case a.quiet:
+		if err != nil {
+			fmt.Fprintf(a.stderr, "taskrun run: %s\n", termsafe.String(oneLine(err)))
+		}
+	default:
+		writeSummary(a.stderr, o.runRefFlags, o.store, out, code)
 		if err != nil && (out == nil || out.ContainerID == "") {
-			fmt.Fprintln(stderr, "taskrun run:", oneLine(err))
+			fmt.Fprintf(a.stderr, "taskrun run: %s\n", termsafe.String(oneLine(err)))
 		}
 	}
-	return exitCode(out, err)
+	return code
 }
 
 // executeRun builds the run's dependencies from the flags and runs it.
-func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log *slog.Logger) (*taskrun.Outcome, error) {
+func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, error) {
 	// Refuse bad IDs before connecting to anything.
-	for _, id := range []struct{ kind, v string }{{"--user user", o.user}, {"--task task", o.task}, {"--session session", o.session}, {"--run-id run", o.runID}} {
-		if err := model.ValidateID(id.kind, id.v); err != nil {
-			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
-		}
+	if err := o.runRefFlags.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
 	if o.resumeFrom != "" {
 		if err := model.ValidateID("--resume-from run", o.resumeFrom); err != nil {
@@ -232,6 +236,7 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		return nil, fmt.Errorf("%w: --store: %w", errCannotRun, err)
 	}
 	defer store.Close()
+	log := a.log
 	backend, err := docker.New(ctx, docker.WithLogger(log))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
@@ -245,13 +250,21 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		}
 	}
 
-	runStdout := stdout
+	// The live copies of the run's output are the agent's bytes: on a
+	// terminal they are escaped (unless --raw). The stored log and the
+	// stream to the control plane are fed from the spool, untouched.
+	runStdout := a.stdout
 	if o.jsonOut {
-		runStdout = stderr
+		runStdout = a.stderr
 	}
+	liveOut, flushOut := a.live(runStdout, o.raw)
+	liveErr, flushErr := a.live(a.stderr, o.raw)
+	defer flushErr()
+	defer flushOut()
+
 	in := taskrun.RunTaskInput{
 		Task: &model.Task{
-			ID: o.task, UserID: o.user, ConversationID: cliConversation,
+			ID: o.task, UserID: o.user, ConversationID: o.conversation,
 			Prompt: o.prompt, WorkspaceDir: o.workspace,
 		},
 		Run:             &model.TaskRun{ID: o.runID, TaskID: o.task, PreviousRunID: o.resumeFrom, Status: model.StatusRunning},
@@ -270,17 +283,17 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 		SessionExcludes: o.excludes,
 		MaxOutputBytes:  o.maxOutput,
 		HelpersDir:      o.helpersDir,
-		Stderr:          stderr,
+		Stderr:          liveErr,
 		Logger:          log,
 	}
 	if o.server != "" {
 		client := workerclient.New(o.server, o.token)
 		in.Updater = client
 		in.StreamSender = client.Stream()
-		in.Stdout = runStdout
+		in.Stdout = liveOut
 	} else {
 		in.Updater = logUpdater{log: log}
-		in.StreamSender = workerclient.NewWriterStreamSender(runStdout)
+		in.StreamSender = workerclient.NewWriterStreamSender(liveOut)
 	}
 	out, err := taskrun.Execute(ctx, in)
 	if err != nil && out != nil && out.ContainerID == "" && out.Status == model.StatusFailed {
@@ -290,8 +303,16 @@ func executeRun(ctx context.Context, o runOptions, stdout, stderr io.Writer, log
 	return out, err
 }
 
-// cliConversation is the conversation every CLI run belongs to.
-const cliConversation = "cli"
+// live returns the writer for a live copy of the run's output to w: escaped
+// for the terminal when w is one and raw is not set. flush writes out what the
+// escaper holds back (an incomplete character) once the run is over.
+func (a *app) live(w io.Writer, raw bool) (live io.Writer, flush func()) {
+	if raw || !a.isTerminal(w) {
+		return w, func() {}
+	}
+	t := termsafe.NewWriter(w)
+	return t, func() { _ = t.Flush() }
+}
 
 // errCannotRun marks errors that kept the container from running (exit 125).
 var errCannotRun = errors.New("could not run")
@@ -318,22 +339,42 @@ func exitCode(out *taskrun.Outcome, err error) int {
 
 // jsonResult is the object `taskrun run --json` prints.
 type jsonResult struct {
-	RunID     string             `json:"run_id"`
-	Status    model.RunStatus    `json:"status"`
-	ExitCode  int                `json:"exit_code"`
-	OOMKilled bool               `json:"oom_killed"`
-	TimedOut  bool               `json:"timed_out"`
-	Error     string             `json:"error,omitempty"`
-	Result    *taskrun.RunResult `json:"result"`
+	RunID     string          `json:"run_id"`
+	Status    model.RunStatus `json:"status"`
+	ExitCode  int             `json:"exit_code"`
+	OOMKilled bool            `json:"oom_killed"`
+	TimedOut  bool            `json:"timed_out"`
+	Reason    string          `json:"reason,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	Result    *jsonRunResult  `json:"result"`
+	// Stored is every object the run stored, with its key in the store.
+	Stored []persist.ObjectInfo `json:"stored"`
+	// TraceKey is the trace's key in the store; empty without a trace.
+	TraceKey string `json:"trace_key,omitempty"`
 }
 
-func writeJSONResult(w io.Writer, runID string, out *taskrun.Outcome, err error) {
-	res := jsonResult{RunID: runID, Status: model.StatusFailed, ExitCode: exitCode(out, err)}
+// jsonRunResult is the library's RunResult, except that the artifacts
+// directory is named only while it exists (it is removed once persisted).
+type jsonRunResult struct {
+	taskrun.RunResult
+	RunArtifactsDir string `json:"run_artifacts_dir,omitempty"`
+}
+
+func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err error) {
+	res := jsonResult{RunID: ref.runID, Status: model.StatusFailed, ExitCode: exitCode(out, err), Stored: []persist.ObjectInfo{}}
 	if out != nil {
 		res.Status = out.Status
+		res.Reason = out.Reason
 		res.OOMKilled = out.Exit.OOMKilled
 		res.TimedOut = out.Exit.TimedOut
-		res.Result = &out.Result
+		res.Result = &jsonRunResult{RunResult: out.Result}
+		if dirExists(out.Result.RunArtifactsDir) {
+			res.Result.RunArtifactsDir = out.Result.RunArtifactsDir
+		}
+		if out.Stored != nil {
+			res.Stored = out.Stored
+		}
+		res.TraceKey = traceKey(out, ref.user)
 	}
 	if err != nil {
 		res.Error = oneLine(err)
@@ -341,6 +382,14 @@ func writeJSONResult(w io.Writer, runID string, out *taskrun.Outcome, err error)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(res)
+}
+
+func dirExists(dir string) bool {
+	if dir == "" {
+		return false
+	}
+	info, err := os.Stat(dir)
+	return err == nil && info.IsDir()
 }
 
 // oneLine flattens a joined error into one line for the terminal.

@@ -31,7 +31,7 @@ import (
 const testImage = "taskrun/testbox:local"
 
 func TestParseRunFlagsDefaults(t *testing.T) {
-	o, err := parseRunFlags(nil, io.Discard)
+	o, err := parseRunFlags(nil)
 	require.NoError(t, err)
 	assert.Equal(t, taskrun.DefaultImage, o.image)
 	assert.Equal(t, "file://./.taskrun/store", o.store)
@@ -48,7 +48,7 @@ func TestParseRunFlagsContract(t *testing.T) {
 		"--workspace", "ws", "--prompt", "p", "--image", "img", "--store", "mem://", "--root", "r",
 		"--session", "s1", "--resume-from", "prev", "--timeout", "90s", "--memory", "512m", "--cpus", "0.5",
 		"--pids", "64", "--runtime", "runsc", "--json", "--", "sh", "-c", "echo hi",
-	}, io.Discard)
+	})
 	require.NoError(t, err)
 	assert.Equal(t, "ws", o.workspace)
 	assert.Equal(t, "p", o.prompt)
@@ -73,34 +73,33 @@ func TestParseRunFlagsRejectsBadInput(t *testing.T) {
 		{"--cpus", "0"},
 		{"--timeout", "-1s"},
 		{"--disk", "none"},
-		{"sh"}, // a command without `--`
 		{"--token", "t"},
 		{"--model", "gpt"},
 		{"--model", "openai:gpt-4o"},
 		{"--model-base-url", "http://x"},
 		{"--no-such-flag"},
 	} {
-		_, err := parseRunFlags(args, io.Discard)
+		_, err := parseRunFlags(args)
 		assert.Error(t, err, "%q", args)
 	}
 }
 
 func TestParseRunFlagsSessionExcludes(t *testing.T) {
-	o, err := parseRunFlags([]string{"--session-exclude", "build", "--session-exclude", "*.log"}, io.Discard)
+	o, err := parseRunFlags([]string{"--session-exclude", "build", "--session-exclude", "*.log"})
 	require.NoError(t, err)
-	assert.Equal(t, stringList{"build", "*.log"}, o.excludes)
+	assert.Equal(t, []string{"build", "*.log"}, o.excludes)
 }
 
 func TestParseRunFlagsModels(t *testing.T) {
-	o, err := parseRunFlags([]string{"--model", "scripted"}, io.Discard)
+	o, err := parseRunFlags([]string{"--model", "scripted"})
 	require.NoError(t, err)
 	assert.Equal(t, config.ModelEntry{Provider: config.ProviderScripted, Name: gateway.DemoScriptName}, o.model)
 
-	o, err = parseRunFlags([]string{"--model", "scripted:/tmp/s.jsonl"}, io.Discard)
+	o, err = parseRunFlags([]string{"--model", "scripted:/tmp/s.jsonl"})
 	require.NoError(t, err)
 	assert.Equal(t, "/tmp/s.jsonl", o.model.Name)
 
-	o, err = parseRunFlags([]string{"--model", "openai:gpt-4o", "--model-base-url", "https://api.example/v1", "--model-api-key-env", "KEY"}, io.Discard)
+	o, err = parseRunFlags([]string{"--model", "openai:gpt-4o", "--model-base-url", "https://api.example/v1", "--model-api-key-env", "KEY"})
 	require.NoError(t, err)
 	assert.Equal(t, config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-4o", BaseURL: "https://api.example/v1", APIKeyEnv: "KEY"}, o.model)
 }
@@ -148,26 +147,40 @@ func TestRunJSONResult(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stderr, "to-stderr\n", "with --json the run's stdout goes to stderr")
 	var res struct {
-		RunID     string          `json:"run_id"`
-		Status    model.RunStatus `json:"status"`
-		ExitCode  int             `json:"exit_code"`
-		OOMKilled bool            `json:"oom_killed"`
-		TimedOut  bool            `json:"timed_out"`
-		Error     string          `json:"error"`
-		Result    map[string]any  `json:"result"`
+		RunID     string               `json:"run_id"`
+		Status    model.RunStatus      `json:"status"`
+		ExitCode  int                  `json:"exit_code"`
+		OOMKilled bool                 `json:"oom_killed"`
+		TimedOut  bool                 `json:"timed_out"`
+		Error     string               `json:"error"`
+		Result    map[string]any       `json:"result"`
+		Stored    []persist.ObjectInfo `json:"stored"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
 	assert.NotEmpty(t, res.RunID)
 	assert.Equal(t, model.StatusSucceeded, res.Status)
-	for _, key := range []string{"end_time", "output_str", "run_artifacts_dir", "prompt_tokens", "completion_tokens", "trace_path"} {
+	for _, key := range []string{"end_time", "output_str", "prompt_tokens", "completion_tokens", "trace_path"} {
 		assert.Contains(t, res.Result, key)
 	}
+	assert.NotContains(t, res.Result, "run_artifacts_dir", "the run dir is removed once persisted, so --json does not name it")
 	assert.Equal(t, "to-stderr\n", res.Result["output_str"])
+	keys := map[string]bool{}
+	for _, o := range res.Stored {
+		keys[o.Key] = true
+		assert.NotEmpty(t, o.SHA256)
+	}
+	ref := persist.RunRef{UserID: tenant(t), ConversationID: defaultConversation, TaskID: defaultTask, RunID: res.RunID}
+	for _, name := range []string{taskrun.OutputLogName, taskrun.SessionStateName, taskrun.AuditRecordName} {
+		key, err := persist.RunKey(ref, name)
+		require.NoError(t, err)
+		assert.True(t, keys[key], "stored lists %s: %v", key, keys)
+	}
 }
 
 func TestRunTimeoutExits124(t *testing.T) {
 	_, stderr, code := cli(t, "--image", testImage, "--timeout", "1s", "--", "sleep", "60")
 	assert.Equal(t, exitTimeout, code, stderr)
+	assert.Contains(t, stderr, ": FAILED (exit 124", "the summary's exit status is the process's")
 }
 
 func TestRunBadInputExits125WithTheFix(t *testing.T) {
@@ -250,7 +263,7 @@ func TestRunAppliesPolicyToLiveContainer(t *testing.T) {
 	assert.Equal(t, "json-file", hc.LogConfig.Type)
 	require.Len(t, insp.Mounts, 1, "only the run's own directory is mounted")
 	assert.Equal(t, "/taskrun", insp.Mounts[0].Destination)
-	assert.Equal(t, insp.Config.Labels[audit.LabelRunDir], insp.Mounts[0].Source, "the label names the mounted run dir, so audit checks it exactly")
+	assert.Equal(t, insp.Config.Labels[sandbox.LabelRunDir], insp.Mounts[0].Source, "the label names the mounted run dir, so audit checks it exactly")
 	assert.NotEmpty(t, hc.LogConfig.Config["max-size"])
 }
 
@@ -305,10 +318,54 @@ func TestPersistRetriesAKeptRun(t *testing.T) {
 	st, err := persist.Open(context.Background(), store)
 	require.NoError(t, err)
 	defer st.Close()
-	rc, err := st.OpenRunFile(context.Background(), persist.RunRef{UserID: tenant(t), ConversationID: cliConversation, TaskID: "default", RunID: "kept1"}, taskrun.OutputLogName)
+	rc, err := st.OpenRunFile(context.Background(), persist.RunRef{UserID: tenant(t), ConversationID: defaultConversation, TaskID: "default", RunID: "kept1"}, taskrun.OutputLogName)
 	require.NoError(t, err)
 	defer rc.Close()
 	data, err := io.ReadAll(rc)
 	require.NoError(t, err)
 	assert.Equal(t, "precious\n", string(data))
+}
+
+// On a terminal, the live copy of the run's output shows escape sequences as
+// text; the stored output log keeps the agent's bytes exactly; --raw opts out.
+func TestRunEscapesOutputForTheTerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real containers")
+	}
+	const script = `printf '\033]52;c;aGk=\007\033]0;title\007\033[2J'; printf 'run r: SUCCEEDED\n\033[8m'; printf '\033[31merr\n' >&2`
+	const stored = "\x1b]52;c;aGk=\a\x1b]0;title\a\x1b[2Jrun r: SUCCEEDED\n\x1b[8m"
+	for _, raw := range []bool{false, true} {
+		t.Run(map[bool]string{false: "escaped", true: "raw"}[raw], func(t *testing.T) {
+			storeURL := "file://" + t.TempDir()
+			args := []string{"run", "--root", t.TempDir(), "--store", storeURL, "--helpers-dir", "", "--gc=false",
+				"--user", tenant(t), "--run-id", "tty1", "--image", testImage}
+			if raw {
+				args = append(args, "--raw")
+			}
+			var stdout, stderr lockedbuf.Buffer
+			a := newApp(&stdout, &stderr)
+			a.isTerminal = func(io.Writer) bool { return true }
+			code := a.run(context.Background(), append(args, "--", "sh", "-c", script))
+			require.Equal(t, 0, code, stderr.String())
+
+			if raw {
+				assert.Equal(t, stored, stdout.String())
+				assert.Contains(t, stderr.String(), "\x1b[31merr\n")
+			} else {
+				assert.Equal(t, "^[]52;c;aGk=^G^[]0;title^G^[[2Jrun r: SUCCEEDED\n^[[8m", stdout.String())
+				assert.NotContains(t, stderr.String(), "\x1b")
+				assert.Contains(t, stderr.String(), "^[[31merr\n")
+			}
+
+			st, err := persist.Open(context.Background(), storeURL)
+			require.NoError(t, err)
+			defer st.Close()
+			rc, err := st.OpenRunFile(context.Background(), persist.RunRef{UserID: tenant(t), ConversationID: defaultConversation, TaskID: defaultTask, RunID: "tty1"}, taskrun.OutputLogName)
+			require.NoError(t, err)
+			defer rc.Close()
+			data, err := io.ReadAll(rc)
+			require.NoError(t, err)
+			assert.Equal(t, stored, string(data), "the stored log is byte-exact")
+		})
+	}
 }

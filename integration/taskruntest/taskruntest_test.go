@@ -21,7 +21,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/integration/taskruntest"
 	"github.com/taskrun/taskrun/model"
-	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // Labels testcontainers-go v0.45.0 puts on its resources and Ryuk filters on.
@@ -136,8 +136,8 @@ func TestLiveContainerCarriesSessionLabels(t *testing.T) {
 	_, reap := labels[labelReap]
 	assert.Equal(t, !ryukDisabled(), reap, "org.testcontainers.reap is set exactly when Ryuk is enabled")
 	assert.Equal(t, "labels", labels["example.com/suite"])
-	assert.Equal(t, "true", labels[docker.LabelManaged])
-	assert.Equal(t, runID, labels[docker.LabelRun])
+	assert.Equal(t, "true", labels[sandbox.LabelManaged])
+	assert.Equal(t, runID, labels[sandbox.LabelRun])
 
 	require.NoError(t, os.WriteFile(release, nil, 0o644))
 	res := <-done

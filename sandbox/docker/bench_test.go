@@ -16,7 +16,7 @@ import (
 // as the backend applies.
 func cliRunArgs(pol sandbox.Policy, labels map[string]string, dir string) []string {
 	args := []string{"run", "--rm",
-		"--label", LabelManaged + "=true",
+		"--label", sandbox.LabelManaged + "=true",
 		"--user", pol.User,
 		"--cap-drop", "ALL",
 		"--security-opt", "no-new-privileges",

@@ -8,6 +8,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/sandboxtest"
 )
@@ -53,7 +54,7 @@ func plantOrphan(ctx context.Context, b *Backend, labels map[string]string, runt
 // back, labelled as created at created with a 10-minute timeout.
 func plantContainer(ctx context.Context, b *Backend, labels map[string]string, runtime string, created time.Time, cmd ...string) (string, error) {
 	spec := sandbox.Spec{Image: testImage, Cmd: cmd, Labels: labels,
-		RunID: "orphan", Timeout: 10 * time.Minute, StopGrace: time.Second}
+		Run: model.RunRef{RunID: "orphan"}, Timeout: 10 * time.Minute, StopGrace: time.Second}
 	pol := sandbox.DefaultPolicy()
 	pol.Runtime = runtime
 	cc := convert(spec, pol, created, time.Minute)
@@ -70,7 +71,7 @@ func TestPlantOrphanIsExpired(t *testing.T) {
 	require.NoError(t, err)
 	info, _, err := b.api.ContainerInspectWithRaw(t.Context(), id, false)
 	require.NoError(t, err)
-	expires, ok := labelTime(info.Config.Labels, LabelExpires)
+	expires, ok := labelTime(info.Config.Labels, sandbox.LabelExpires)
 	require.True(t, ok)
 	require.True(t, expires.Before(time.Now()))
 	require.True(t, info.State.Running)

@@ -14,26 +14,16 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 )
 
-// Labels every container created by the backend carries.
+// The dev.taskrun.* labels, defined in package sandbox.
+//
+// Deprecated: use the sandbox.Label* constants.
 const (
-	// LabelManaged marks a container as taskrun's; its value is "true".
-	LabelManaged = "dev.taskrun.managed"
-	// LabelTenant holds Spec.TenantID.
-	LabelTenant = "dev.taskrun.tenant"
-	// LabelTask holds Spec.TaskID.
-	LabelTask = "dev.taskrun.task"
-	// LabelRun holds Spec.RunID.
-	LabelRun = "dev.taskrun.run"
-	// LabelCreated is the creation time (RFC 3339, UTC).
-	LabelCreated = "dev.taskrun.created"
-	// LabelExpires is the time (RFC 3339, UTC) after which no live run can own
-	// the container: created + timeout + stop grace + slack. It is absent when
-	// the Spec has no timeout.
-	LabelExpires = "dev.taskrun.expires"
-	// LabelInstance holds the ID of the executor instance that created the
-	// container (see WithInstance and package instance); Reap uses it to
-	// leave other live executors' containers alone.
-	LabelInstance = "dev.taskrun.instance"
+	LabelManaged = sandbox.LabelManaged
+	LabelTenant  = sandbox.LabelTenant
+	LabelTask    = sandbox.LabelTask
+	LabelRun     = sandbox.LabelRun
+	LabelCreated = sandbox.LabelCreated
+	LabelExpires = sandbox.LabelExpires
 )
 
 // TmpfsPath is where the size-capped writable tmpfs is mounted.
@@ -113,14 +103,15 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, created time.Time, slack tim
 func labels(spec sandbox.Spec, created time.Time, slack time.Duration) map[string]string {
 	out := make(map[string]string, len(spec.Labels)+6)
 	maps.Copy(out, spec.Labels)
-	out[LabelManaged] = "true"
-	out[LabelTenant] = spec.TenantID
-	out[LabelTask] = spec.TaskID
-	out[LabelRun] = spec.RunID
-	out[LabelCreated] = created.UTC().Format(time.RFC3339)
+	out[sandbox.LabelManaged] = "true"
+	out[sandbox.LabelTenant] = spec.Run.UserID
+	out[sandbox.LabelConversation] = spec.Run.ConversationID
+	out[sandbox.LabelTask] = spec.Run.TaskID
+	out[sandbox.LabelRun] = spec.Run.RunID
+	out[sandbox.LabelCreated] = created.UTC().Format(time.RFC3339)
 	if spec.Timeout > 0 {
 		expires := created.Add(spec.Timeout + spec.StopGrace + slack)
-		out[LabelExpires] = expires.UTC().Format(time.RFC3339)
+		out[sandbox.LabelExpires] = expires.UTC().Format(time.RFC3339)
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
@@ -19,9 +20,7 @@ func TestConvert(t *testing.T) {
 		return sandbox.Spec{
 			Image:     "img:tag",
 			Cmd:       []string{"run", "agent"},
-			TenantID:  "tenant-1",
-			TaskID:    "task-1",
-			RunID:     "run-1",
+			Run:       model.RunRef{UserID: "tenant-1", ConversationID: "conv-1", TaskID: "task-1", RunID: "run-1"},
 			Timeout:   time.Hour,
 			StopGrace: 10 * time.Second,
 		}, sandbox.DefaultPolicy()
@@ -139,21 +138,22 @@ func TestConvert(t *testing.T) {
 			assert.Equal(t, 2, *cc.Config.StopTimeout)
 		}},
 		{"labels", func(s *sandbox.Spec, _ *sandbox.Policy) {
-			s.Labels = map[string]string{"team": "x", LabelManaged: "false", LabelRun: "spoofed"}
+			s.Labels = map[string]string{"team": "x", sandbox.LabelManaged: "false", sandbox.LabelRun: "spoofed"}
 		}, func(t *testing.T, cc createConfig) {
 			assert.Equal(t, map[string]string{
-				"team":       "x",
-				LabelManaged: "true",
-				LabelTenant:  "tenant-1",
-				LabelTask:    "task-1",
-				LabelRun:     "run-1",
-				LabelCreated: "2026-03-04T05:06:07Z",
-				LabelExpires: "2026-03-04T06:11:17Z",
+				"team":                    "x",
+				sandbox.LabelManaged:      "true",
+				sandbox.LabelTenant:       "tenant-1",
+				sandbox.LabelConversation: "conv-1",
+				sandbox.LabelTask:         "task-1",
+				sandbox.LabelRun:          "run-1",
+				sandbox.LabelCreated:      "2026-03-04T05:06:07Z",
+				sandbox.LabelExpires:      "2026-03-04T06:11:17Z",
 			}, cc.Config.Labels)
 		}},
 		{"labels without timeout have no expiry", func(s *sandbox.Spec, _ *sandbox.Policy) { s.Timeout = 0 }, func(t *testing.T, cc createConfig) {
-			assert.NotContains(t, cc.Config.Labels, LabelExpires)
-			assert.Equal(t, "true", cc.Config.Labels[LabelManaged])
+			assert.NotContains(t, cc.Config.Labels, sandbox.LabelExpires)
+			assert.Equal(t, "true", cc.Config.Labels[sandbox.LabelManaged])
 		}},
 	}
 	for _, tt := range tests {

@@ -76,7 +76,7 @@ func WithExpirySlack(d time.Duration) Option { return func(b *Backend) { b.expir
 func WithDrainIdle(d time.Duration) Option { return func(b *Backend) { b.drainIdle = d } }
 
 // WithInstance labels every container the backend creates with the
-// executor's instance ID (LabelInstance), so that Reap run by any other
+// executor's instance ID (sandbox.LabelInstance), so that Reap run by any other
 // executor leaves them alone while this one lives.
 func WithInstance(id string) Option { return func(b *Backend) { b.instance = id } }
 
@@ -162,7 +162,7 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 		return nil, err
 	}
 	b.register(h)
-	b.log.DebugContext(ctx, "sandbox started", "container", h.id, "run", spec.RunID, "image", spec.Image, "runtime", pol.Runtime)
+	b.log.DebugContext(ctx, "sandbox started", "container", h.id, "run", spec.Run.RunID, "image", spec.Image, "runtime", pol.Runtime)
 	return h, nil
 }
 
@@ -214,10 +214,10 @@ func (b *Backend) EngineInfo(ctx context.Context) (json.RawMessage, error) {
 // when the backend has no instance.
 func setInstance(labels map[string]string, id string) {
 	if id == "" {
-		delete(labels, LabelInstance)
+		delete(labels, sandbox.LabelInstance)
 		return
 	}
-	labels[LabelInstance] = id
+	labels[sandbox.LabelInstance] = id
 }
 
 // createError explains a failed ContainerCreate or image lookup.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
@@ -28,7 +29,7 @@ func TestInspectLiveContainerPolicy(t *testing.T) {
 			pol.Runtime = runtime
 			spec := sandbox.Spec{
 				Image: testImage, Cmd: []string{"sleep", "1000"}, Labels: labels,
-				TenantID: "tenant-i", TaskID: "task-i", RunID: "run-i",
+				Run:     model.RunRef{UserID: "tenant-i", ConversationID: "conv-i", TaskID: "task-i", RunID: "run-i"},
 				Mounts:  []sandbox.Mount{{Source: dir, Target: "/taskrun"}},
 				Timeout: time.Minute, StopGrace: time.Second,
 			}
@@ -102,13 +103,13 @@ func assertPolicyApplied(t *testing.T, info container.InspectResponse, pol sandb
 	assert.NotEmpty(t, hc.MaskedPaths)
 	assert.Contains(t, hc.ReadonlyPaths, "/proc/sys")
 
-	assert.Equal(t, "true", cfg.Labels[LabelManaged])
-	assert.Equal(t, spec.TenantID, cfg.Labels[LabelTenant])
-	assert.Equal(t, spec.TaskID, cfg.Labels[LabelTask])
-	assert.Equal(t, spec.RunID, cfg.Labels[LabelRun])
-	created, ok := labelTime(cfg.Labels, LabelCreated)
+	assert.Equal(t, "true", cfg.Labels[sandbox.LabelManaged])
+	assert.Equal(t, spec.Run.UserID, cfg.Labels[sandbox.LabelTenant])
+	assert.Equal(t, spec.Run.TaskID, cfg.Labels[sandbox.LabelTask])
+	assert.Equal(t, spec.Run.RunID, cfg.Labels[sandbox.LabelRun])
+	created, ok := labelTime(cfg.Labels, sandbox.LabelCreated)
 	require.True(t, ok)
-	expires, ok := labelTime(cfg.Labels, LabelExpires)
+	expires, ok := labelTime(cfg.Labels, sandbox.LabelExpires)
 	require.True(t, ok)
 	assert.Equal(t, spec.Timeout+spec.StopGrace+DefaultExpirySlack, expires.Sub(created))
 	for k, v := range spec.Labels {

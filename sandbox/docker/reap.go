@@ -10,6 +10,8 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/network"
+
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // DefaultReapGrace spares containers and networks younger than this: a run
@@ -88,11 +90,11 @@ func (b *Backend) Reap(ctx context.Context, opts ReapOptions) (ReapReport, error
 			rep.Spared++
 			continue
 		}
-		rep.Removed = append(rep.Removed, ReapedContainer{ID: c.ID, RunID: c.Labels[LabelRun], State: c.State, Reason: reason})
+		rep.Removed = append(rep.Removed, ReapedContainer{ID: c.ID, RunID: c.Labels[sandbox.LabelRun], State: c.State, Reason: reason})
 		if opts.DryRun {
 			continue
 		}
-		b.log.InfoContext(ctx, "reaping container", "container", shortID(c.ID), "run", c.Labels[LabelRun], "reason", reason)
+		b.log.InfoContext(ctx, "reaping container", "container", shortID(c.ID), "run", c.Labels[sandbox.LabelRun], "reason", reason)
 		errs = append(errs, b.removeContainer(ctx, c.ID))
 	}
 	nets, err := b.reapNetworks(ctx, opts, now)
@@ -106,7 +108,7 @@ func (b *Backend) reapReason(ctx context.Context, c container.Summary, opts Reap
 	if b.isLive(c.ID) || slices.Contains(opts.Spare, c.ID) {
 		return ""
 	}
-	owner := c.Labels[LabelInstance]
+	owner := c.Labels[sandbox.LabelInstance]
 	mine := owner != "" && owner == b.instance
 	if !mine && owner != "" && opts.ExecutorGone != nil {
 		if gone, why := opts.ExecutorGone(owner); gone {
@@ -147,7 +149,7 @@ func (b *Backend) orphanReason(c container.Summary, finished, now time.Time, gra
 	if !finished.IsZero() && now.Sub(finished) < grace {
 		return ""
 	}
-	created, ok := labelTime(c.Labels, LabelCreated)
+	created, ok := labelTime(c.Labels, sandbox.LabelCreated)
 	if !ok {
 		created = time.Unix(c.Created, 0)
 	}
@@ -157,7 +159,7 @@ func (b *Backend) orphanReason(c container.Summary, finished, now time.Time, gra
 	if c.State != container.StateRunning {
 		return "not running and no handle in this executor"
 	}
-	expires, ok := labelTime(c.Labels, LabelExpires)
+	expires, ok := labelTime(c.Labels, sandbox.LabelExpires)
 	if !ok || now.Before(expires) {
 		return ""
 	}
@@ -191,7 +193,7 @@ func (b *Backend) reapNetworks(ctx context.Context, opts ReapOptions, now time.T
 
 // managedFilter selects objects labelled managed plus every extra label.
 func managedFilter(extra map[string]string) filters.Args {
-	f := filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))
+	f := filters.NewArgs(filters.Arg("label", sandbox.LabelManaged+"=true"))
 	for k, v := range extra {
 		f.Add("label", k+"="+v)
 	}

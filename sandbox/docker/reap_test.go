@@ -92,7 +92,7 @@ func TestOrphanReasonSparesRecentlyFinished(t *testing.T) {
 	b := &Backend{live: map[string]*handle{}}
 	now := time.Now()
 	old := now.Add(-time.Hour).UTC().Format(time.RFC3339)
-	c := container.Summary{ID: "x", State: container.StateExited, Labels: map[string]string{LabelCreated: old}}
+	c := container.Summary{ID: "x", State: container.StateExited, Labels: map[string]string{sandbox.LabelCreated: old}}
 
 	assert.Empty(t, b.orphanReason(c, now.Add(-time.Second), now, time.Minute), "finished a second ago")
 	assert.NotEmpty(t, b.orphanReason(c, now.Add(-2*time.Minute), now, time.Minute), "finished two minutes ago")
@@ -110,7 +110,7 @@ func TestReapOnlyOwnAndGoneExecutors(t *testing.T) {
 	with := func(inst string) map[string]string {
 		l := maps.Clone(labels)
 		if inst != "" {
-			l[LabelInstance] = inst
+			l[sandbox.LabelInstance] = inst
 		}
 		return l
 	}
@@ -156,7 +156,7 @@ func TestReapOnlyOwnAndGoneExecutors(t *testing.T) {
 	require.NoError(t, h.Wait(ctx).Err)
 	info, _, err := b.api.ContainerInspectWithRaw(ctx, h.ID(), false)
 	require.NoError(t, err)
-	assert.Equal(t, mine, info.Config.Labels[LabelInstance])
+	assert.Equal(t, mine, info.Config.Labels[sandbox.LabelInstance])
 	require.NoError(t, h.Close(ctx))
 
 	rep, err = b.Reap(ctx, ReapOptions{Labels: labels, All: true, Spare: []string{spared}})
@@ -179,7 +179,7 @@ func TestReapNeverTouchesOtherLabels(t *testing.T) {
 func TestReapDanglingNetworks(t *testing.T) {
 	b, labels := newTestBackend(t)
 	name := "taskrun-reap-test-" + labels[labelTest]
-	args := []string{"network", "create", "--internal", "--label", LabelManaged + "=true"}
+	args := []string{"network", "create", "--internal", "--label", sandbox.LabelManaged + "=true"}
 	for k, v := range labels {
 		args = append(args, "--label", k+"="+v)
 	}

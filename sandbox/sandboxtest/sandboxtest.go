@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
@@ -120,9 +121,7 @@ func (s *suite) newRun(labels map[string]string, script string) *run {
 			Image:     s.opts.Image,
 			Cmd:       []string{"sh", "-c", script},
 			Labels:    labels,
-			TenantID:  "sandboxtest",
-			TaskID:    "conformance",
-			RunID:     labels[LabelCase],
+			Run:       model.RunRef{UserID: "sandboxtest", ConversationID: "sandboxtest", TaskID: "conformance", RunID: labels[LabelCase]},
 			Timeout:   2 * time.Minute,
 			StopGrace: time.Second,
 		},

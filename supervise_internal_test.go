@@ -17,14 +17,10 @@ import (
 // directory outgrows the cap, and the run fails with ErrDiskLimit.
 func TestWatchDiskStopsRunOverCap(t *testing.T) {
 	dir := t.TempDir()
-	r := &runner{
-		in:   RunTaskInput{DiskLimitBytes: 1 << 20},
-		log:  slog.Default(),
-		dirs: workspace.RunDirs{Dir: dir},
-	}
+	p := &plan{limits: limits{disk: 1 << 20}, log: slog.Default(), dirs: workspace.RunDirs{Dir: dir}}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	end := r.watchDisk(context.Background(), stop)
+	end := watchDisk(context.Background(), p, &workdir{}, stop)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "fill"), make([]byte, 4<<20), 0o644))
 
 	<-ctx.Done() // the watchdog stopped the run
@@ -33,10 +29,10 @@ func TestWatchDiskStopsRunOverCap(t *testing.T) {
 }
 
 func TestWatchDiskQuietUnderCap(t *testing.T) {
-	r := &runner{in: RunTaskInput{DiskLimitBytes: 64 << 20}, log: slog.Default(), dirs: workspace.RunDirs{Dir: t.TempDir()}}
+	p := &plan{limits: limits{disk: 64 << 20}, log: slog.Default(), dirs: workspace.RunDirs{Dir: t.TempDir()}}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	end := r.watchDisk(context.Background(), stop)
+	end := watchDisk(context.Background(), p, &workdir{}, stop)
 	assert.NoError(t, end())
 	assert.NoError(t, ctx.Err())
 }

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"errors"
+
+	"github.com/docker/go-units"
+	"github.com/spf13/pflag"
+
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
+)
+
+// Flags that mean the same thing in several commands are defined here, once,
+// so they have one name, one default and one description everywhere.
+
+// Defaults shared by the commands.
+const (
+	defaultStore        = "file://./.taskrun/store"
+	defaultRoot         = "./.taskrun/runtime"
+	defaultUser         = "local"
+	defaultTask         = "default"
+	defaultSession      = "default"
+	defaultConversation = "cli"
+)
+
+const storeUsage = "blob store URL: file://DIR, s3://BUCKET, gs://BUCKET, azblob://CONTAINER or mem://"
+
+// addStoreFlag defines --store with the default store.
+func addStoreFlag(fs *pflag.FlagSet, p *string) {
+	fs.StringVar(p, "store", defaultStore, storeUsage)
+}
+
+// addRootFlag defines --root, the host directory holding run directories,
+// with default def.
+func addRootFlag(fs *pflag.FlagSet, p *string, def string) {
+	fs.StringVar(p, "root", def, "host directory holding the run directories")
+}
+
+// serverFlags are --server and --token, the control plane a command reports to.
+type serverFlags struct {
+	server, token string
+}
+
+func (s *serverFlags) define(fs *pflag.FlagSet) {
+	fs.StringVar(&s.server, "server", "", "control plane base URL; without it, status goes to the terminal")
+	fs.StringVar(&s.token, "token", "", "bearer token for --server")
+}
+
+func (s *serverFlags) check() error {
+	if s.server == "" && s.token != "" {
+		return errors.New("--token needs --server")
+	}
+	return nil
+}
+
+// runRefFlags name one run: --user, --conversation, --task, --session and
+// --run-id.
+type runRefFlags struct {
+	user, conversation, task, session, runID string
+}
+
+// define adds the flags; runIDUsage says what --run-id means to the command.
+func (r *runRefFlags) define(fs *pflag.FlagSet, runIDUsage string) {
+	fs.StringVar(&r.user, "user", defaultUser, "user (tenant) ID")
+	fs.StringVar(&r.conversation, "conversation", defaultConversation, "conversation ID")
+	fs.StringVar(&r.task, "task", defaultTask, "task ID")
+	fs.StringVar(&r.session, "session", defaultSession, "agent session ID")
+	fs.StringVar(&r.runID, "run-id", "", runIDUsage)
+}
+
+// validate refuses IDs that are not [A-Za-z0-9_-]{1,128}, naming the flag.
+func (r *runRefFlags) validate() error {
+	for _, id := range []struct{ kind, v string }{
+		{"--user user", r.user}, {"--conversation conversation", r.conversation},
+		{"--task task", r.task}, {"--session session", r.session}, {"--run-id run", r.runID},
+	} {
+		if err := model.ValidateID(id.kind, id.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ref is the run's storage reference.
+func (r *runRefFlags) ref() persist.RunRef {
+	return persist.RunRef{UserID: r.user, ConversationID: r.conversation, TaskID: r.task, RunID: r.runID}
+}
+
+// sizeFlag is a byte-size flag value such as 512m or 2g.
+type sizeFlag struct{ p *int64 }
+
+// addSizeFlag defines a byte-size flag stored in p, whose current value is
+// its default.
+func addSizeFlag(fs *pflag.FlagSet, p *int64, name, usage string) {
+	fs.Var(sizeFlag{p}, name, usage)
+}
+
+func (s sizeFlag) Set(v string) error {
+	n, err := units.RAMInBytes(v)
+	if err != nil || n <= 0 {
+		return errors.New("give a size such as 512m or 2g")
+	}
+	*s.p = n
+	return nil
+}
+
+func (s sizeFlag) String() string {
+	if s.p == nil {
+		return ""
+	}
+	return units.BytesSize(float64(*s.p))
+}
+
+func (sizeFlag) Type() string { return "size" }

@@ -1,0 +1,80 @@
+package taskrun
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"context"
+
+	"github.com/taskrun/taskrun/gateway"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/workspace"
+)
+
+// runGateway is the run's model gateway and the trace file it appends to.
+type runGateway struct {
+	gw    *gateway.Gateway
+	trace *os.File
+	// record is the executor-owned copy of the gateway's exchanges: the
+	// shared trace is writable by the agent, this one is not.
+	record *os.File
+}
+
+// startGateway starts the run's model gateway when a model is configured; it
+// returns nil otherwise. The gateway appends every exchange to the run's
+// trace file, which the agent appends to as well; the file is created here,
+// before the agent runs, and held open, so the agent cannot redirect it.
+func startGateway(ctx context.Context, p *plan) (*runGateway, error) {
+	if p.in.Model.IsZero() {
+		return nil, nil
+	}
+	trace, err := workspace.CreateSandboxFile(p.dirs.Global, p.tracePath, workspace.SandboxOwner)
+	if err != nil {
+		return nil, fmt.Errorf("create trace: %w", err)
+	}
+	record, err := os.OpenFile(filepath.Join(p.hostDir, gatewayRecordName), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		trace.Close()
+		return nil, fmt.Errorf("create gateway record: %w", err)
+	}
+	gw, err := gateway.Start(ctx, gateway.Config{
+		SocketPath: filepath.Join(p.dirs.Dir, filepath.FromSlash(model.GatewaySocketPath)),
+		Model:      p.in.Model,
+		// The protected record first: a full run dir must not cost it.
+		Trace:    io.MultiWriter(record, trace),
+		Logger:   p.log,
+		AgentUID: workspace.SandboxOwner.UID,
+	})
+	if err != nil {
+		trace.Close()
+		record.Close()
+		return nil, fmt.Errorf("start model gateway: %w", err)
+	}
+	return &runGateway{gw: gw, trace: trace, record: record}, nil
+}
+
+// env is what the agent needs to reach the model.
+func (g *runGateway) env() []string {
+	if g == nil {
+		return nil
+	}
+	return []string{
+		"TASKRUN_MODEL_SOCKET=" + model.ContainerRunDir + "/" + model.GatewaySocketPath,
+		"TASKRUN_MODEL=" + g.gw.ModelName(),
+	}
+}
+
+// finish stops the gateway and returns the metered tokens and the budget
+// error, if the run overspent; nil tokens when the run had no model.
+func (g *runGateway) finish() (prompt, completion *int, err error) {
+	if g == nil {
+		return nil, nil, nil
+	}
+	// Usage and Err are final only once Close has returned.
+	closeErr := g.gw.Close()
+	u := g.gw.Usage()
+	return ptr(u.PromptTokens), ptr(u.CompletionTokens), errors.Join(g.gw.Err(), closeErr, g.trace.Close(), g.record.Close())
+}

@@ -1,0 +1,120 @@
+package taskrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/workspace"
+)
+
+// workdir is the run's directory on the host as prepare left it: what the
+// later phases may use and release must undo.
+type workdir struct {
+	// started is when the run began preparing.
+	started time.Time
+	// owned is set once this run created its directory; only then may it be
+	// removed. A reused run ID must never touch the first run's files.
+	owned bool
+	// unmount releases the run dir's size-capped filesystem; nil when none
+	// is mounted (a watchdog enforces the cap instead, see watchDisk).
+	unmount func() error
+}
+
+// prepare materializes the run directory: dirs under the disk cap, the
+// user's persistent files and the workspace or the resumed session, the
+// prompt and AGENTS.md. The workdir is returned even on error, for release.
+func prepare(ctx context.Context, p *plan) (*workdir, error) {
+	wd := &workdir{started: time.Now()}
+	if err := wd.createRunDirs(ctx, p); err != nil {
+		return wd, err
+	}
+	if err := os.MkdirAll(p.hostDir, 0o700); err != nil {
+		return wd, fmt.Errorf("create executor directory: %w", err)
+	}
+	if prev := p.in.Run.PreviousRunID; prev != "" {
+		// The previous run's home already holds the persistent files and the
+		// workspace as that run left them.
+		if err := restoreSession(ctx, p, prev); err != nil {
+			return wd, err
+		}
+	} else if err := materializeHome(ctx, p); err != nil {
+		return wd, err
+	}
+	if err := os.WriteFile(filepath.Join(p.dirs.Dir, model.PromptFileName), []byte(p.in.Task.Prompt), 0o644); err != nil {
+		return wd, fmt.Errorf("write prompt: %w", err)
+	}
+	if err := WriteRunAgentsMd(p.dirs.Dir, p.dirs.Home); err != nil {
+		return wd, fmt.Errorf("write AGENTS.md: %w", err)
+	}
+	return wd, nil
+}
+
+// createRunDirs creates the run directory on a size-capped filesystem when
+// the host allows it (root with loop devices: the kernel then enforces the
+// cap, and writes past it fail with ENOSPC inside the sandbox). Elsewhere, and
+// for runs whose directory outlives them (KeepRunDir), a watchdog caps the
+// run during supervise instead.
+func (wd *workdir) createRunDirs(ctx context.Context, p *plan) error {
+	if err := workspace.CreateRunDir(p.dirs); err != nil {
+		return fmt.Errorf("create run directory: %w", err)
+	}
+	wd.owned = true
+	if p.limits.disk > 0 && !p.keepRunDir {
+		unmount, err := diskcap.Mount(ctx, p.dirs.Dir, p.limits.disk)
+		switch {
+		case err == nil:
+			wd.unmount = unmount
+		case errors.Is(err, diskcap.ErrUnsupported):
+			p.log.Debug("no loop-mounted disk cap; a watchdog enforces it", "reason", err)
+		default:
+			return fmt.Errorf("cap run directory: %w", err)
+		}
+	}
+	if err := workspace.CreateRunDirs(p.dirs, workspace.SandboxOwner); err != nil {
+		return fmt.Errorf("create run directory: %w", err)
+	}
+	return nil
+}
+
+// materializeHome copies the user's persistent files, then the task's
+// workspace, into home.
+func materializeHome(ctx context.Context, p *plan) error {
+	opts := workspace.CopyOptions{Owner: &workspace.SandboxOwner}
+	if dir := p.in.Paths.PersistentUserDir(p.ref.UserID); dirExists(dir) {
+		if _, err := workspace.CopyTree(ctx, dir, p.dirs.Home, opts); err != nil {
+			return fmt.Errorf("copy persistent user files: %w", err)
+		}
+	}
+	if dir := p.in.Task.WorkspaceDir; dir != "" {
+		if _, err := workspace.CopyTree(ctx, dir, p.dirs.Home, opts); err != nil {
+			return fmt.Errorf("copy workspace %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// restoreSession unpacks the previous run's session state into home. A
+// rejected archive entry fails the run: a partial restore is never used.
+func restoreSession(ctx context.Context, p *plan, prevRunID string) error {
+	rc, err := p.in.Persist.OpenRunFile(ctx, p.ref.WithRun(prevRunID), SessionStateName)
+	if err != nil {
+		return fmt.Errorf("fetch session state of run %s: %w", prevRunID, err)
+	}
+	defer rc.Close()
+	opts := workspace.UnpackOptions{Owner: &workspace.SandboxOwner}
+	if _, err := workspace.UnpackHome(ctx, rc, p.dirs.Home, opts); err != nil {
+		return fmt.Errorf("restore session state of run %s: %w", prevRunID, err)
+	}
+	return nil
+}
+
+func dirExists(dir string) bool {
+	info, err := os.Stat(dir)
+	return err == nil && info.IsDir()
+}

@@ -1,0 +1,31 @@
+package taskrun
+
+import "os"
+
+// release drops the run's local files once everything is persisted: the
+// capped filesystem is unmounted, and the run and executor directories are
+// removed unless KeepRunDir. On a persist failure all of it stays: it is the
+// local copy for RetryPersist.
+func release(p *plan, wd *workdir, persistErr error) {
+	if wd == nil || !wd.owned {
+		return // another run's directory, or none: never touch it
+	}
+	if persistErr != nil {
+		p.log.Warn("run directory kept for a persist retry", "dir", p.dirs.Dir, "spools", p.hostDir)
+		return
+	}
+	if wd.unmount != nil {
+		if err := wd.unmount(); err != nil {
+			p.log.Warn("unmount run directory", "dir", p.dirs.Dir, "err", err)
+			return
+		}
+	}
+	if p.keepRunDir {
+		return
+	}
+	for _, dir := range []string{p.dirs.Dir, p.hostDir} {
+		if err := os.RemoveAll(dir); err != nil {
+			p.log.Warn("remove local run files", "dir", dir, "err", err)
+		}
+	}
+}

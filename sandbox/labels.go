@@ -1,0 +1,30 @@
+package sandbox
+
+// Labels a backend puts on every run container, so that audits, the reaper
+// and `taskrun gc` can tell whose container it is. They are the only
+// definition of the dev.taskrun.* container labels.
+const (
+	// LabelManaged marks a container as taskrun's; its value is "true".
+	LabelManaged = "dev.taskrun.managed"
+	// LabelTenant holds Spec.Run.UserID.
+	LabelTenant = "dev.taskrun.tenant"
+	// LabelConversation holds Spec.Run.ConversationID.
+	LabelConversation = "dev.taskrun.conversation"
+	// LabelTask holds Spec.Run.TaskID.
+	LabelTask = "dev.taskrun.task"
+	// LabelRun holds Spec.Run.RunID; the run dir's last path element equals it.
+	LabelRun = "dev.taskrun.run"
+	// LabelRunDir holds the absolute host path of the run dir, so audits can
+	// check the bind mount's source exactly.
+	LabelRunDir = "dev.taskrun.run-dir"
+	// LabelCreated is the creation time (RFC 3339, UTC).
+	LabelCreated = "dev.taskrun.created"
+	// LabelExpires is the time (RFC 3339, UTC) after which no live run can own
+	// the container: created + timeout + stop grace + slack. It is absent when
+	// the Spec has no timeout.
+	LabelExpires = "dev.taskrun.expires"
+	// LabelInstance holds the ID of the executor instance that created the
+	// container (package instance); reapers leave other live executors'
+	// containers alone by it.
+	LabelInstance = "dev.taskrun.instance"
+)

@@ -1,0 +1,238 @@
+package taskrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"time"
+
+	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/spool"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// diskWatchInterval is how often the fallback watchdog measures the run dir.
+const diskWatchInterval = time.Second
+
+// streamDrainTimeout bounds how long a finished run waits for its output
+// consumers (a variable so tests can shorten it).
+var streamDrainTimeout = 2 * time.Minute
+
+// ErrDiskLimit is wrapped when the watchdog stopped a run over its disk cap.
+var ErrDiskLimit = errors.New("run directory exceeded its disk cap")
+
+// execution is what supervise observed: the container, how it ended and
+// what it cost. It is also kept on disk (run.json) for RetryPersist, hence
+// the JSON names.
+type execution struct {
+	// ContainerID is the container that ran the agent; empty when none ran.
+	ContainerID string `json:"container_id,omitempty"`
+	// Runtime and ImageDigest describe the container as inspected.
+	Runtime     string `json:"runtime,omitempty"`
+	ImageDigest string `json:"image_digest,omitempty"`
+	// Exit is the container's result.
+	Exit sandbox.Result `json:"exit"`
+	// PromptTokens and CompletionTokens are the gateway's metering; nil
+	// when the run had no model.
+	PromptTokens     *int `json:"prompt_tokens,omitempty"`
+	CompletionTokens *int `json:"completion_tokens,omitempty"`
+	// DroppedOutputBytes counts output past the cap, drained but not kept.
+	DroppedOutputBytes int64 `json:"dropped_output_bytes,omitempty"`
+	// record is the isolation record (audit.json); nil when no container
+	// was inspected.
+	record []byte
+	// running is closed once the RUNNING PATCH was sent (or gave up); nil
+	// when none was sent.
+	running <-chan struct{}
+}
+
+// supervise runs the container: the model gateway, the output spools, the
+// self-check and the live audit, the streams to the consumers and the disk
+// watchdog, all for exactly as long as the container lives. The returned
+// error is the run's failure, if any; the execution is filled as far as the
+// run got.
+func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err error) {
+	gw, err := startGateway(ctx, p)
+	if err != nil {
+		return ex, err
+	}
+	defer func() {
+		var gwErr error
+		ex.PromptTokens, ex.CompletionTokens, gwErr = gw.finish()
+		err = errors.Join(err, gwErr)
+	}()
+
+	limit := spool.WithLimit(p.limits.maxOutput)
+	stdout, err := spool.New(filepath.Join(p.hostDir, stdoutSpoolName), limit)
+	if err != nil {
+		return ex, fmt.Errorf("stdout spool: %w", err)
+	}
+	defer stdout.Close()
+	stderr, err := spool.New(filepath.Join(p.hostDir, stderrSpoolName), limit)
+	if err != nil {
+		return ex, fmt.Errorf("stderr spool: %w", err)
+	}
+	defer stderr.Close()
+
+	spec := p.containerSpec()
+	spec.Env = append(spec.Env, gw.env()...)
+	iso := newIsolation(p)
+	var stderrSink io.Writer = stderr
+	probe, err := p.probePath()
+	if err != nil {
+		return ex, err
+	}
+	if probe != "" {
+		if stderrSink, err = iso.apply(&spec, filepath.Dir(probe), stderr); err != nil {
+			return ex, fmt.Errorf("self-check: %w", err)
+		}
+	}
+	h, err := p.in.Sandbox.Start(ctx, spec, p.policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
+	if err != nil {
+		return ex, fmt.Errorf("start sandbox: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := h.Close(closeCtx); err != nil {
+			p.log.Warn("remove container", "container", h.ID(), "err", err)
+		}
+	}()
+	ex.ContainerID, ex.Runtime = h.ID(), p.policy.Runtime
+	p.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", p.policy.Runtime)
+
+	// A container that is not confined as asked is stopped at once.
+	waitCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	auditErr := iso.auditLive(ctx, p.in.Sandbox, h)
+	if iso.posture != nil {
+		ex.ImageDigest, ex.Runtime = iso.posture.Image, iso.posture.Runtime
+	}
+	if auditErr != nil {
+		stop()
+	}
+	endDiskWatch := watchDisk(ctx, p, wd, stop)
+
+	followers := follow(ctx, p, stdout, stderr)
+	if auditErr == nil {
+		ex.running = reportRunning(ctx, p, wd, ex)
+	}
+
+	res := h.Wait(waitCtx)
+	diskErr := endDiskWatch()
+	ex.Exit = res
+	probeErr := iso.readProbe(res)
+	ex.record = iso.record(p.ref.RunID)
+	// Wait drained the container's streams; closing the spools lets the
+	// consumers deliver the tail and finish.
+	stdout.Close()
+	stderr.Close()
+	if err := followers.wait(); err != nil {
+		p.log.Warn("stream output", "err", err)
+	}
+	if ex.DroppedOutputBytes = stdout.Dropped() + stderr.Dropped(); ex.DroppedOutputBytes > 0 {
+		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
+	}
+	return ex, errors.Join(auditErr, diskErr, probeErr, res.Err)
+}
+
+// watchDisk stops the run through stop when the run dir outgrows its cap. It
+// runs only when no capped filesystem was mounted; the returned function
+// ends the watch and reports whether it fired.
+func watchDisk(ctx context.Context, p *plan, wd *workdir, stop context.CancelFunc) func() error {
+	limit := p.limits.disk
+	if wd.unmount != nil || limit == 0 {
+		return func() error { return nil }
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	fired := make(chan int64, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- diskcap.Watch(ctx, p.dirs.Dir, limit, diskWatchInterval, func(used int64) {
+			fired <- used
+			stop()
+		})
+	}()
+	return func() error {
+		cancel()
+		watchErr := <-done
+		select {
+		case used := <-fired:
+			if errors.Is(watchErr, diskcap.ErrUnmeasurable) {
+				return fmt.Errorf("%w: %w", ErrDiskLimit, watchErr)
+			}
+			return fmt.Errorf("%w: %d bytes used, cap %d", ErrDiskLimit, used, limit)
+		default:
+			return nil
+		}
+	}
+}
+
+// followers deliver the spooled output to its consumers: the stream sender
+// and the live stdout and stderr copies.
+type followers struct {
+	done   chan error
+	n      int
+	cancel context.CancelFunc
+}
+
+// follow starts one goroutine per consumer. Each reads the spool from disk on
+// its own, so a slow or stalled consumer never blocks the container or the
+// other consumers. They run on a context detached from the caller's: after a
+// cancellation the container's last output (written during its stop grace)
+// is still delivered, within streamDrainTimeout.
+func follow(ctx context.Context, p *plan, stdout, stderr *spool.Spool) *followers {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f := &followers{done: make(chan error, 3), cancel: cancel}
+	start := func(s *spool.Spool, consume func(io.Reader) error) {
+		f.n++
+		go func() {
+			rd := s.NewReaderContext(ctx, 0)
+			defer rd.Close()
+			f.done <- consume(rd)
+		}()
+	}
+	if sender := p.in.StreamSender; sender != nil {
+		start(stdout, func(rd io.Reader) error {
+			_, err := workerclient.Pump(ctx, rd, p.ref.RunID, sender, workerclient.PumpOptions{})
+			return err
+		})
+	}
+	for _, c := range []struct {
+		w io.Writer
+		s *spool.Spool
+	}{{p.in.Stdout, stdout}, {p.in.Stderr, stderr}} {
+		if c.w != nil {
+			start(c.s, func(rd io.Reader) error {
+				_, err := io.Copy(c.w, rd)
+				return err
+			})
+		}
+	}
+	return f
+}
+
+// wait waits for the followers to deliver everything, bounded so a dead
+// control plane or a blocked writer cannot hold the run: past
+// streamDrainTimeout they are cancelled and left to finish on their own
+// (undelivered bytes remain in the persisted output log; done is buffered,
+// so no follower blocks on reporting).
+func (f *followers) wait() error {
+	timer := time.NewTimer(streamDrainTimeout)
+	defer timer.Stop()
+	var errs []error
+	for range f.n {
+		select {
+		case err := <-f.done:
+			errs = append(errs, err)
+		case <-timer.C:
+			f.cancel()
+			return errors.Join(append(errs, errors.New("output consumers did not finish in time; the output log holds everything"))...)
+		}
+	}
+	f.cancel()
+	return errors.Join(errs...)
+}
