@@ -54,7 +54,7 @@ func TestReapRules(t *testing.T) {
 	require.NoError(t, err)
 	// Let the exited orphan's finish fall out of the grace period.
 	offset.Store(int64(grace + time.Second))
-	young, err := plantContainer(ctx, b, labels, "", b.now(), "true")
+	young, err := plantContainer(ctx, b, labels, "", b.now(), "sleep", "1000")
 	require.NoError(t, err)
 
 	// A run of this backend that has exited but is not closed yet.
