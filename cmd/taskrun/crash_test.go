@@ -402,6 +402,9 @@ func TestHungStoreAndSIGTERMExitWithinTheGrace(t *testing.T) {
 	out, err := exec.Command("docker", "ps", "-aq", "--filter", "label=dev.taskrun.run="+runID, "--filter", "status=running").Output()
 	require.NoError(t, err)
 	assert.Empty(t, strings.TrimSpace(string(out)), "the container still runs after the executor exited")
+	mounts, err := os.ReadFile("/proc/mounts")
+	require.NoError(t, err)
+	assert.NotContains(t, string(mounts), e.root+"/", "a kept run holds no mount")
 	jd, err := taskrun.OpenRunJournal(e.root)
 	require.NoError(t, err)
 	rec, err := jd.Load(runID)
@@ -421,5 +424,59 @@ func TestHungStoreAndSIGTERMExitWithinTheGrace(t *testing.T) {
 	assert.Contains(t, string(pout), "0 run(s) still kept")
 	n := requireNumberedLines(t, e.outputLog(t, runID))
 	assert.GreaterOrEqual(t, n, 10)
+	e.requireNothingLeft(t, runID)
+}
+
+// TestSecondSignalExitsAtOnce: with the store hung and a long grace, a
+// second SIGTERM ends the executor at once; the journal stays whole and
+// taskrun gc finishes the run once the store answers.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	e := newCrashEnv(t)
+	s3 := s3test.StartServer(t)
+	proxy := newSwitchProxy(t)
+	e.store = strings.Replace(s3.URL, s3.Addr, proxy.l.Addr().String(), 1)
+	runID := "sig2" + strings.ToLower(tenant(t)[:8])
+
+	run := e.command(t, nil, e.runArgs(runID, []string{"--disk", "32m", "--shutdown-grace", "10m"}, printer...)...)
+	stdout, err := run.StdoutPipe()
+	require.NoError(t, err)
+	var runErr lockedbuf.Buffer
+	run.Stderr = &runErr
+	require.NoError(t, run.Start())
+	t.Cleanup(func() { _ = run.Process.Kill(); _ = run.Wait() })
+	lines := bufio.NewScanner(stdout)
+	for i := 0; i < 10 && lines.Scan(); i++ {
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+
+	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
+	// The run stops its container and starts storing into the hung store.
+	jd, err := taskrun.OpenRunJournal(e.root)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		rec, err := jd.Load(runID)
+		return err == nil && rec.Phase == journal.PhaseCollect
+	}, time.Minute, 20*time.Millisecond, "the run never reached collect: %s", &runErr)
+	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
+	select {
+	case err := <-exited:
+		var exitErr *exec.ExitError
+		require.ErrorAs(t, err, &exitErr)
+		assert.Equal(t, exitInterrupted, exitErr.ExitCode())
+	case <-time.After(time.Minute):
+		t.Fatalf("a second signal did not end the executor: %s", &runErr)
+	}
+	assert.Contains(t, runErr.String(), "second signal")
+	rec, err := jd.Load(runID)
+	require.NoError(t, err, "the journal is whole")
+	assert.Equal(t, journal.PhaseCollect, rec.Phase)
+
+	proxy.forwardTo(s3.Addr)
+	gc := e.command(t, nil, "gc", "--root", e.root)
+	gcOut, err := gc.CombinedOutput()
+	require.NoError(t, err, "%s", gcOut)
+	assert.GreaterOrEqual(t, requireNumberedLines(t, e.outputLog(t, runID)), 10)
 	e.requireNothingLeft(t, runID)
 }
