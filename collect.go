@@ -1,7 +1,9 @@
 package taskrun
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,7 +26,15 @@ const (
 	// AuditRecordName is the run object holding the isolation record; the
 	// executor keeps it under the same name until it is stored.
 	AuditRecordName = "audit.json"
+	// CollectionRecordName is the run object listing what collection left
+	// out of the run's files, with the reasons, and what the run's host
+	// records dropped (see CollectionRecord).
+	CollectionRecordName = "collection.json"
 )
+
+// maxIsolationRecordBytes is the room of the run's record budget set aside
+// for its isolation record; a record is far smaller.
+const maxIsolationRecordBytes = 1 << 20
 
 // Executor-private files in the run's host directory (plan.hostDir).
 const (
@@ -37,10 +47,48 @@ const (
 
 // Caps on what is collected from the run directory. The agent is untrusted;
 // anything over a cap is skipped and recorded, never silently truncated.
+// Across the whole run, collection reads at most the disk cap (see
+// limits.collect), by allocated size, a hard-linked file once.
 const (
 	maxCollectFileBytes  = 1 << 30
 	maxCollectTotalBytes = 4 << 30
 )
+
+// Run directories a skipped file can come from (SkippedFile.Root).
+const (
+	rootArtifacts = "artifacts"
+	rootOutput    = "output"
+	rootGlobal    = "global"
+	rootHome      = "home"
+)
+
+// SkippedFile is a file of the agent's that the run did not store.
+type SkippedFile struct {
+	// Root is the run directory it is in: "artifacts", "output", "global"
+	// or "home" (session state).
+	Root string `json:"root"`
+	// Path is relative to Root, as the agent named it.
+	Path string `json:"path"`
+	// Reason says why it was not stored.
+	Reason string `json:"reason"`
+}
+
+// CollectionRecord is the run object CollectionRecordName: what the
+// executor left out of the run's files and records, and why.
+type CollectionRecord struct {
+	// Skipped lists the first workspace.MaxSkips files not stored;
+	// DroppedSkips counts the others.
+	Skipped      []SkippedFile `json:"skipped"`
+	DroppedSkips int64         `json:"dropped_skips,omitempty"`
+	// ReadBytes is what collection read of the run's files, of at most
+	// ReadLimitBytes.
+	ReadBytes      int64 `json:"read_bytes"`
+	ReadLimitBytes int64 `json:"read_limit_bytes"`
+	// DroppedRecordBytes counts bytes of the host-side records refused by
+	// the run's record budget of RecordBudgetBytes.
+	DroppedRecordBytes int64 `json:"dropped_record_bytes,omitempty"`
+	RecordBudgetBytes  int64 `json:"record_budget_bytes"`
+}
 
 // stored is what collect put into blob storage.
 type stored struct {
@@ -54,6 +102,10 @@ type stored struct {
 	tracePath string
 	// artifactsDir is the host directory the artifacts were collected from.
 	artifactsDir string
+	// skipped lists the agent's files not stored (the first
+	// workspace.MaxSkips); droppedSkips counts the others.
+	skipped      []SkippedFile
+	droppedSkips int64
 }
 
 // collect stores whatever the run produced, even after a failure: the
@@ -65,7 +117,7 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	if ex.ContainerID == "" {
 		return stored{}, nil // the agent never ran: there is nothing of it to keep
 	}
-	c := &collector{p: p}
+	c := &collector{p: p, ledger: workspace.NewLedger(p.limits.collect)}
 	var errs []error
 	keep := func(err error, what string) {
 		if err != nil {
@@ -83,6 +135,7 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	keep(c.resultFiles(ctx), "output files")
 	keep(c.sessionState(ctx), "session state")
 	keep(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
+	keep(c.collectionRecord(ctx, ex), "collection record")
 	if localErr != nil && len(errs) == 0 {
 		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
 	} else {
@@ -99,6 +152,37 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 type collector struct {
 	p   *plan
 	out stored
+	// ledger is shared by every walk of the run's files.
+	ledger *workspace.Ledger
+}
+
+// skip records that the agent's file root/rel was not stored.
+func (c *collector) skip(root, rel, reason string) {
+	if len(c.out.skipped) >= workspace.MaxSkips {
+		c.out.droppedSkips++
+		return
+	}
+	c.out.skipped = append(c.out.skipped, SkippedFile{Root: root, Path: rel, Reason: reason})
+}
+
+// unstorable reports whether err is a refusal of one agent file's name
+// (a name no key can take, one reserved for a run's records, or a key the
+// store refuses): that file is skipped, the others are stored, and a retry
+// would skip it the same way.
+func unstorable(err error) bool {
+	return errors.Is(err, persist.ErrInvalidName) || errors.Is(err, persist.ErrReservedName) || errors.Is(err, persist.ErrKeyRejected)
+}
+
+// storeAgentFile stores one of the agent's files through put; a name that
+// cannot be stored is skipped with the reason.
+func (c *collector) storeAgentFile(root, rel string, put func() (persist.ObjectInfo, error)) (bool, error) {
+	info, err := put()
+	if unstorable(err) {
+		c.p.log.Warn("skipped file in run output", "root", root, "path", rel, "reason", err)
+		c.skip(root, rel, err.Error())
+		return false, nil
+	}
+	return err == nil, c.stored(info, err)
 }
 
 // log uploads one spooled stream and keeps the head of the stdout log.
@@ -157,18 +241,22 @@ func capOutput(output []byte, limit int) ([]byte, bool) {
 func (c *collector) trace(ctx context.Context) error {
 	want := c.p.tracePath
 	prefix := path.Dir(want) + "/"
-	return c.walk(ctx, c.p.dirs.Global, func(ctx context.Context, f workspace.CollectedFile) error {
+	return c.walk(ctx, rootGlobal, c.p.dirs.Global, func(ctx context.Context, f workspace.CollectedFile) error {
 		if !strings.HasPrefix(f.RelPath, prefix) {
 			return nil
 		}
-		if f.RelPath == c.p.gatewayRecordPath {
-			c.p.log.Warn("ignored a file the agent wrote in place of the gateway record", "path", f.RelPath)
-			return nil // the executor's own copy is the only gateway record
-		}
-		if err := c.stored(c.p.in.Persist.PutGlobalFile(ctx, c.p.ref.UserID, f.RelPath, f.Reader, "application/x-ndjson")); err != nil {
+		ok, err := c.storeAgentFile(rootGlobal, f.RelPath, func() (persist.ObjectInfo, error) {
+			// Another run's trace and every gateway record are the
+			// executor's: no agent file may take their keys.
+			if err := persist.CheckAgentGlobalPath(c.p.ref.RunID, f.RelPath); err != nil {
+				return persist.ObjectInfo{}, err
+			}
+			return c.p.in.Persist.PutGlobalFile(ctx, c.p.ref.UserID, f.RelPath, f.Reader, "application/x-ndjson")
+		})
+		if err != nil {
 			return err
 		}
-		if f.RelPath == want {
+		if ok && f.RelPath == want {
 			c.out.tracePath = want
 		}
 		return nil
@@ -192,31 +280,43 @@ func (c *collector) gatewayRecord(ctx context.Context) error {
 // artifacts uploads every regular file under artifacts/.
 func (c *collector) artifacts(ctx context.Context) error {
 	c.out.artifactsDir = c.p.dirs.Artifacts
-	return c.walk(ctx, c.p.dirs.Artifacts, func(ctx context.Context, f workspace.CollectedFile) error {
-		info, err := c.p.in.ArtifactStorage.PutArtifact(ctx, c.p.ref, f.RelPath, f.Reader, contentType(f.RelPath))
-		if err == nil {
+	return c.walk(ctx, rootArtifacts, c.p.dirs.Artifacts, func(ctx context.Context, f workspace.CollectedFile) error {
+		var info persist.ObjectInfo
+		ok, err := c.storeAgentFile(rootArtifacts, f.RelPath, func() (persist.ObjectInfo, error) {
+			var err error
+			info, err = c.p.in.ArtifactStorage.PutArtifact(ctx, c.p.ref, f.RelPath, f.Reader, contentType(f.RelPath))
+			return info, err
+		})
+		if ok {
 			c.out.artifacts = append(c.out.artifacts, info)
 		}
-		return c.stored(info, err)
+		return err
 	})
 }
 
 // resultFiles uploads the final answer files under output/.
 func (c *collector) resultFiles(ctx context.Context) error {
-	return c.walk(ctx, c.p.dirs.Output, func(ctx context.Context, f workspace.CollectedFile) error {
-		return c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, ResultPrefix+f.RelPath, f.Reader, contentType(f.RelPath)))
+	return c.walk(ctx, rootOutput, c.p.dirs.Output, func(ctx context.Context, f workspace.CollectedFile) error {
+		_, err := c.storeAgentFile(rootOutput, f.RelPath, func() (persist.ObjectInfo, error) {
+			return c.p.in.Persist.PutRunFile(ctx, c.p.ref, ResultPrefix+f.RelPath, f.Reader, contentType(f.RelPath))
+		})
+		return err
 	})
 }
 
 // sessionState streams home as a tar.gz straight into the store.
 func (c *collector) sessionState(ctx context.Context) error {
 	pr, pw := io.Pipe()
+	packed := make(chan workspace.PackStats, 1)
 	go func() {
-		_, err := workspace.PackHome(ctx, c.p.dirs.Home, pw, workspace.PackOptions{Exclude: c.p.sessionExcludes})
+		stats, err := workspace.PackHome(ctx, c.p.dirs.Home, pw, workspace.PackOptions{Exclude: c.p.sessionExcludes, Ledger: c.ledger})
 		pw.CloseWithError(err)
+		packed <- stats
 	}()
 	err := c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, SessionStateName, pr, "application/gzip"))
 	pr.CloseWithError(err)
+	stats := <-packed
+	c.skipped(rootHome, stats.Skipped, stats.DroppedSkips)
 	return err
 }
 
@@ -229,20 +329,50 @@ func (c *collector) stored(info persist.ObjectInfo, err error) error {
 	return err
 }
 
-// walk walks root with the hostile-input-safe collector and logs every file
-// it skipped.
-func (c *collector) walk(ctx context.Context, root string, visit func(context.Context, workspace.CollectedFile) error) error {
+// walk walks the run directory root (named name) with the
+// hostile-input-safe collector, through the run's ledger, and records every
+// file it skipped.
+func (c *collector) walk(ctx context.Context, name, root string, visit func(context.Context, workspace.CollectedFile) error) error {
 	rep, err := workspace.Collect(ctx, root, workspace.CollectOptions{
 		MaxFileBytes:  maxCollectFileBytes,
-		MaxTotalBytes: maxCollectTotalBytes,
+		MaxTotalBytes: c.p.limits.collect,
+		Ledger:        c.ledger,
 	}, visit)
-	for _, s := range rep.Skipped {
-		c.p.log.Warn("skipped file in run output", "root", filepath.Base(root), "path", s.Path, "reason", s.Reason)
-	}
-	if rep.DroppedSkips > 0 {
-		c.p.log.Warn("more files skipped in run output", "root", filepath.Base(root), "count", rep.DroppedSkips)
-	}
+	c.skipped(name, rep.Skipped, rep.DroppedSkips)
 	return err
+}
+
+// skipped logs and records the skips of one walk of root.
+func (c *collector) skipped(root string, skips []workspace.Skip, dropped int64) {
+	for _, s := range skips {
+		c.p.log.Warn("skipped file in run output", "root", root, "path", s.Path, "reason", s.Reason)
+		c.skip(root, s.Path, s.Reason)
+	}
+	if dropped > 0 {
+		c.p.log.Warn("more files skipped in run output", "root", root, "count", dropped)
+		c.out.droppedSkips += dropped
+	}
+}
+
+// collectionRecord stores what collection left out and what the run's
+// host records dropped, as CollectionRecordName.
+func (c *collector) collectionRecord(ctx context.Context, ex execution) error {
+	rec := CollectionRecord{
+		Skipped:            c.out.skipped,
+		DroppedSkips:       c.out.droppedSkips,
+		ReadBytes:          c.ledger.Read(),
+		ReadLimitBytes:     c.ledger.Limit(),
+		DroppedRecordBytes: ex.DroppedRecordBytes,
+		RecordBudgetBytes:  c.p.limits.records,
+	}
+	if rec.Skipped == nil {
+		rec.Skipped = []SkippedFile{}
+	}
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, CollectionRecordName, bytes.NewReader(data), "application/json"))
 }
 
 // contentType is a stored file's media type, from its extension.

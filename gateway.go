@@ -11,6 +11,7 @@ import (
 
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -27,7 +28,11 @@ type runGateway struct {
 // returns nil otherwise. The gateway appends every exchange to the run's
 // trace file, which the agent appends to as well; the file is created here,
 // before the agent runs, and held open, so the agent cannot redirect it.
-func startGateway(ctx context.Context, p *plan) (*runGateway, error) {
+//
+// What the gateway writes to both counts against the run's record budget:
+// once it is spent, the gateway's lines are refused (and it writes only
+// bodiless ones, which fit or not) and each file ends in a marker line.
+func startGateway(ctx context.Context, p *plan, budget *records.Budget) (*runGateway, error) {
 	if p.in.Model.IsZero() {
 		return nil, nil
 	}
@@ -44,7 +49,7 @@ func startGateway(ctx context.Context, p *plan) (*runGateway, error) {
 		SocketPath: filepath.Join(p.dirs.Dir, filepath.FromSlash(model.GatewaySocketPath)),
 		Model:      p.in.Model,
 		// The protected record first: a full run dir must not cost it.
-		Trace:    io.MultiWriter(record, trace),
+		Trace:    io.MultiWriter(budget.Writer("gateway record", record), budget.Writer("trace", trace)),
 		Logger:   p.log,
 		AgentUID: workspace.SandboxOwner.UID,
 	})

@@ -52,7 +52,11 @@ func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
 		return err
 	}
 	if ex.record != nil {
-		return journal.WriteFileAtomic(filepath.Join(p.hostDir, AuditRecordName), ex.record, 0o600)
+		rec := ex.record
+		if int64(len(rec)) > wd.isolationRoom && wd.records != nil {
+			rec = fmt.Appendf(nil, "{\"error\":\"the isolation record of %d bytes is over its %d-byte room in the run's record budget\"}\n", len(rec), wd.isolationRoom)
+		}
+		return journal.WriteFileAtomic(filepath.Join(p.hostDir, AuditRecordName), rec, 0o600)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -57,6 +58,12 @@ type limits struct {
 	maxOutput int64
 	// disk caps what the run stores under its run directory.
 	disk int64
+	// records is the byte budget of the host-side records the executor
+	// writes for the run (records.LimitFor the disk cap).
+	records int64
+	// collect caps what collection reads from the run directory in total:
+	// the disk cap, or maxCollectTotalBytes without one.
+	collect int64
 }
 
 // newPlan validates in and resolves every default. Bad input is refused here,
@@ -80,6 +87,11 @@ func newPlan(in RunTaskInput) (*plan, error) {
 			maxOutput: resolveCap(in.MaxOutputBytes, DefaultMaxOutputBytes),
 			disk:      resolveCap(in.DiskLimitBytes, DefaultDiskLimitBytes),
 		},
+	}
+	p.limits.records = records.LimitFor(p.limits.disk)
+	p.limits.collect = p.limits.disk
+	if p.limits.collect == 0 {
+		p.limits.collect = maxCollectTotalBytes
 	}
 	if p.sessionExcludes == nil {
 		p.sessionExcludes = workspace.DefaultExcludes

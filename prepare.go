@@ -11,6 +11,7 @@ import (
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -27,13 +28,21 @@ type workdir struct {
 	unmount func() error
 	// journal is the run's journal record; nil without a journal.
 	journal *journal.Entry
+	// records is the budget of the host-side records written for the run:
+	// spools, trace lines, the gateway record, the isolation record. Nil
+	// for a retry, which writes none.
+	records *records.Budget
+	// isolationRoom is the part of records set aside for the isolation
+	// record, so that a flood of output cannot cost the run its record.
+	isolationRoom int64
 }
 
 // prepare materializes the run directory: dirs under the disk cap, the
 // user's persistent files and the workspace or the resumed session, the
 // prompt and AGENTS.md. The workdir is returned even on error, for release.
 func prepare(ctx context.Context, p *plan) (*workdir, error) {
-	wd := &workdir{started: time.Now()}
+	wd := &workdir{started: time.Now(), records: records.NewBudget(p.limits.records)}
+	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
 	if err := wd.createRunDirs(ctx, p); err != nil {
 		return wd, err
 	}
@@ -60,15 +69,15 @@ func prepare(ctx context.Context, p *plan) (*workdir, error) {
 
 // createRunDirs creates the run directory on a size-capped filesystem when
 // the host allows it (root with loop devices: the kernel then enforces the
-// cap, and writes past it fail with ENOSPC inside the sandbox). Elsewhere, and
-// for runs whose directory outlives them (KeepRunDir), a watchdog caps the
-// run during supervise instead.
+// cap, and writes or fallocate past it fail with ENOSPC inside the sandbox),
+// also for runs whose directory outlives them (KeepRunDir: release turns it
+// into a plain copy). Elsewhere a watchdog caps the run during supervise.
 func (wd *workdir) createRunDirs(ctx context.Context, p *plan) error {
 	if err := workspace.CreateRunDir(p.dirs); err != nil {
 		return fmt.Errorf("create run directory: %w", err)
 	}
 	wd.owned = true
-	if p.limits.disk > 0 && !p.keepRunDir {
+	if p.limits.disk > 0 {
 		unmount, err := diskcap.Mount(ctx, p.dirs.Dir, p.limits.disk)
 		switch {
 		case err == nil:

@@ -1,6 +1,7 @@
 package taskrun
 
 import (
+	"context"
 	"os"
 
 	"github.com/taskrun/taskrun/diskcap"
@@ -8,7 +9,8 @@ import (
 
 // release drops the run's local files once everything is persisted: the
 // capped filesystem is unmounted, and the run and executor directories are
-// removed unless KeepRunDir. On a persist failure all of it stays: it is the
+// removed unless KeepRunDir, which keeps a plain copy of what the run
+// allocated (diskcap.Keep) and no mount. On a persist failure all of it stays: it is the
 // local copy for RetryPersist.
 func release(p *plan, wd *workdir, persistErr error) {
 	if wd == nil || !wd.owned {
@@ -22,6 +24,16 @@ func release(p *plan, wd *workdir, persistErr error) {
 			}
 		}
 		p.log.Warn("run directory kept for a persist retry", "dir", p.dirs.Dir, "spools", p.hostDir)
+		return
+	}
+	if wd.unmount != nil && p.keepRunDir {
+		stats, err := diskcap.Keep(context.Background(), p.dirs.Dir, wd.unmount, p.limits.disk)
+		for _, s := range stats.Skipped {
+			p.log.Warn("left out of the kept run directory", "path", s.Path, "reason", s.Reason)
+		}
+		if err != nil {
+			p.log.Warn("keep run directory", "dir", p.dirs.Dir, "err", err)
+		}
 		return
 	}
 	if wd.unmount != nil {

@@ -32,6 +32,14 @@ type Outcome struct {
 	// Stored lists every object the run stored: logs, artifacts, output
 	// files, the trace, session state and the isolation record.
 	Stored []persist.ObjectInfo `json:"stored,omitempty"`
+	// Skipped lists the agent's files that were not stored, with the reason
+	// (the first workspace.MaxSkips; DroppedSkips counts the others); the
+	// run's CollectionRecordName object holds the same list.
+	Skipped      []SkippedFile `json:"skipped,omitempty"`
+	DroppedSkips int64         `json:"dropped_skips,omitempty"`
+	// DroppedRecordBytes counts bytes of the host-side records (spools,
+	// trace lines, gateway record) refused by the run's record budget.
+	DroppedRecordBytes int64 `json:"dropped_record_bytes,omitempty"`
 }
 
 // RunError is returned for a run that did not succeed. It matches
@@ -120,6 +128,9 @@ func outcome(p *plan, ex execution, v verdict, st stored, persistErr error) *Out
 		Artifacts:          st.artifacts,
 		DroppedOutputBytes: ex.DroppedOutputBytes,
 		Stored:             st.objects,
+		Skipped:            st.skipped,
+		DroppedSkips:       st.droppedSkips,
+		DroppedRecordBytes: ex.DroppedRecordBytes,
 		Result: RunResult{
 			EndTime:          v.ended.UnixMilli(),
 			Output:           st.output,

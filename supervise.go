@@ -14,9 +14,6 @@ import (
 	"github.com/taskrun/taskrun/workerclient"
 )
 
-// diskWatchInterval is how often the fallback watchdog measures the run dir.
-const diskWatchInterval = time.Second
-
 // streamDrainTimeout bounds how long a finished run waits for its output
 // consumers (a variable so tests can shorten it).
 var streamDrainTimeout = 2 * time.Minute
@@ -41,6 +38,9 @@ type execution struct {
 	CompletionTokens *int `json:"completion_tokens,omitempty"`
 	// DroppedOutputBytes counts output past the cap, drained but not kept.
 	DroppedOutputBytes int64 `json:"dropped_output_bytes,omitempty"`
+	// DroppedRecordBytes counts bytes of host-side records (spools, trace
+	// lines, gateway record) refused by the run's record budget.
+	DroppedRecordBytes int64 `json:"dropped_record_bytes,omitempty"`
 	// record is the isolation record (audit.json); nil when no container
 	// was inspected.
 	record []byte
@@ -55,7 +55,7 @@ type execution struct {
 // error is the run's failure, if any; the execution is filled as far as the
 // run got.
 func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err error) {
-	gw, err := startGateway(ctx, p)
+	gw, err := startGateway(ctx, p, wd.records)
 	if err != nil {
 		return ex, err
 	}
@@ -63,15 +63,19 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		var gwErr error
 		ex.PromptTokens, ex.CompletionTokens, gwErr = gw.finish()
 		err = errors.Join(err, gwErr)
+		if ex.DroppedRecordBytes = wd.records.Refused(); ex.DroppedRecordBytes > 0 {
+			p.log.Warn("host records over the run's budget were dropped", "budget_bytes", p.limits.records, "dropped_bytes", ex.DroppedRecordBytes)
+		}
 	}()
 
-	limit := spool.WithLimit(p.limits.maxOutput)
-	stdout, err := spool.New(filepath.Join(p.hostDir, stdoutSpoolName), limit)
+	// The spools' host copies count against the run's record budget.
+	limit, budget := spool.WithLimit(p.limits.maxOutput), spool.WithBudget(wd.records)
+	stdout, err := spool.New(filepath.Join(p.hostDir, stdoutSpoolName), limit, budget)
 	if err != nil {
 		return ex, fmt.Errorf("stdout spool: %w", err)
 	}
 	defer stdout.Close()
-	stderr, err := spool.New(filepath.Join(p.hostDir, stderrSpoolName), limit)
+	stderr, err := spool.New(filepath.Join(p.hostDir, stderrSpoolName), limit, budget)
 	if err != nil {
 		return ex, fmt.Errorf("stderr spool: %w", err)
 	}
@@ -152,7 +156,7 @@ func watchDisk(ctx context.Context, p *plan, wd *workdir, stop context.CancelFun
 	fired := make(chan int64, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- diskcap.Watch(ctx, p.dirs.Dir, limit, diskWatchInterval, func(used int64) {
+		done <- diskcap.Watch(ctx, p.dirs.Dir, limit, diskcap.DefaultInterval, func(used int64) {
 			fired <- used
 			stop()
 		})

@@ -463,6 +463,37 @@ func TestRetryPersistAfterStoreOutage(t *testing.T) {
 	require.ErrorIs(t, err, taskrun.ErrNothingKept, "nothing is left to retry")
 }
 
+// A run whose agent left files no key can take, and whose store was down,
+// is retried successfully: the unstorable files are skipped with their
+// reasons, every other file is stored, and nothing is left to retry.
+func TestRetryPersistSkipsUnstorableNames(t *testing.T) {
+	h := newHarness(t)
+	rec := &controlplanetest.Recorder{}
+	down := h.input(rec, "retrynames1", "sh", "-c", `cd /taskrun/artifacts
+echo x > "$(printf 'bad\377name')"; echo x > "$(printf 'rtl\342\200\256txt')"; echo x > meta.attrs
+echo good > zz-good.txt`)
+	down.Persist = downStore{h.store}
+	_, err := taskrun.Execute(context.Background(), down)
+	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
+
+	retry := h.input(rec, "retrynames1")
+	retry.Sandbox = nil
+	out, err := taskrun.RetryPersist(context.Background(), retry)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusSucceeded, out.Status)
+	require.Len(t, out.Artifacts, 1)
+	assert.True(t, strings.HasSuffix(out.Artifacts[0].Key, "/artifacts/zz-good.txt"), out.Artifacts[0].Key)
+	skipped := map[string]string{}
+	for _, s := range out.Skipped {
+		skipped[s.Root+"/"+s.Path] = s.Reason
+	}
+	for _, name := range []string{"bad\377name", "rtl\u202etxt", "meta.attrs"} {
+		assert.Contains(t, skipped["artifacts/"+name], "persist: invalid name", name)
+	}
+	_, err = taskrun.RetryPersist(context.Background(), retry)
+	require.ErrorIs(t, err, taskrun.ErrNothingKept, "nothing is left to retry")
+}
+
 // SessionExcludes leaves matching paths out of the session state a resumed
 // run gets back.
 func TestRunTaskSessionExcludes(t *testing.T) {

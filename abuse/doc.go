@@ -9,7 +9,10 @@
 // and the container log, network egress to an IP, DNS and the cloud metadata
 // address, symlinks and FIFOs planted in the outputs, looking for the Docker
 // socket, writing /proc/sys, reading the executor's secrets, path traversal
-// through IDs and a process that ignores SIGTERM. Each test names the
+// through IDs, a process that ignores SIGTERM, flooding the host-side
+// records, sparse and hard-linked files in the outputs, a fallocate far past
+// the disk cap of a kept run, file names no store can take and forging an
+// earlier run's trace and gateway record. Each test names the
 // protection it proves in its comment and fails if that protection is
 // removed. Some cases are repeated under gVisor (runtime runsc) when the
 // engine has it.

@@ -4,19 +4,27 @@
 // Two mechanisms, in order of preference:
 //
 //   - Mount: a per-run ext4 filesystem in a sparse image file, loop-mounted
-//     (nosuid,nodev) on the run dir. The kernel enforces the cap: writes past
-//     it fail with ENOSPC inside the container, and the host loses at most the
-//     image's size. It needs root, mkfs.ext4 and loop devices; on this
-//     project's build machines (root, Debian, /dev/loop*) all are present and
-//     `mount -o loop` works. Where any is missing it returns ErrUnsupported.
-//     Overlay2 quotas (--storage-opt size) are no alternative: they need XFS
-//     with pquota and do not cover bind mounts at all.
-//   - Watch: a watchdog that polls the run dir's usage with a bounded,
-//     du-like walk and calls back once when the cap is exceeded, so the
-//     caller can stop the run. It works everywhere but is after the fact: a
-//     fast writer can overshoot by what it writes in one interval. Use it when
-//     Mount is unsupported, or in addition to Mount to stop a run that sits at
-//     ENOSPC instead of failing.
+//     (nosuid,nodev) on the run dir. The kernel enforces the cap: writes,
+//     fallocate (with or without FALLOC_FL_KEEP_SIZE) and page faults on a
+//     mapped sparse file fail with ENOSPC inside the container past it, and
+//     the host loses at most the image's size: overshoot 0. It needs root,
+//     mkfs.ext4 and loop devices; on this project's build machines (root,
+//     Debian, /dev/loop*) all are present and `mount -o loop` works. Where
+//     any is missing it returns ErrUnsupported. A run kept for inspection
+//     runs under Mount too and is turned into a plain directory afterwards
+//     by Keep, which copies out only what was allocated. Overlay2 quotas
+//     (--storage-opt size) are no alternative: they need XFS with pquota and
+//     do not cover bind mounts at all.
+//   - Watch: a watchdog that polls the run dir's usage (allocated blocks,
+//     hard links once) with a bounded, du-like walk every DefaultInterval
+//     and calls back once when the cap is exceeded, so the caller can stop
+//     the run. It works everywhere but is after the fact: a writer
+//     overshoots the cap by what it writes in one interval (about 250 ms of
+//     the disk's write bandwidth), and a single fallocate allocates all it
+//     asks for before any poll can see it, which no watchdog can bound. It
+//     is the fallback where Mount is unsupported (not root, no loop
+//     devices): there the cap is best effort, and hosts that run untrusted
+//     agents should run the executor as root with loop devices.
 package diskcap
 
 import (
@@ -207,6 +215,11 @@ func adoptRoot(dir string, was os.FileInfo) error {
 
 // measure is Usage; tests replace it to make a tree unmeasurable.
 var measure = Usage
+
+// DefaultInterval is how often Watch should poll: short enough that a
+// writer's overshoot stays a fraction of a second of its bandwidth, long
+// enough that the walk's cost (bounded by MaxEntries) stays small.
+const DefaultInterval = 250 * time.Millisecond
 
 // ErrUnmeasurable is returned by Watch, after it called over, when the
 // directory's usage could not be measured.

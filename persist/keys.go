@@ -54,7 +54,10 @@ func validateID(kind, id string) error {
 }
 
 // ValidateRelPath checks that p is a clean, relative, slash-separated path
-// with no "." or ".." element, no backslash and no control character.
+// that every backend can store: valid UTF-8, at most 768 bytes, no "." or
+// ".." element, no backslash, no C0 or C1 control character, no Unicode
+// bidirectional formatting character, no element longer than 200 bytes and
+// no element ending in ".attrs" (which the file:// driver reserves).
 func ValidateRelPath(p string) error {
 	switch {
 	case p == "":
@@ -67,22 +70,18 @@ func ValidateRelPath(p string) error {
 		return fmt.Errorf("%w: path %q is absolute: drop the leading \"/\"", ErrInvalidName, p)
 	case strings.ContainsRune(p, '\\'):
 		return fmt.Errorf("%w: path %q contains a backslash: separate elements with \"/\"", ErrInvalidName, p)
-	case strings.ContainsFunc(p, isControl):
-		return fmt.Errorf("%w: path %q contains a control character", ErrInvalidName, p)
+	case strings.ContainsFunc(p, unsafeRune):
+		return fmt.Errorf("%w: path %q contains a control or bidirectional formatting character", ErrInvalidName, p)
 	}
 	for _, elem := range strings.Split(p, "/") {
-		if elem == ".." || elem == "." {
-			return fmt.Errorf("%w: path %q has a %q element: name files and directories explicitly", ErrInvalidName, p, elem)
+		if err := checkElem(p, elem); err != nil {
+			return err
 		}
 	}
 	if path.Clean(p) != p {
 		return fmt.Errorf("%w: path %q is not clean: use %q", ErrInvalidName, p, path.Clean(p))
 	}
 	return nil
-}
-
-func isControl(r rune) bool {
-	return r < 0x20 || r == 0x7f
 }
 
 // validateRunName checks a run file name: a clean relative path (such as
@@ -204,14 +203,14 @@ const tracesDir = "traces"
 // TracePath returns the run-global relative path of an agent run's trace,
 // "traces/<session>/rt_<agentRunID>.jsonl"; pass it to PutGlobalFile.
 func TracePath(sessionID, agentRunID string) (string, error) {
-	return sessionFile(sessionID, agentRunID, "rt_")
+	return sessionFile(sessionID, agentRunID, traceFilePrefix)
 }
 
 // GatewayRecordPath returns the run-global relative path of the
 // executor-owned record of a run's model exchanges, next to its trace:
 // "traces/<session>/gw_<runID>.jsonl".
 func GatewayRecordPath(sessionID, runID string) (string, error) {
-	return sessionFile(sessionID, runID, "gw_")
+	return sessionFile(sessionID, runID, gatewayFilePrefix)
 }
 
 // sessionFile is "traces/<session>/<prefix><runID>.jsonl".
@@ -222,5 +221,5 @@ func sessionFile(sessionID, runID, prefix string) (string, error) {
 	if err := validateID("agent run", runID); err != nil {
 		return "", err
 	}
-	return tracesDir + "/" + sessionID + "/" + prefix + runID + ".jsonl", nil
+	return tracesDir + "/" + sessionID + "/" + prefix + runID + recordFileExt, nil
 }

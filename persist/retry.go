@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"syscall"
 	"time"
 
 	"gocloud.dev/gcerrors"
@@ -18,6 +19,13 @@ var ErrStoreUnavailable = errors.New("persist: blob store unavailable")
 
 // ErrNotFound marks a missing object.
 var ErrNotFound = errors.New("persist: object not found")
+
+// ErrKeyRejected marks a definite refusal of one key by a store that is
+// otherwise working: the file store cannot put an object where another
+// one's directory is ("a" when "a/b" exists, or the reverse), or the store
+// refuses the name as invalid. Retrying the same key fails the same way;
+// the caller skips the object and keeps the others.
+var ErrKeyRejected = errors.New("persist: the store refused this key")
 
 // retryPolicy bounds the store's own retries of whole operations.
 type retryPolicy struct {
@@ -58,7 +66,7 @@ func transient(ctx context.Context, err error) bool {
 		return false
 	}
 	var se *sourceError
-	if errors.As(err, &se) {
+	if errors.As(err, &se) || keyRejected(err) {
 		return false
 	}
 	// A status of 0 means no response arrived (connection refused, reset).
@@ -81,6 +89,8 @@ func classify(ctx context.Context, op, key string, err error) error {
 	switch {
 	case gcerrors.Code(err) == gcerrors.NotFound && !isSource(err):
 		return fmt.Errorf("%w: %s %s: %w", ErrNotFound, op, key, err)
+	case keyRejected(err):
+		return fmt.Errorf("%w: %s %s: %w", ErrKeyRejected, op, key, err)
 	case transient(ctx, err), deadlineHit(ctx, err):
 		return fmt.Errorf("%w: %s %s: %w", ErrStoreUnavailable, op, key, err)
 	default:
@@ -92,6 +102,24 @@ func classify(ctx context.Context, op, key string, err error) error {
 // had not answered: from the caller's side the store is unavailable.
 func deadlineHit(ctx context.Context, err error) bool {
 	return errors.Is(ctx.Err(), context.DeadlineExceeded) && !isSource(err)
+}
+
+// keyRejected reports whether err is the store's definite refusal of a key:
+// the file driver's "not a directory", "is a directory", "file exists" (a
+// directory in the way of a rename), "directory not empty" or "file name
+// too long", or an invalid-argument answer.
+func keyRejected(err error) bool {
+	if isSource(err) {
+		return false
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		switch errno {
+		case syscall.ENOTDIR, syscall.EISDIR, syscall.EEXIST, syscall.ENOTEMPTY, syscall.ENAMETOOLONG:
+			return true
+		}
+	}
+	return gcerrors.Code(err) == gcerrors.InvalidArgument
 }
 
 func isSource(err error) bool {

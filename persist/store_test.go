@@ -150,3 +150,28 @@ func TestCanceledContextIsNotUnavailable(t *testing.T) {
 type streamOnlyReader struct{ r io.Reader }
 
 func (s streamOnlyReader) Read(p []byte) (int, error) { return s.r.Read(p) }
+
+// On the file store, an object where another one's directory is (and the
+// reverse) is refused as ErrKeyRejected at once, not retried and never
+// reported as an unavailable store, so a caller can skip that object and a
+// retry of the rest succeeds.
+//
+// Without the classification, both puts fail with ErrStoreUnavailable after
+// every retry, and a run's persist could never succeed.
+func TestFileStoreRejectsConflictingKeysDefinitely(t *testing.T) {
+	s := openStore(t, "file://"+filepath.Join(t.TempDir(), "store"), persist.WithRetry(5, time.Hour))
+	ctx := context.Background()
+	for _, tc := range []struct{ first, second string }{
+		{"traces/s1/x", "traces/s1/x/y"},
+		{"traces/s1/d/y/z", "traces/s1/d/y"},
+	} {
+		_, err := s.PutGlobalFile(ctx, "u1", tc.first, strings.NewReader("first"), "")
+		require.NoError(t, err)
+		// A retry would sleep an hour: returning at all shows none happened.
+		_, err = s.PutGlobalFile(ctx, "u1", tc.second, strings.NewReader("second"), "")
+		require.ErrorIs(t, err, persist.ErrKeyRejected, tc.second)
+		assert.NotErrorIs(t, err, persist.ErrStoreUnavailable)
+		_, err = s.PutGlobalFile(ctx, "u1", tc.first+"-sibling", strings.NewReader("other"), "")
+		require.NoError(t, err, "the store still takes other keys")
+	}
+}

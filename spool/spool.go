@@ -40,6 +40,8 @@ type Spool struct {
 
 	// limit caps the bytes kept; 0 means no cap (see WithLimit).
 	limit int64
+	// budget, when set, grants the bytes kept (see WithBudget).
+	budget Budget
 
 	mu      sync.Mutex // guards the fields below
 	size    int64
@@ -57,6 +59,16 @@ type Option func(*Spool)
 // accepted and counted (Dropped) but not kept, so a flooding writer can
 // neither fill the disk nor be blocked. n <= 0 means no cap.
 func WithLimit(n int64) Option { return func(s *Spool) { s.limit = max(n, 0) } }
+
+// Budget grants bytes from a budget shared with other writers, such as a
+// run's records.Budget: Take returns how many of n bytes may be kept.
+type Budget interface {
+	Take(n int64) int64
+}
+
+// WithBudget makes the spool keep only the bytes b grants, on top of any
+// WithLimit: what b refuses is accepted and counted (Dropped) but not kept.
+func WithBudget(b Budget) Option { return func(s *Spool) { s.budget = b } }
 
 // New creates (or truncates) the file at path and returns a Spool appending to
 // it. The file is left in place after Close so it can be persisted as the run's
@@ -97,6 +109,9 @@ func (s *Spool) Write(p []byte) (int, error) {
 	keep := p
 	if s.limit > 0 {
 		keep = p[:min(int64(len(p)), max(s.limit-s.Size(), 0))]
+	}
+	if s.budget != nil && len(keep) > 0 {
+		keep = keep[:s.budget.Take(int64(len(keep)))]
 	}
 	n, err := s.f.Write(keep)
 	s.mu.Lock()

@@ -279,3 +279,41 @@ func TestSpoolLimitKeepsHeadAndCountsTheRest(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "0123456789", string(data))
 }
+
+// fixedBudget grants from a fixed number of bytes, like a run's
+// records.Budget shared with other records.
+type fixedBudget struct{ left int64 }
+
+func (b *fixedBudget) Take(n int64) int64 {
+	got := min(n, b.left)
+	b.left -= got
+	return got
+}
+
+// Two spools sharing a budget keep together no more than it grants; what is
+// refused is counted, never refused to the writer.
+func TestSpoolsShareABudget(t *testing.T) {
+	b := &fixedBudget{left: 12}
+	dir := t.TempDir()
+	out, err := spool.New(filepath.Join(dir, "out"), spool.WithLimit(100), spool.WithBudget(b))
+	require.NoError(t, err)
+	errs, err := spool.New(filepath.Join(dir, "err"), spool.WithBudget(b))
+	require.NoError(t, err)
+	for _, w := range []struct {
+		s     *spool.Spool
+		chunk string
+	}{{out, "01234567"}, {errs, "abcdefgh"}, {out, "89"}} {
+		n, err := w.s.Write([]byte(w.chunk))
+		require.NoError(t, err)
+		assert.Equal(t, len(w.chunk), n)
+	}
+	require.NoError(t, out.Close())
+	require.NoError(t, errs.Close())
+	assert.EqualValues(t, 8, out.Size())
+	assert.EqualValues(t, 4, errs.Size())
+	assert.EqualValues(t, 2, out.Dropped())
+	assert.EqualValues(t, 4, errs.Dropped())
+	data, err := os.ReadFile(errs.Path())
+	require.NoError(t, err)
+	assert.Equal(t, "abcd", string(data))
+}

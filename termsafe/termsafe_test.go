@@ -3,6 +3,7 @@ package termsafe_test
 import (
 	"bytes"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -149,4 +150,18 @@ func FuzzWriterOutputIsInert(f *testing.F) {
 		assert.Equal(t, whole, escape(t, string(in[:at]), string(in[at:])))
 		assert.Equal(t, whole, termsafe.String(string(in)))
 	})
+}
+
+// BenchmarkWriter measures escaping throughput on typical agent output:
+// mostly text, some UTF-8, an escape sequence per line.
+func BenchmarkWriter(b *testing.B) {
+	line := []byte("step 12: editing greet.go — fixed the TODO \x1b[32mok\x1b[0m\n")
+	chunk := bytes.Repeat(line, 512)
+	w := termsafe.NewWriter(io.Discard)
+	b.SetBytes(int64(len(chunk)))
+	for b.Loop() {
+		if _, err := w.Write(chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

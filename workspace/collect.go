@@ -29,6 +29,10 @@ type CollectOptions struct {
 	MaxTotalBytes int64
 	// MaxFiles caps the number of collected files.
 	MaxFiles int64
+	// Ledger, when set, is shared with the run's other Collect and PackHome
+	// calls: it caps their total and reads a hard-linked file once across
+	// them. Nil means a ledger of this call alone, capped at MaxTotalBytes.
+	Ledger *Ledger
 }
 
 func (o CollectOptions) withDefaults() CollectOptions {
@@ -40,6 +44,9 @@ func (o CollectOptions) withDefaults() CollectOptions {
 	}
 	if o.MaxFiles <= 0 {
 		o.MaxFiles = DefaultCollectMaxFiles
+	}
+	if o.Ledger == nil {
+		o.Ledger = NewLedger(o.MaxTotalBytes)
 	}
 	return o
 }
@@ -76,7 +83,9 @@ type CollectReport struct {
 // Lstat-ed, opened with O_NOFOLLOW|O_NONBLOCK and fstat-ed again, and used only
 // if it is still the same regular file. Symlinks (wherever they point), FIFOs,
 // sockets, devices, mount points, entries replaced during the walk, files
-// over the caps, the contents of directories MaxDepth levels down and paths
+// over the caps, sparse files (a size over the allocated blocks plus
+// SparseAllowance), a second link to a hard-linked file already read through
+// the Ledger, files past the Ledger's total, the contents of directories MaxDepth levels down and paths
 // longer than MaxPathBytes are skipped and listed in CollectReport.Skipped
 // with the reason (the first MaxSkips; the rest are counted in
 // CollectReport.DroppedSkips). Nothing outside root is ever opened, and no
@@ -134,6 +143,10 @@ func (c *collector) file(n node) error {
 	defer f.Close()
 	size := info.Size()
 	if reason := c.overCap(size); reason != "" {
+		c.skip(n.rel, reason)
+		return nil
+	}
+	if reason := c.opts.Ledger.admit(n.rel, info); reason != "" {
 		c.skip(n.rel, reason)
 		return nil
 	}

@@ -34,6 +34,10 @@ type CopyOptions struct {
 	KeepExisting bool
 	// Workers bounds parallel file copies; zero means DefaultCopyWorkers.
 	Workers int
+	// Ledger, when set, bounds what is read from src as it does for Collect:
+	// sparse files and second links to a hard-linked file are skipped, and
+	// so are files past its total. Set it when src is the agent's.
+	Ledger *Ledger
 }
 
 // CopyStats summarises a CopyTree call.
@@ -62,7 +66,7 @@ type CopyStats struct {
 // directories MaxDepth levels down and paths longer than MaxPathBytes are
 // skipped. Every skip is recorded with its reason in CopyStats.Skipped (the
 // first MaxSkips; the rest are counted in CopyStats.DroppedSkips). Hard links are copied as
-// separate files. Nothing outside src is read and nothing outside dst written:
+// separate files, unless CopyOptions.Ledger reads each once. Nothing outside src is read and nothing outside dst written:
 // both are accessed through os.Root and symlinks are never followed.
 //
 // File contents are copied by a bounded pool of workers with copy_file_range
@@ -247,6 +251,12 @@ func (c *copier) copyFile(n node, dst *os.Root) error {
 		return nil
 	}
 	defer in.Close()
+	if c.opts.Ledger != nil {
+		if reason := c.opts.Ledger.admit(n.rel, info); reason != "" {
+			c.skip(n.rel, reason)
+			return nil
+		}
+	}
 	out, err := c.create(dst, n.name, n.rel)
 	if err != nil || out == nil {
 		return err

@@ -24,6 +24,9 @@ type PackOptions struct {
 	MaxBytes int64
 	// MaxEntries caps the number of entries; zero means DefaultUnpackLimits.MaxEntries.
 	MaxEntries int64
+	// Ledger, when set, is shared with the run's Collect calls (see
+	// CollectOptions.Ledger). Nil means a ledger of this call alone.
+	Ledger *Ledger
 }
 
 // PackStats summarises a PackHome call.
@@ -54,7 +57,8 @@ type PackStats struct {
 // and modification times (to the second). Symlinks are recorded as symlinks,
 // never followed, and only when they are relative and resolve inside home
 // (UnpackHome would reject the archive otherwise). FIFOs, sockets, devices,
-// entries over the size or count caps, the contents of directories MaxDepth
+// entries over the size or count caps, sparse files and second links to a
+// hard-linked file (see CollectOptions and Ledger), the contents of directories MaxDepth
 // levels down and paths longer than MaxPathBytes are skipped and recorded in
 // PackStats.Skipped (the first MaxSkips; the rest are counted in
 // PackStats.DroppedSkips). home is read through os.Root with O_NOFOLLOW|O_NONBLOCK
@@ -96,6 +100,9 @@ func (o PackOptions) withDefaults() PackOptions {
 	}
 	if o.MaxEntries <= 0 {
 		o.MaxEntries = DefaultUnpackLimits.MaxEntries
+	}
+	if o.Ledger == nil {
+		o.Ledger = NewLedger(o.MaxBytes)
 	}
 	return o
 }
@@ -167,6 +174,11 @@ func (p *packer) file(n node) error {
 		return nil
 	}
 	if !p.admit(n.rel) {
+		return nil
+	}
+	if reason := p.limits.Ledger.admit(n.rel, info); reason != "" {
+		p.entries--
+		p.skip(n.rel, reason)
 		return nil
 	}
 	hdr := p.header(n, tar.TypeReg)

@@ -16,6 +16,29 @@ import (
 
 // command is one subcommand of taskrun. Each lives in its own file and adds
 // itself with register from an init function; nothing else lists commands.
+// A new command is one file:
+//
+//	func init() {
+//		register(&command{
+//			Name:     "logs",
+//			Synopsis: "print a run's output log",
+//			Args:     "RUN",
+//			Flags: func(fs *pflag.FlagSet) action {
+//				var store string
+//				addStoreFlag(fs, &store) // shared flags come from flags.go
+//				stderr := fs.Bool("stderr", false, "print the stderr log instead")
+//				return func(ctx context.Context, a *app, args []string) int {
+//					if len(args) != 1 {
+//						return a.usageError("logs", errors.New("name one run"))
+//					}
+//					return runLogs(ctx, a, store, args[0], *stderr)
+//				}
+//			},
+//		})
+//	}
+//
+// Output goes to a.stdout and a.stderr, logs to a.log; anything the agent
+// controls goes through termsafe before it reaches a terminal.
 type command struct {
 	// Name is the word after "taskrun".
 	Name string

@@ -378,6 +378,8 @@ type jsonResult struct {
 	Stored []persist.ObjectInfo `json:"stored"`
 	// TraceKey is the trace's key in the store; empty without a trace.
 	TraceKey string `json:"trace_key,omitempty"`
+	// Skipped lists the agent's files that were not stored, with why.
+	Skipped []taskrun.SkippedFile `json:"skipped,omitempty"`
 }
 
 // jsonRunResult is the library's RunResult, except that the artifacts
@@ -402,6 +404,7 @@ func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err err
 			res.Stored = out.Stored
 		}
 		res.TraceKey = traceKey(out, ref.user)
+		res.Skipped = out.Skipped
 	}
 	if err != nil {
 		res.Error = oneLine(err)

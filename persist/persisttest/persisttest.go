@@ -45,6 +45,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) *persist.Store) {
 		{"Overwrite", testOverwrite},
 		{"MissingObject", testMissingObject},
 		{"BadNamesRejected", testBadNamesRejected},
+		{"EdgeNamesRoundTrip", testEdgeNamesRoundTrip},
 		{"TenantIsolation", testTenantIsolation},
 		{"ConcurrentPuts", testConcurrentPuts},
 		{"SourceChangedAborts", testSourceChangedAborts},
@@ -353,6 +354,21 @@ func (u untouchable) Read([]byte) (int, error) {
 var badRelPaths = []string{
 	"", ".", "..", "../x", "a/../b", "a/..", "/abs", "a//b", "a/./b", "a/", `a\b`, `..\x`,
 	"a\x00b", "a\nb", strings.Repeat("a", 769),
+	// Names an agent can give a file that no store may take: invalid UTF-8,
+	// C1 controls, bidirectional overrides, the file driver's reserved
+	// suffix, an element longer than any filesystem name.
+	"bad\xff.txt", "a\u0085b", "a\u009bb", "invoice\u202Efdp.exe", "x\u2066y", "a\u200fb",
+	"notes.attrs", "d.attrs/x", strings.Repeat("e", 201), "dir/" + strings.Repeat("e", 201) + "/f",
+}
+
+// edgeRelPaths are the most awkward relative paths a store must accept and
+// give back byte for byte.
+var edgeRelPaths = []string{
+	strings.Repeat("e", 200),
+	strings.Repeat(strings.Repeat("d", 200)+"/", 3) + strings.Repeat("f", 165),
+	"__0x41__/__0x2f__.txt",
+	"sp ace/naïve café ✓ 日本.md",
+	"x.attrs.txt", ".hidden", "a.tmp", "-dash", "attrs",
 }
 
 // badIDs are IDs every method must refuse.
@@ -416,6 +432,43 @@ func testBadNamesRejected(t *testing.T, s *persist.Store) {
 	keys, err := s.List(ctx, tenant)
 	require.NoError(t, err)
 	assert.Empty(t, keys, "rejected requests stored something")
+}
+
+// testEdgeNamesRoundTrip stores a file under each edge name in each
+// namespace an agent-chosen name reaches and reads it back: a name
+// ValidateRelPath accepts is one every backend can hold.
+func testEdgeNamesRoundTrip(t *testing.T, s *persist.Store) {
+	ctx := context.Background()
+	ref := newRef()
+	for _, p := range edgeRelPaths {
+		require.NoError(t, persist.ValidateRelPath(p), p)
+		body := "content of " + p
+		_, err := s.PutArtifact(ctx, ref, p, strings.NewReader(body), "")
+		require.NoError(t, err, "PutArtifact %q", p)
+		_, err = s.PutGlobalFile(ctx, ref.UserID, p, strings.NewReader(body), "")
+		require.NoError(t, err, "PutGlobalFile %q", p)
+		rc, err := s.OpenArtifact(ctx, ref, p)
+		require.NoError(t, err, "OpenArtifact %q", p)
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		require.NoError(t, err)
+		assert.Equal(t, body, string(got), p)
+		rc, err = s.OpenGlobalFile(ctx, ref.UserID, p)
+		require.NoError(t, err, "OpenGlobalFile %q", p)
+		got, err = io.ReadAll(rc)
+		rc.Close()
+		require.NoError(t, err)
+		assert.Equal(t, body, string(got), p)
+	}
+	prefix, err := persist.TenantPrefix(ref.UserID)
+	require.NoError(t, err)
+	keys, err := s.List(ctx, prefix)
+	require.NoError(t, err)
+	for _, p := range edgeRelPaths {
+		key, err := persist.GlobalKey(ref.UserID, p)
+		require.NoError(t, err)
+		assert.Contains(t, keys, key, "listing gives the key back as stored")
+	}
 }
 
 func testTenantIsolation(t *testing.T, s *persist.Store) {
