@@ -52,6 +52,11 @@ var ErrNotEmpty = errors.New("diskcap: run dir is not empty; mount the cap befor
 // image: two runs raced for one run dir. The other run's image is untouched.
 var ErrInUse = errors.New("the run dir is being capped by another run")
 
+// ImageOverhead bounds what the host allocates for a cap's image beyond its
+// size: the image file's own extent tree. The host holds at most the cap plus
+// ImageOverhead for a mounted run dir.
+const ImageOverhead = 64 << 10
+
 // MinSize is the smallest cap Mount accepts (ext4 needs room for metadata).
 const MinSize = 8 << 20
 
