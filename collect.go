@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -131,6 +132,7 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	keep(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
 	keep(c.trace(ctx), "trace")
 	keep(c.gatewayRecord(ctx), "gateway record")
+	keep(c.kept(ctx, egress.RecordName, egress.RecordName, "application/x-ndjson"), "egress record")
 	keep(c.artifacts(ctx), "artifacts")
 	keep(c.resultFiles(ctx), "output files")
 	keep(c.sessionState(ctx), "session state")

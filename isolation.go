@@ -41,6 +41,8 @@ type isolation struct {
 	// probeReport and contradictions are what the self-check saw.
 	probeReport    *probe.Report
 	contradictions []string
+	// egress is the run's egress policy and totals; nil without a policy.
+	egress *audit.EgressRecord
 }
 
 // newIsolation prepares the checks of a run under p.
@@ -100,21 +102,13 @@ func expectation(p sandbox.Policy) probe.Expectation {
 // rules. A failing rule refuses the run: the executor does not trust a
 // container it did not get exactly as asked.
 func (iso *isolation) auditLive(ctx context.Context, backend sandbox.Backend, h sandbox.Handle) error {
-	raw, err := h.Inspect(ctx)
-	if err != nil {
-		return fmt.Errorf("inspect container: %w", err)
-	}
-	p, err := audit.ParseInspect(raw)
+	p, err := h.Posture(ctx)
 	if err != nil {
 		return fmt.Errorf("read container posture: %w", err)
 	}
 	iso.posture = &p
 	if d, ok := backend.(sandbox.EngineDescriber); ok {
-		info, err := d.EngineInfo(ctx)
-		if err == nil {
-			iso.host, err = audit.ParseHostInfo(info)
-		}
-		if err != nil {
+		if iso.host, err = d.HostFacts(ctx); err != nil {
 			return fmt.Errorf("%w: %w", ErrIsolation, err)
 		}
 	}
@@ -155,6 +149,7 @@ func (iso *isolation) record(runID string) []byte {
 		return nil
 	}
 	rec := audit.NewRecord(runID, *iso.posture, iso.host, iso.opts, iso.probeReport, iso.contradictions, time.Now())
+	rec.Egress = iso.egress
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return nil // a Record always marshals

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -70,14 +71,14 @@ func TestRunTaskProbeContradictionRefusesRun(t *testing.T) {
 	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "refused1", "sh", "-c", "touch /taskrun/output/agent-ran")
 	in.HelpersDir = testbin.Dir(t)
-	in.Sandbox = loosenedBackend{Backend: h.backend, loosen: func(p *sandbox.Policy) { p.PidsLimit = 512 }}
+	in.Sandbox = loosenedBackend{Backend: h.Backend, loosen: func(p *sandbox.Policy) { p.PidsLimit = 512 }}
 
 	out, err := taskrun.Execute(context.Background(), in)
 	require.ErrorIs(t, err, taskrun.ErrIsolation)
 	assert.Equal(t, model.StatusFailed, out.Status)
 	assert.Equal(t, taskrun.ProbeRefusedExitCode, out.Exit.ExitCode)
 	assert.Contains(t, out.Reason, "self-check refused")
-	_, err = h.store.OpenRunFile(context.Background(), h.ref("refused1"), "output/agent-ran")
+	_, err = h.Store.OpenRunFile(context.Background(), h.Ref("refused1"), "output/agent-ran")
 	assert.ErrorIs(t, err, persist.ErrNotFound, "the agent must never start")
 
 	var record audit.Record
@@ -92,7 +93,7 @@ func TestRunTaskHostAuditRefusesNetworkedContainer(t *testing.T) {
 	h := newHarness(t)
 	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "refused2", "sh", "-c", "sleep 30")
-	in.Sandbox = loosenedBackend{Backend: h.backend, loosen: func(p *sandbox.Policy) { p.NetworkMode = "bridge" }}
+	in.Sandbox = loosenedBackend{Backend: h.Backend, loosen: func(p *sandbox.Policy) { p.NetworkMode = "bridge" }}
 
 	out, err := taskrun.Execute(context.Background(), in)
 	require.ErrorIs(t, err, taskrun.ErrIsolation)
@@ -123,11 +124,9 @@ func TestRunTaskUnderGVisor(t *testing.T) {
 // requireRunsc skips without gVisor, unless TASKRUN_REQUIRE_RUNSC=1 (CI).
 func requireRunsc(t *testing.T, h *harness) {
 	t.Helper()
-	raw, err := h.backend.EngineInfo(context.Background())
+	host, err := h.Backend.HostFacts(context.Background())
 	require.NoError(t, err)
-	var info struct{ Runtimes map[string]any }
-	require.NoError(t, json.Unmarshal(raw, &info))
-	if _, ok := info.Runtimes[sandbox.RuntimeGVisor]; !ok {
+	if !slices.Contains(host.Runtimes, sandbox.RuntimeGVisor) {
 		if os.Getenv("TASKRUN_REQUIRE_RUNSC") == "1" {
 			t.Fatal("runsc is not registered with dockerd; .ci/run registers it")
 		}
@@ -147,7 +146,7 @@ func TestRunTaskRefusesMissingSelfCheck(t *testing.T) {
 	require.ErrorIs(t, err, taskrun.ErrIsolation)
 	assert.Empty(t, out.ContainerID)
 	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
-	entries, err := os.ReadDir(h.root)
+	entries, err := os.ReadDir(h.Root)
 	require.NoError(t, err)
 	assert.Empty(t, entries, "nothing written on disk")
 }

@@ -85,7 +85,7 @@ echo forged > /taskrun/global/traces/s1/gw_canary1.jsonl
 
 	require.NotEmpty(t, out.Stored)
 	for _, obj := range out.Stored {
-		rc, err := h.store.Open(context.Background(), obj.Key)
+		rc, err := h.Store.Open(context.Background(), obj.Key)
 		require.NoError(t, err)
 		data, err := io.ReadAll(rc)
 		rc.Close()
@@ -94,7 +94,7 @@ echo forged > /taskrun/global/traces/s1/gw_canary1.jsonl
 	}
 	require.NotNil(t, out.Result.PromptTokens)
 	assert.Equal(t, 11, *out.Result.PromptTokens)
-	rc, err := h.store.OpenGlobalFile(context.Background(), h.tenant, "traces/s1/gw_canary1.jsonl")
+	rc, err := h.Store.OpenGlobalFile(context.Background(), h.Tenant, "traces/s1/gw_canary1.jsonl")
 	require.NoError(t, err, "the executor-owned gateway record is stored")
 	record, err := io.ReadAll(rc)
 	rc.Close()
@@ -143,7 +143,7 @@ func TestRunTaskAgentWithModelUnderGVisor(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, out.Result.PromptTokens)
 	assert.Positive(t, *out.Result.PromptTokens)
-	rc, err := h.store.OpenArtifact(context.Background(), h.ref("gvisoragent1"), "report.md")
+	rc, err := h.Store.OpenArtifact(context.Background(), h.Ref("gvisoragent1"), "report.md")
 	require.NoError(t, err)
 	rc.Close()
 }

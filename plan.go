@@ -119,6 +119,9 @@ func newPlan(in RunTaskInput) (*plan, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidInput, err)
 	}
 	p.spec = p.baseSpec()
+	if err := p.checkEgress(); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 

@@ -72,7 +72,7 @@ func TestSeedRunResultFields(t *testing.T) {
 	res := out.Result
 	assert.Positive(t, res.EndTime)
 	assert.Equal(t, "hi\n", res.OutputStr)
-	assert.Equal(t, h.root, res.RunArtifactsDir[:len(h.root)])
+	assert.Equal(t, h.Root, res.RunArtifactsDir[:len(h.Root)])
 	assert.True(t, strings.HasSuffix(res.RunArtifactsDir, "/runs/fields1/artifacts"))
 	assert.Nil(t, res.PromptTokens, "no model, no tokens")
 

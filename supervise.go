@@ -68,6 +68,12 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		}
 	}()
 
+	eg, err := startEgress(ctx, p, wd.records)
+	if err != nil {
+		return ex, err
+	}
+	defer func() { err = errors.Join(err, eg.finish()) }()
+
 	// The spools' host copies count against the run's record budget.
 	limit, budget := spool.WithLimit(p.limits.maxOutput), spool.WithBudget(wd.records)
 	stdout, err := spool.New(filepath.Join(p.hostDir, stdoutSpoolName), limit, budget)
@@ -94,6 +100,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 			return ex, fmt.Errorf("self-check: %w", err)
 		}
 	}
+	eg.apply(&spec)
 	h, err := p.in.Sandbox.Start(ctx, spec, p.policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
 	if err != nil {
 		return ex, fmt.Errorf("start sandbox: %w", err)
@@ -130,6 +137,9 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	diskErr := endDiskWatch()
 	ex.Exit = res
 	probeErr := iso.readProbe(res)
+	// The proxy stops with the container, so the record holds its totals.
+	egressErr := eg.finish()
+	iso.egress = eg.auditRecord(p.log)
 	ex.record = iso.record(p.ref.RunID)
 	// Wait drained the container's streams; closing the spools lets the
 	// consumers deliver the tail and finish.
@@ -141,7 +151,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	if ex.DroppedOutputBytes = stdout.Dropped() + stderr.Dropped(); ex.DroppedOutputBytes > 0 {
 		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
 	}
-	return ex, errors.Join(auditErr, diskErr, probeErr, res.Err)
+	return ex, errors.Join(auditErr, diskErr, probeErr, egressErr, res.Err)
 }
 
 // watchDisk stops the run through stop when the run dir outgrows its cap. It

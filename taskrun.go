@@ -16,6 +16,7 @@ import (
 
 	"github.com/taskrun/taskrun/agentmd"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
@@ -73,6 +74,11 @@ type RunTaskInput struct {
 	StreamSender workerclient.StreamSender
 	// Model is the model the agent may use through the run's gateway.
 	Model config.ModelEntry
+	// Egress is the run's egress policy. Zero (the default) means no route
+	// out at all; otherwise the container, still with network none, reaches
+	// what the policy allows through a per-run proxy (package egress). It
+	// needs RelayBinary in HelpersDir.
+	Egress egress.Policy
 
 	// Sandbox runs the container.
 	Sandbox sandbox.Backend

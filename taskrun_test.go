@@ -3,7 +3,6 @@ package taskrun_test
 import (
 	"context"
 	"crypto/md5"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -15,19 +14,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
-	"github.com/docker/docker/client"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
@@ -48,58 +45,30 @@ func streamed(rec *controlplanetest.Recorder) string {
 	return string(data)
 }
 
-// harness holds the real parts a run needs: Docker, a file:// store, a run root.
-type harness struct {
-	backend *docker.Backend
-	store   *persist.Store
-	root    string
-	tenant  string
-}
+// harness is the end-to-end Env of one test (real Docker, a file:// store,
+// a run root, a tenant of its own).
+type harness struct{ *runtest.Env }
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("runs real containers")
-	}
-	ctx := context.Background()
-	backend, err := docker.New(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { backend.Close() })
-	store, err := persist.Open(ctx, "file://"+t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	h := &harness{backend: backend, store: store, root: t.TempDir(), tenant: "t" + strings.ToLower(rand.Text()[:10])}
-	t.Cleanup(func() { assertNoContainers(t, h.tenant) })
-	return h
+	return &harness{runtest.New(t, runtest.Options{})}
 }
 
-// input is a run of cmd in the test image for the harness's tenant.
+// input is a run of cmd in the test image reporting to rec.
 func (h *harness) input(rec *controlplanetest.Recorder, runID string, cmd ...string) taskrun.RunTaskInput {
-	return taskrun.RunTaskInput{
-		Task:            &model.Task{ID: "task1", UserID: h.tenant, ConversationID: "conv1", Prompt: "do the thing"},
-		Run:             &model.TaskRun{ID: runID, TaskID: "task1"},
-		SessionID:       "s1",
-		Paths:           taskrun.NewRuntimePathsFromRoot(h.root),
-		Persist:         h.store,
-		ArtifactStorage: h.store,
-		Updater:         rec,
-		StreamSender:    rec,
-		Sandbox:         h.backend,
-		Image:           testImage,
-		Command:         cmd,
-		Timeout:         time.Minute,
-	}
-}
-
-func (h *harness) ref(runID string) persist.RunRef {
-	return persist.RunRef{UserID: h.tenant, ConversationID: "conv1", TaskID: "task1", RunID: runID}
+	in := h.Input(runID, testImage, cmd...)
+	in.Task.Prompt = "do the thing"
+	in.Updater, in.StreamSender = rec, rec
+	in.Timeout = time.Minute
+	return in
 }
 
 // runFile reads a run's object back from the store.
 func (h *harness) runFile(t *testing.T, runID, name string) string {
 	t.Helper()
-	rc, err := h.store.OpenRunFile(context.Background(), h.ref(runID), name)
-	return readAll(t, rc, err)
+	data, err := h.RunFile(context.Background(), runID, name)
+	require.NoError(t, err)
+	return string(data)
 }
 
 func readAll(t *testing.T, rc io.ReadCloser, err error) string {
@@ -109,19 +78,6 @@ func readAll(t *testing.T, rc io.ReadCloser, err error) string {
 	data, err := io.ReadAll(rc)
 	require.NoError(t, err)
 	return string(data)
-}
-
-// assertNoContainers fails if any container of tenant is left.
-func assertNoContainers(t *testing.T, tenant string) {
-	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
-	require.NoError(t, err)
-	defer cli.Close()
-	list, err := cli.ContainerList(context.Background(), container.ListOptions{
-		All:     true,
-		Filters: filters.NewArgs(filters.Arg("label", sandbox.LabelTenant+"="+tenant)),
-	})
-	require.NoError(t, err)
-	assert.Empty(t, list, "containers left behind for tenant %s", tenant)
 }
 
 const agentScript = `
@@ -159,9 +115,9 @@ func TestRunTaskSucceededPersistsEverythingAndReports(t *testing.T) {
 
 	ctx := context.Background()
 	assert.Equal(t, wantOut, h.runFile(t, "run1", taskrun.OutputLogName))
-	rc, err := h.store.OpenArtifact(ctx, h.ref("run1"), "report.txt")
+	rc, err := h.Store.OpenArtifact(ctx, h.Ref("run1"), "report.txt")
 	assert.Equal(t, "delivered\n", readAll(t, rc, err))
-	rc, err = h.store.OpenGlobalFile(ctx, h.tenant, out.Result.TracePath)
+	rc, err = h.Store.OpenGlobalFile(ctx, h.Tenant, out.Result.TracePath)
 	assert.Equal(t, "{\"event\":\"done\"}\n", readAll(t, rc, err))
 	assert.Equal(t, "answer\n", h.runFile(t, "run1", "output/result.md"))
 
@@ -227,17 +183,14 @@ func TestRunTaskCancelledReportsCancelled(t *testing.T) {
 	h := newHarness(t)
 	rec := &controlplanetest.Recorder{}
 	ctx, cancel := context.WithCancel(context.Background())
+	var live lockedbuf.Buffer
 	go func() {
-		// Cancel once the container is running.
-		for range 200 {
-			time.Sleep(50 * time.Millisecond)
-			if strings.Contains(streamed(rec), "hi") {
-				break
-			}
-		}
+		<-live.Seen("hi\n") // cancel once the container is running
 		cancel()
 	}()
-	out, err := taskrun.Execute(ctx, h.input(rec, "cancel1", "sh", "-c", "trap 'echo bye; exit 0' TERM; echo hi; sleep 600 & wait"))
+	in := h.input(rec, "cancel1", "sh", "-c", "trap 'echo bye; exit 0' TERM; echo hi; sleep 600 & wait")
+	in.Stdout = &live
+	out, err := taskrun.Execute(ctx, in)
 	require.ErrorIs(t, err, taskrun.ErrRunFailed)
 	assert.Equal(t, model.StatusCancelled, out.Status)
 	assert.Equal(t, model.StatusCancelled, last(t, rec).Status)
@@ -257,10 +210,10 @@ func TestRunTaskMissingImageFailsWithFix(t *testing.T) {
 	assert.Empty(t, out.ContainerID)
 	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
 
-	keys, err := h.store.List(context.Background(), "tenants/")
+	keys, err := h.Store.List(context.Background(), "tenants/")
 	require.NoError(t, err)
 	assert.Empty(t, keys, "nothing half-written in the store")
-	entries, err := os.ReadDir(h.root)
+	entries, err := os.ReadDir(h.Root)
 	require.NoError(t, err)
 	assert.Empty(t, entries, "nothing written on disk")
 }
@@ -273,7 +226,7 @@ func TestRunTaskRefusesBadIDsBeforeTouchingDisk(t *testing.T) {
 		in.Task.ID = bad
 		_, err := taskrun.Execute(context.Background(), in)
 		require.ErrorIs(t, err, model.ErrInvalidID, "task ID %q", bad)
-		entries, err := os.ReadDir(h.root)
+		entries, err := os.ReadDir(h.Root)
 		require.NoError(t, err)
 		assert.Empty(t, entries, "nothing may be written for task ID %q", bad)
 		require.Len(t, rec.Patches(), 1, "a refused run is still reported")
@@ -381,7 +334,7 @@ func (downStore) PutRunFile(context.Context, persist.RunRef, string, io.Reader, 
 func TestRunTaskLocalFilesAfterPersist(t *testing.T) {
 	h := newHarness(t)
 	runDir := func(run string) string {
-		return taskrun.NewRuntimePathsFromRoot(h.root).RuntimeTaskRunDir(h.tenant, "conv1", "task1", run)
+		return taskrun.NewRuntimePathsFromRoot(h.Root).RuntimeTaskRunDir(h.Tenant, "conv1", "task1", run)
 	}
 
 	_, err := taskrun.Execute(context.Background(), h.input(&controlplanetest.Recorder{}, "clean1", "sh", "-c", "echo hi > $HOME/f"))
@@ -396,7 +349,7 @@ func TestRunTaskLocalFilesAfterPersist(t *testing.T) {
 
 	rec := &controlplanetest.Recorder{}
 	down := h.input(rec, "down1", "sh", "-c", "echo precious; echo hi > $HOME/f")
-	down.Persist = downStore{h.store}
+	down.Persist = downStore{h.Store}
 	out, err := taskrun.Execute(context.Background(), down)
 	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
 	assert.Equal(t, model.StatusFailed, out.Status)
@@ -440,7 +393,7 @@ func TestRetryPersistAfterStoreOutage(t *testing.T) {
 	h := newHarness(t)
 	rec := &controlplanetest.Recorder{}
 	down := h.input(rec, "retry1", "sh", "-c", agentScript)
-	down.Persist = downStore{h.store}
+	down.Persist = downStore{h.Store}
 	_, err := taskrun.Execute(context.Background(), down)
 	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
 	require.Equal(t, model.StatusFailed, last(t, rec).Status)
@@ -457,7 +410,7 @@ func TestRetryPersistAfterStoreOutage(t *testing.T) {
 	assert.Contains(t, h.runFile(t, "retry1", taskrun.OutputLogName), "last line without newline")
 	assert.Contains(t, h.runFile(t, "retry1", taskrun.AuditRecordName), out.ContainerID, "the isolation record was kept too")
 	assert.Equal(t, "answer\n", h.runFile(t, "retry1", "output/result.md"))
-	assert.NoDirExists(t, taskrun.NewRuntimePathsFromRoot(h.root).RuntimeTaskRunDir(h.tenant, "conv1", "task1", "retry1"))
+	assert.NoDirExists(t, taskrun.NewRuntimePathsFromRoot(h.Root).RuntimeTaskRunDir(h.Tenant, "conv1", "task1", "retry1"))
 
 	_, err = taskrun.RetryPersist(context.Background(), retry)
 	require.ErrorIs(t, err, taskrun.ErrNothingKept, "nothing is left to retry")
@@ -472,7 +425,7 @@ func TestRetryPersistSkipsUnstorableNames(t *testing.T) {
 	down := h.input(rec, "retrynames1", "sh", "-c", `cd /taskrun/artifacts
 echo x > "$(printf 'bad\377name')"; echo x > "$(printf 'rtl\342\200\256txt')"; echo x > meta.attrs
 echo good > zz-good.txt`)
-	down.Persist = downStore{h.store}
+	down.Persist = downStore{h.Store}
 	_, err := taskrun.Execute(context.Background(), down)
 	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
 
@@ -516,9 +469,9 @@ func TestRunTaskSessionExcludes(t *testing.T) {
 func TestRunTaskReusedRunIDLeavesTheKeptCopy(t *testing.T) {
 	h := newHarness(t)
 	rec := &controlplanetest.Recorder{}
-	dir := taskrun.NewRuntimePathsFromRoot(h.root).RuntimeTaskRunDir(h.tenant, "conv1", "task1", "dup1")
+	dir := taskrun.NewRuntimePathsFromRoot(h.Root).RuntimeTaskRunDir(h.Tenant, "conv1", "task1", "dup1")
 	down := h.input(rec, "dup1", "sh", "-c", "echo precious")
-	down.Persist = downStore{h.store}
+	down.Persist = downStore{h.Store}
 	_, err := taskrun.Execute(context.Background(), down)
 	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
 
@@ -547,7 +500,7 @@ func TestRetryPersistKeepsTheRunsVerdict(t *testing.T) {
 	rec := &controlplanetest.Recorder{}
 	down := h.input(rec, "slowdown1", "sh", "-c", "echo started; sleep 600")
 	down.Timeout = 2 * time.Second
-	down.Persist = downStore{h.store}
+	down.Persist = downStore{h.Store}
 	out, err := taskrun.Execute(context.Background(), down)
 	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
 	assert.Contains(t, out.Reason, "timed out after 2s")

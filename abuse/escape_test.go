@@ -240,7 +240,7 @@ func (c startCounter) Start(ctx context.Context, spec sandbox.Spec, p sandbox.Po
 func TestPathTraversalIDsAreRefused(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	counter := startCounter{Backend: h.backend, starts: &atomic.Int32{}}
+	counter := startCounter{Backend: h.Backend, starts: &atomic.Int32{}}
 	setters := []struct {
 		kind string
 		set  func(*taskrun.RunTaskInput, string)
@@ -265,10 +265,10 @@ func TestPathTraversalIDsAreRefused(t *testing.T) {
 			assert.Equal(t, model.StatusFailed, out.Status)
 			assert.Empty(t, out.ContainerID)
 
-			entries, err := os.ReadDir(h.root)
+			entries, err := os.ReadDir(h.Root)
 			require.NoError(t, err)
 			assert.Empty(t, entries, "%s ID %q created something under the run root", s.kind, bad)
-			keys, err := h.store.List(context.Background(), "")
+			keys, err := h.Store.List(context.Background(), "")
 			require.NoError(t, err)
 			assert.Empty(t, keys, "%s ID %q stored something", s.kind, bad)
 
@@ -282,6 +282,6 @@ func TestPathTraversalIDsAreRefused(t *testing.T) {
 		}
 	}
 	assert.Zero(t, counter.starts.Load(), "a container was started for a bad ID")
-	_, err := os.Stat(filepath.Join(filepath.Dir(h.root), "x"))
+	_, err := os.Stat(filepath.Join(filepath.Dir(h.Root), "x"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "nothing was created beside the run root")
 }

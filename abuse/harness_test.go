@@ -2,8 +2,6 @@ package abuse_test
 
 import (
 	"context"
-	"crypto/rand"
-	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -19,11 +17,9 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/internal/testbin"
-	"github.com/taskrun/taskrun/model"
-	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
@@ -77,41 +73,20 @@ func (c *countingSender) End(_ context.Context, _ string, total int64) error {
 	return nil
 }
 
-// harness holds the real parts a run needs: Docker, a file:// store, a run
-// root and a tenant of its own, whose containers it checks are gone.
+// harness is the end-to-end Env of one test plus an engine client for
+// what the tests observe from the host (stats, cgroups, logs).
 type harness struct {
-	backend *docker.Backend
-	cli     *client.Client
-	store   *persist.Store
-	root    string
-	tenant  string
+	*runtest.Env
+	cli *client.Client
 }
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("runs real containers")
-	}
-	ctx := context.Background()
-	backend, err := docker.New(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { backend.Close() })
+	env := runtest.New(t, runtest.Options{Tenant: "abuse" + runtest.RandomID()})
 	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 	require.NoError(t, err)
 	t.Cleanup(func() { cli.Close() })
-	store, err := persist.Open(ctx, "file://"+t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	h := &harness{
-		backend: backend,
-		cli:     cli,
-		store:   store,
-		root:    t.TempDir(),
-		tenant:  "abuse" + strings.ToLower(rand.Text()[:10]),
-	}
-	// Registered last, so it runs first: before the client is closed.
-	t.Cleanup(func() { h.assertNoContainers(t) })
-	return h
+	return &harness{Env: env, cli: cli}
 }
 
 // input is a run of the shell script in the test image, with the
@@ -119,45 +94,28 @@ func newHarness(t *testing.T) *harness {
 func (h *harness) input(t *testing.T, runID, script string) (taskrun.RunTaskInput, *controlplanetest.Recorder) {
 	t.Helper()
 	rec := &controlplanetest.Recorder{}
-	return taskrun.RunTaskInput{
-		Task:            &model.Task{ID: "task1", UserID: h.tenant, ConversationID: "conv1", Prompt: "misbehave"},
-		Run:             &model.TaskRun{ID: runID, TaskID: "task1"},
-		SessionID:       "s1",
-		Paths:           taskrun.NewRuntimePathsFromRoot(h.root),
-		Persist:         h.store,
-		ArtifactStorage: h.store,
-		Updater:         rec,
-		Sandbox:         h.backend,
-		Image:           testImage,
-		Command:         []string{"sh", "-c", script},
-		Policy:          sandbox.DefaultPolicy(),
-		HelpersDir:      testbin.Dir(t),
-		Timeout:         runTimeout,
-		Logger:          slog.New(slog.NewTextHandler(t.Output(), nil)),
-	}, rec
-}
-
-func (h *harness) ref(runID string) persist.RunRef {
-	return persist.RunRef{UserID: h.tenant, ConversationID: "conv1", TaskID: "task1", RunID: runID}
+	in := h.Input(runID, testImage, "sh", "-c", script)
+	in.Task.Prompt = "misbehave"
+	in.Updater = rec
+	in.Policy = sandbox.DefaultPolicy()
+	in.HelpersDir = testbin.Dir(t)
+	in.Timeout = runTimeout
+	in.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	return in, rec
 }
 
 // runFile reads a run's object back from the store.
 func (h *harness) runFile(t *testing.T, runID, name string) string {
 	t.Helper()
-	rc, err := h.store.OpenRunFile(context.Background(), h.ref(runID), name)
+	data, err := h.RunFile(context.Background(), runID, name)
 	require.NoError(t, err, "run object %s", name)
-	defer rc.Close()
-	data, err := io.ReadAll(rc)
-	require.NoError(t, err)
 	return string(data)
 }
 
 // storedKeys lists every object stored for the tenant.
 func (h *harness) storedKeys(t *testing.T) []string {
 	t.Helper()
-	prefix, err := persist.TenantPrefix(h.tenant)
-	require.NoError(t, err)
-	keys, err := h.store.List(context.Background(), prefix)
+	keys, err := h.Keys(context.Background())
 	require.NoError(t, err)
 	return keys
 }
@@ -175,7 +133,7 @@ func (h *harness) containers(t *testing.T) []container.Summary {
 	t.Helper()
 	list, err := h.cli.ContainerList(context.Background(), container.ListOptions{
 		All:     true,
-		Filters: filters.NewArgs(filters.Arg("label", sandbox.LabelTenant+"="+h.tenant)),
+		Filters: filters.NewArgs(filters.Arg("label", sandbox.LabelTenant+"="+h.Tenant)),
 	})
 	require.NoError(t, err)
 	return list
@@ -184,7 +142,7 @@ func (h *harness) containers(t *testing.T) []container.Summary {
 // assertNoContainers fails if any container of the tenant is left.
 func (h *harness) assertNoContainers(t *testing.T) {
 	t.Helper()
-	assert.Empty(t, h.containers(t), "containers left behind for tenant %s", h.tenant)
+	assert.Empty(t, h.containers(t), "containers left behind for tenant %s", h.Tenant)
 }
 
 // outcome is what Execute returned.
@@ -225,7 +183,7 @@ func (h *harness) runContainer(t *testing.T, runID string) string {
 	t.Helper()
 	list, err := h.cli.ContainerList(context.Background(), container.ListOptions{
 		Filters: filters.NewArgs(
-			filters.Arg("label", sandbox.LabelTenant+"="+h.tenant),
+			filters.Arg("label", sandbox.LabelTenant+"="+h.Tenant),
 			filters.Arg("label", sandbox.LabelRun+"="+runID),
 		),
 	})

@@ -63,9 +63,9 @@ func TestStdoutFloodKeepsExecutorMemoryBounded(t *testing.T) {
 	assert.Equal(t, strings.Repeat("x", 64), out.Result.OutputStr[:64])
 	assert.True(t, last(t, rec).OutputTruncated)
 
-	key, err := persist.RunKey(h.ref("stdoutflood"), taskrun.OutputLogName)
+	key, err := persist.RunKey(h.Ref("stdoutflood"), taskrun.OutputLogName)
 	require.NoError(t, err)
-	info, err := h.store.Stat(context.Background(), key)
+	info, err := h.Store.Stat(context.Background(), key)
 	require.NoError(t, err)
 	assert.EqualValues(t, size, info.Size, "output.log holds the complete flood")
 
@@ -124,9 +124,9 @@ func TestLogFloodIsCappedOnHost(t *testing.T) {
 	assert.GreaterOrEqual(t, peak, maxSize, "the flood reached the log files (rotation was exercised)")
 
 	assert.Equal(t, model.StatusSucceeded, o.out.Status)
-	key, err := persist.RunKey(h.ref("logflood"), taskrun.OutputLogName)
+	key, err := persist.RunKey(h.Ref("logflood"), taskrun.OutputLogName)
 	require.NoError(t, err)
-	info, err := h.store.Stat(context.Background(), key)
+	info, err := h.Store.Stat(context.Background(), key)
 	require.NoError(t, err)
 	assert.Equal(t, flood, info.Size, "output.log holds the complete flood")
 }
@@ -181,10 +181,10 @@ ls -l artifacts artifacts/sub output
 	assert.Contains(t, out.Result.OutputStr, "prw", "the agent planted the FIFOs")
 
 	require.Len(t, out.Artifacts, 1, "only the regular artifact is stored: %v", out.Artifacts)
-	artifactKey, err := persist.ArtifactKey(h.ref("planted"), "report.txt")
+	artifactKey, err := persist.ArtifactKey(h.Ref("planted"), "report.txt")
 	require.NoError(t, err)
 	assert.Equal(t, artifactKey, out.Artifacts[0].Key)
-	finalKey, err := persist.RunKey(h.ref("planted"), taskrun.ResultPrefix+"final.md")
+	finalKey, err := persist.RunKey(h.Ref("planted"), taskrun.ResultPrefix+"final.md")
 	require.NoError(t, err)
 
 	keys := h.storedKeys(t)
@@ -209,7 +209,7 @@ ls -l artifacts artifacts/sub output
 // so that its contents can be searched.
 func (h *harness) objectText(t *testing.T, key string) string {
 	t.Helper()
-	rc, err := h.store.Open(context.Background(), key)
+	rc, err := h.Store.Open(context.Background(), key)
 	require.NoError(t, err)
 	defer rc.Close()
 	data, err := io.ReadAll(rc)

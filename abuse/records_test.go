@@ -29,7 +29,7 @@ import (
 // objectSize is the size of the stored object at key, 0 when there is none.
 func (h *harness) objectSize(t *testing.T, key string) int64 {
 	t.Helper()
-	info, err := h.store.Stat(context.Background(), key)
+	info, err := h.Store.Stat(context.Background(), key)
 	if err != nil {
 		return 0
 	}
@@ -39,7 +39,7 @@ func (h *harness) objectSize(t *testing.T, key string) int64 {
 // runKey is the key of a run object.
 func (h *harness) runKey(t *testing.T, runID, name string) string {
 	t.Helper()
-	key, err := persist.RunKey(h.ref(runID), name)
+	key, err := persist.RunKey(h.Ref(runID), name)
 	require.NoError(t, err)
 	return key
 }
@@ -47,7 +47,7 @@ func (h *harness) runKey(t *testing.T, runID, name string) string {
 // artifactKey is the key of a run's artifact.
 func (h *harness) artifactKey(t *testing.T, runID, rel string) string {
 	t.Helper()
-	key, err := persist.ArtifactKey(h.ref(runID), rel)
+	key, err := persist.ArtifactKey(h.Ref(runID), rel)
 	require.NoError(t, err)
 	return key
 }
@@ -177,7 +177,7 @@ func TestFallocateInAKeptRunDirStaysUnderTheCap(t *testing.T) {
 			const limit = 32 << 20
 			in.DiskLimitBytes = limit
 			in.KeepRunDir = true
-			dirs, err := workspace.NewPaths(h.root).Run(h.ref(runID))
+			dirs, err := workspace.NewPaths(h.Root).Run(h.Ref(runID))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = diskcap.Release(dirs.Dir); _ = os.RemoveAll(dirs.Dir) })
 
@@ -250,7 +250,7 @@ echo answer > /taskrun/output/result.md`)
 	} {
 		assert.Contains(t, keys, k)
 	}
-	assert.Contains(t, keys, "tenants/"+h.tenant+"/global/traces/s1/zz-good.txt")
+	assert.Contains(t, keys, "tenants/"+h.Tenant+"/global/traces/s1/zz-good.txt")
 	skips := skipsOf(out)
 	for _, root := range []string{"artifacts", "output", "global/traces/s1"} {
 		for _, name := range []string{"bad\377utf8", "c0\001ctl", "c1\302\233ctl", "invoice\u202efdp.exe", "iso\u2066late", "meta.attrs", long} {
@@ -258,7 +258,7 @@ echo answer > /taskrun/output/result.md`)
 		}
 	}
 	assert.Contains(t, skips["global/traces/s1/notes/inner"], "refused this key")
-	assert.NoDirExists(t, filepath.Join(h.root, "users", h.tenant, "conversations", "conv1", "tasks", "task1", "runs", "names2"),
+	assert.NoDirExists(t, filepath.Join(h.Root, "users", h.Tenant, "conversations", "conv1", "tasks", "task1", "runs", "names2"),
 		"the run dir is released: nothing is kept for a retry")
 }
 
@@ -298,7 +298,7 @@ echo '{"agent":"run 1"}' >> /taskrun/global/traces/s1/rt_owner1.jsonl`)
 	_, err := taskrun.Execute(context.Background(), in)
 	require.NoError(t, err)
 	read := func(rel string) string {
-		rc, err := h.store.OpenGlobalFile(context.Background(), h.tenant, rel)
+		rc, err := h.Store.OpenGlobalFile(context.Background(), h.Tenant, rel)
 		require.NoError(t, err, rel)
 		defer rc.Close()
 		b, err := io.ReadAll(rc)
@@ -321,7 +321,7 @@ echo '{"agent":"run 2"}' > /taskrun/global/traces/s1/rt_forger2.jsonl`)
 	assert.Equal(t, gw, read("traces/s1/gw_owner1.jsonl"), "run 1's gateway record was replaced")
 	assert.Equal(t, trace, read("traces/s1/rt_owner1.jsonl"), "run 1's trace was replaced")
 	assert.Contains(t, read("traces/s1/rt_forger2.jsonl"), "run 2", "run 2's own trace is stored")
-	_, err = h.store.OpenGlobalFile(context.Background(), h.tenant, "traces/s1/gw_forger2.jsonl")
+	_, err = h.Store.OpenGlobalFile(context.Background(), h.Tenant, "traces/s1/gw_forger2.jsonl")
 	assert.Error(t, err, "a run without a model has no gateway record, and the agent cannot make one")
 	skips := skipsOf(out)
 	for _, p := range []string{"gw_owner1.jsonl", "rt_owner1.jsonl", "gw_forger2.jsonl"} {

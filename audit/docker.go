@@ -2,14 +2,17 @@ package audit
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/system"
 
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker"
 )
 
 // DockerAPI is the part of the Docker client the audit uses;
@@ -26,7 +29,7 @@ func Host(ctx context.Context, cli DockerAPI) (HostFacts, error) {
 	if err != nil {
 		return HostFacts{}, fmt.Errorf("docker info: %w", err)
 	}
-	return HostFactsFromInfo(info), nil
+	return docker.HostFactsFromInfo(info), nil
 }
 
 // Inspect reads the Posture of each container, in order. It stops at the
@@ -38,7 +41,7 @@ func Inspect(ctx context.Context, cli DockerAPI, ids ...string) ([]Posture, erro
 		if err != nil {
 			return nil, fmt.Errorf("inspect container %s: %w", id, err)
 		}
-		p, err := FromInspect(resp)
+		p, err := docker.PostureFromInspect(resp)
 		if err != nil {
 			return nil, fmt.Errorf("container %s: %w", id, err)
 		}
@@ -86,4 +89,48 @@ func Containers(ctx context.Context, cli DockerAPI, opts Options, ids ...string)
 		reports[i] = Check(p, host, opts)
 	}
 	return reports, nil
+}
+
+// ErrIncompleteInspect is returned for an inspect document that lacks the
+// HostConfig or Config sections every rule depends on.
+var ErrIncompleteInspect = docker.ErrIncompleteInspect
+
+// ParseInspect decodes the raw JSON of `docker inspect` for one container
+// (an object, or an array holding exactly one object, as the CLI prints it).
+func ParseInspect(raw []byte) (Posture, error) {
+	trimmed := strings.TrimSpace(string(raw))
+	if strings.HasPrefix(trimmed, "[") {
+		var many []json.RawMessage
+		if err := json.Unmarshal(raw, &many); err != nil {
+			return Posture{}, fmt.Errorf("parse inspect array: %w", err)
+		}
+		if len(many) != 1 {
+			return Posture{}, fmt.Errorf("parse inspect: got %d containers; pass exactly one", len(many))
+		}
+		raw = many[0]
+	}
+	var resp container.InspectResponse
+	if err := json.Unmarshal(raw, &resp); err != nil {
+		return Posture{}, fmt.Errorf("parse inspect: %w", err)
+	}
+	return docker.PostureFromInspect(resp)
+}
+
+// FromInspect extracts the Posture from a decoded inspect response.
+func FromInspect(resp container.InspectResponse) (Posture, error) {
+	return docker.PostureFromInspect(resp)
+}
+
+// HostFactsFromInfo derives HostFacts from `docker info`.
+func HostFactsFromInfo(info system.Info) HostFacts {
+	return docker.HostFactsFromInfo(info)
+}
+
+// ParseHostInfo derives HostFacts from the JSON `docker info` document.
+func ParseHostInfo(raw []byte) (HostFacts, error) {
+	var info system.Info
+	if err := json.Unmarshal(raw, &info); err != nil {
+		return HostFacts{}, fmt.Errorf("parse engine info: %w", err)
+	}
+	return docker.HostFactsFromInfo(info), nil
 }

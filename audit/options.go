@@ -1,12 +1,6 @@
 package audit
 
 import (
-	"encoding/json"
-	"fmt"
-	"strings"
-
-	"github.com/docker/docker/api/types/system"
-
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -32,43 +26,9 @@ const (
 	HelperTarget = model.ContainerHelpersDir
 )
 
-// HostFacts is what the audit needs to know about the Docker host, taken from
-// `docker info`.
-type HostFacts struct {
-	// AppArmor is true when the daemon reports an AppArmor security option.
-	AppArmor bool `json:"apparmor"`
-	// Seccomp is true when the daemon reports seccomp support.
-	Seccomp bool `json:"seccomp"`
-	// SELinux is true when the daemon runs with SELinux enabled.
-	SELinux bool `json:"selinux"`
-	// Rootless is true for a rootless daemon.
-	Rootless bool `json:"rootless"`
-	// ServerVersion is the engine version.
-	ServerVersion string `json:"server_version,omitempty"`
-}
-
-// HostFactsFromInfo derives HostFacts from `docker info`.
-func HostFactsFromInfo(info system.Info) HostFacts {
-	h := HostFacts{ServerVersion: info.ServerVersion}
-	for _, opt := range info.SecurityOptions {
-		name := opt
-		// Since API 1.26 the entries are "name=seccomp,profile=default".
-		if rest, ok := strings.CutPrefix(opt, "name="); ok {
-			name, _, _ = strings.Cut(rest, ",")
-		}
-		switch name {
-		case "apparmor":
-			h.AppArmor = true
-		case "seccomp":
-			h.Seccomp = true
-		case "selinux":
-			h.SELinux = true
-		case "rootless":
-			h.Rootless = true
-		}
-	}
-	return h
-}
+// HostFacts is what the audit needs to know about the host
+// (sandbox.HostFacts).
+type HostFacts = sandbox.HostFacts
 
 // Options tune the rules that depend on deployment policy. The zero value
 // means the design's defaults (see DefaultOptions).
@@ -127,13 +87,4 @@ func (o Options) withDefaults() Options {
 		o.RequiredUlimits = d.RequiredUlimits
 	}
 	return o
-}
-
-// ParseHostInfo derives HostFacts from the JSON `docker info` document.
-func ParseHostInfo(raw []byte) (HostFacts, error) {
-	var info system.Info
-	if err := json.Unmarshal(raw, &info); err != nil {
-		return HostFacts{}, fmt.Errorf("parse engine info: %w", err)
-	}
-	return HostFactsFromInfo(info), nil
 }

@@ -29,9 +29,12 @@ type Record struct {
 	// Probe is the in-sandbox report, nil when the probe did not run.
 	Probe *probe.Report `json:"probe,omitempty"`
 	// ProbeContradictions are what the probe found against its expectation.
-	ProbeContradictions []string  `json:"probe_contradictions,omitempty"`
-	Findings            []Finding `json:"findings"`
-	CreatedAt           time.Time `json:"created_at"`
+	ProbeContradictions []string `json:"probe_contradictions,omitempty"`
+	// Egress is the run's egress policy and its proxy's totals; nil when
+	// the run had no policy (no proxy, no route out).
+	Egress    *EgressRecord `json:"egress,omitempty"`
+	Findings  []Finding     `json:"findings"`
+	CreatedAt time.Time     `json:"created_at"`
 }
 
 // NewRecord checks p and builds the run's isolation record. probeReport and

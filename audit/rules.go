@@ -56,6 +56,7 @@ var rules = []rule{
 	{"5.12", SourceCIS, "CPU limited (NanoCpus > 0)", checkCPU},
 	{"5.29", SourceCIS, "PIDs limited (PidsLimit > 0)", checkPids},
 	{"5.10", SourceCIS, "network mode isolated (PSS hostNetwork=false)", checkNetwork},
+	{"TR:egress", SourceTaskrun, "with an egress policy, the proxy socket is the only route out", checkEgress},
 	{"5.16", SourceCIS, "PID namespace private (PSS hostPID=false)", checkPidMode},
 	{"5.17", SourceCIS, "IPC namespace private (PSS hostIPC=false)", checkIpcMode},
 	{"5.21", SourceCIS, "UTS namespace private", checkUTSMode},

@@ -35,10 +35,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +44,7 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/internal/unixsock"
 )
 
 // DefaultAgentUID is the uid the agent runs as inside the container.
@@ -150,9 +149,9 @@ func Start(ctx context.Context, cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := listenSocket(cfg.SocketPath, cfg.AgentUID)
+	ln, err := unixsock.Listen(cfg.SocketPath, cfg.AgentUID)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("gateway socket: %w", err)
 	}
 	g := &Gateway{
 		cfg:     cfg,
@@ -180,78 +179,6 @@ func Start(ctx context.Context, cfg Config) (*Gateway, error) {
 	}()
 	g.log.Info("model gateway started", "provider", cfg.Model.Provider, "model", up.publicName)
 	return g, nil
-}
-
-// listenSocket creates the socket's directory and listens, making the socket
-// reachable for uid (see the package doc for the permission scheme).
-func listenSocket(path string, uid int) (net.Listener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create gateway socket directory: %w", err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("open gateway socket directory: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale gateway socket: %w", err)
-	}
-	ln, err := listenUnix(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := shareSocket(path, uid); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	return ln, nil
-}
-
-// maxSocketPath is the longest path bind(2) takes for a unix socket
-// (sun_path is 108 bytes on Linux, including the terminating NUL).
-const maxSocketPath = 107
-
-// listenUnix listens on path. Run directories nest deep enough to exceed the
-// kernel's socket path limit, so a long path is bound through the short
-// /proc/self/fd/N alias of its already opened directory.
-func listenUnix(path string) (net.Listener, error) {
-	if len(path) <= maxSocketPath {
-		ln, err := net.Listen("unix", path)
-		if err != nil {
-			return nil, fmt.Errorf("listen on gateway socket: %w", err)
-		}
-		return ln, nil
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return nil, fmt.Errorf("open gateway socket directory: %w", err)
-	}
-	defer dir.Close()
-	alias := fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path))
-	ln, err := net.Listen("unix", alias)
-	if err != nil {
-		return nil, fmt.Errorf("listen on gateway socket (path longer than %d bytes, bound via %s): %w", maxSocketPath, alias, err)
-	}
-	// The listener would unlink its bind path on Close; Close removes the real path instead.
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	return ln, nil
-}
-
-// shareSocket gives uid access to the socket: by ownership when running as
-// root, by mode otherwise.
-func shareSocket(path string, uid int) error {
-	if os.Geteuid() == 0 {
-		if err := os.Chown(path, uid, uid); err != nil {
-			return fmt.Errorf("chown gateway socket to uid %d: %w", uid, err)
-		}
-		if err := os.Chmod(path, 0o600); err != nil {
-			return fmt.Errorf("chmod gateway socket: %w", err)
-		}
-		return nil
-	}
-	if err := os.Chmod(path, 0o777); err != nil {
-		return fmt.Errorf("chmod gateway socket: %w", err)
-	}
-	return nil
 }
 
 // SocketPath is the socket the gateway listens on.

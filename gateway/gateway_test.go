@@ -21,6 +21,7 @@ import (
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/examples"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/internal/unixsock"
 )
 
 // quietLogger keeps test output readable.
@@ -341,7 +342,7 @@ func TestStartRejectsBadConfig(t *testing.T) {
 func TestLongSocketPathIsServed(t *testing.T) {
 	deep := filepath.Join(t.TempDir(), "users", strings.Repeat("u", 60), "runs", strings.Repeat("r", 60))
 	sock := filepath.Join(deep, ".gateway", "model.sock")
-	require.Greater(t, len(sock), maxSocketPath)
+	require.Greater(t, len(sock), unixsock.MaxPath)
 	g, err := Start(context.Background(), Config{SocketPath: sock, Model: config.ModelEntry{Provider: config.ProviderScripted, Name: DemoScriptName}, Logger: quietLogger})
 	require.NoError(t, err)
 	fi, err := os.Stat(sock)

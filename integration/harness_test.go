@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"io"
@@ -32,10 +31,8 @@ import (
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/examples"
 	"github.com/taskrun/taskrun/gateway"
-	"github.com/taskrun/taskrun/integration/taskruntest"
-	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/persist"
-	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
@@ -50,56 +47,31 @@ const (
 	labelTest = "dev.taskrun.test"
 )
 
-// harness is one test's world: a tenant, a run root, the S3 store, the
-// Docker backend and a control plane on a loopback port.
+// harness is one test's world: the end-to-end Env (a tenant, a run root,
+// the S3 store, the Docker backend) and a control plane on a loopback port.
 type harness struct {
+	*runtest.Env
 	t      *testing.T
-	tenant string
-	root   string
-	store  *persist.Store
-	sbx    *docker.Backend
 	cp     *controlplanetest.ControlPlane
 	client *workerclient.Client
-	labels map[string]string
 }
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	ctx := context.Background()
-	store, err := persist.Open(ctx, suite.storeURL)
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	require.NoError(t, store.Ping(ctx))
-	sbx, err := docker.New(ctx, docker.WithLogger(quietLogger))
-	require.NoError(t, err)
-	t.Cleanup(func() { sbx.Close() })
+	tenant := "tenant-" + runtest.RandomID()
+	labels := testcontainers.GenericLabels()
+	maps.Copy(labels, map[string]string{labelSuite: suite.id, labelTest: tenant})
+	env := runtest.New(t, runtest.Options{
+		StoreURL: suite.storeURL, Tenant: tenant, Labels: labels, Logger: quietLogger,
+		ConversationID: conversationID, TaskID: taskID, SessionID: sessionID,
+	})
+	require.NoError(t, env.Store.Ping(context.Background()))
 	cp := controlplanetest.New(t, bearerToken)
-	h := &harness{
-		t:      t,
-		tenant: "tenant-" + strings.ToLower(rand.Text()[:10]),
-		root:   t.TempDir(),
-		store:  store,
-		sbx:    sbx,
-		cp:     cp,
-		client: workerclient.New(cp.URL(), bearerToken),
-	}
-	h.labels = testcontainers.GenericLabels()
-	maps.Copy(h.labels, map[string]string{labelSuite: suite.id, labelTest: h.tenant})
-	t.Cleanup(h.checkNoContainers)
-	return h
+	return &harness{Env: env, t: t, cp: cp, client: workerclient.New(cp.URL(), bearerToken)}
 }
 
 // quietLogger keeps the executor's own log out of the test output.
-var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// checkNoContainers fails the test when one of its containers outlived its
-// run, and removes it.
-func (h *harness) checkNoContainers() {
-	ctx := context.Background()
-	left := containersWith(ctx, labelTest, h.tenant)
-	assert.Empty(h.t, left, "containers left behind")
-	assert.NoError(h.t, taskruntest.RemoveContainers(ctx, map[string]string{labelTest: h.tenant}))
-}
+var quietLogger = slog.New(slog.DiscardHandler)
 
 // shellRun is a run of a shell script in the testbox image.
 func (h *harness) shellRun(runID, script string) taskrun.RunTaskInput {
@@ -123,20 +95,10 @@ func (h *harness) agentRun(runID string) taskrun.RunTaskInput {
 }
 
 func (h *harness) input(runID string) taskrun.RunTaskInput {
-	return taskrun.RunTaskInput{
-		Task:            &model.Task{ID: taskID, UserID: h.tenant, ConversationID: conversationID},
-		Run:             &model.TaskRun{ID: runID, TaskID: taskID},
-		SessionID:       sessionID,
-		Paths:           taskrun.NewRuntimePathsFromRoot(h.root),
-		Persist:         h.store,
-		ArtifactStorage: h.store,
-		Updater:         h.client,
-		StreamSender:    h.client.Stream(),
-		Sandbox:         h.sbx,
-		Labels:          h.labels,
-		Timeout:         2 * time.Minute,
-		Logger:          quietLogger,
-	}
+	in := h.Input(runID, "")
+	in.Updater, in.StreamSender = h.client, h.client.Stream()
+	in.Logger = quietLogger
+	return in
 }
 
 // run executes in. Its return value is deliberately dropped: the tests
@@ -175,13 +137,9 @@ func (h *harness) stream(runID string) []byte {
 
 // runKey is the S3 key of one of runID's files.
 func (h *harness) runKey(runID, name string) string {
-	key, err := persist.RunKey(h.ref(runID), name)
+	key, err := persist.RunKey(h.Ref(runID), name)
 	require.NoError(h.t, err)
 	return key
-}
-
-func (h *harness) ref(runID string) persist.RunRef {
-	return persist.RunRef{UserID: h.tenant, ConversationID: conversationID, TaskID: taskID, RunID: runID}
 }
 
 // runObject reads one of runID's files through the S3 API.
@@ -205,7 +163,7 @@ func (h *harness) keys() []string {
 	h.t.Helper()
 	var keys []string
 	p := s3.NewListObjectsV2Paginator(suite.s3, &s3.ListObjectsV2Input{
-		Bucket: aws.String(s3Bucket), Prefix: aws.String("tenants/" + h.tenant + "/"),
+		Bucket: aws.String(s3Bucket), Prefix: aws.String("tenants/" + h.Tenant + "/"),
 	})
 	for p.HasMorePages() {
 		page, err := p.NextPage(context.Background())

@@ -84,7 +84,7 @@ func TestAgentRunSucceeds(t *testing.T) {
 
 	// The artifact: stored bytes are the script's report, and the PATCH
 	// names them by key, size and digest.
-	reportKey, err := persist.ArtifactKey(h.ref(runID), "report.md")
+	reportKey, err := persist.ArtifactKey(h.Ref(runID), "report.md")
 	require.NoError(t, err)
 	report := h.object(reportKey)
 	assert.Equal(t, script.report, string(report))
@@ -97,7 +97,7 @@ func TestAgentRunSucceeds(t *testing.T) {
 	// The trace: agent events and one gateway exchange per model request.
 	require.NotNil(t, final.TracePath)
 	assert.Equal(t, "traces/"+sessionID+"/rt_"+runID+".jsonl", *final.TracePath)
-	traceKey, err := persist.GlobalKey(h.tenant, *final.TracePath)
+	traceKey, err := persist.GlobalKey(h.Tenant, *final.TracePath)
 	require.NoError(t, err)
 	lines := parseTrace(t, h.object(traceKey))
 	events, exchanges := 0, 0
@@ -175,7 +175,7 @@ func TestResumeContinuesTheSession(t *testing.T) {
 	require.Equal(t, model.StatusSucceeded, final.Status, "error: %v", final.Error)
 	assert.Contains(t, string(h.stream("second")), "resuming session "+sessionID)
 
-	traceKey, err := persist.GlobalKey(h.tenant, *final.TracePath)
+	traceKey, err := persist.GlobalKey(h.Tenant, *final.TracePath)
 	require.NoError(t, err)
 	lines := parseTrace(t, h.object(traceKey))
 

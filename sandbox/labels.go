@@ -27,4 +27,7 @@ const (
 	// container (package instance); reapers leave other live executors'
 	// containers alone by it.
 	LabelInstance = "dev.taskrun.instance"
+	// LabelEgress marks the container of a run with an egress policy; its
+	// value is the in-container path of the egress proxy's socket.
+	LabelEgress = "dev.taskrun.egress"
 )

@@ -6,7 +6,7 @@
 //  1. Start creates the container with the Spec and Policy applied, attaches to
 //     its output streams *before* starting it, and starts it. On error nothing is
 //     left behind.
-//  2. Handle.Inspect may be called any number of times while the run is live.
+//  2. Handle.Posture may be called any number of times while the run is live.
 //  3. Handle.Wait blocks until the container exits, the Spec's timeout passes or
 //     ctx is cancelled. On timeout or cancellation it stops the container (SIGTERM,
 //     then SIGKILL after the grace period). It returns only after both output
@@ -16,12 +16,11 @@
 //
 // A Backend is safe for concurrent use by many runs; a Handle belongs to one run
 // and its methods must not be called concurrently with each other, except
-// Inspect, which may race with Wait.
+// Posture, which may race with Wait.
 package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"time"
 
@@ -34,11 +33,11 @@ type Backend interface {
 	Start(ctx context.Context, spec Spec, policy Policy, streams Streams) (Handle, error)
 }
 
-// EngineDescriber is implemented by backends that can describe their engine
-// (for Docker: the `docker info` document), which audits read for host facts
-// such as whether AppArmor exists.
+// EngineDescriber is implemented by backends that can describe the host
+// they run containers on (for Docker: from `docker info`), which audits read
+// for facts such as whether AppArmor exists.
 type EngineDescriber interface {
-	EngineInfo(ctx context.Context) (json.RawMessage, error)
+	HostFacts(ctx context.Context) (HostFacts, error)
 }
 
 // ImageChecker is implemented by backends that can tell, before anything is
@@ -52,9 +51,9 @@ type ImageChecker interface {
 type Handle interface {
 	// ID is the backend's identifier for the container.
 	ID() string
-	// Inspect returns the backend's own description of the live container
-	// (for Docker: the `docker inspect` document). Audits read it.
-	Inspect(ctx context.Context) (json.RawMessage, error)
+	// Posture reports how the live container is confined, as the backend
+	// sees it (for Docker: from `docker inspect`). Audits read it.
+	Posture(ctx context.Context) (Posture, error)
 	// Wait blocks until the run ends and returns how it ended.
 	Wait(ctx context.Context) Result
 	// Close removes the container and releases everything the handle holds.

@@ -4,7 +4,11 @@
 // connection to the gateway's unix socket, so OPENAI_BASE_URL=
 // http://127.0.0.1:8411/v1 works.
 //
-//	taskrun-relay [-listen ADDR] [-socket PATH] [-- CMD ARGS...]
+//	taskrun-relay [-listen ADDR] [-socket PATH] [-egress-socket PATH] [-egress-listen ADDR] [-- CMD ARGS...]
+//
+// For a run with an egress policy ($TASKRUN_EGRESS_SOCKET set) it also
+// exposes the egress proxy's socket on 127.0.0.1:8412, where HTTP_PROXY
+// and HTTPS_PROXY point.
 //
 // With a command after "--" it starts the relay, runs the command with
 // OPENAI_BASE_URL pointing at the relay (and a placeholder OPENAI_API_KEY if
@@ -31,6 +35,7 @@ var errBadUsage = errors.New("invalid usage")
 type options struct {
 	listen  string
 	socket  string
+	egress  *egressOptions
 	command []string
 }
 
@@ -61,18 +66,30 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8411", "loopback address to listen on")
 	fs.StringVar(&o.socket, "socket", socket, "model gateway unix socket (default $TASKRUN_MODEL_SOCKET)")
+	o.egress = egressFlags(fs, getenv)
 	if err := fs.Parse(args); err != nil {
 		return o, fmt.Errorf("%w: %w", errBadUsage, err)
 	}
 	o.command = fs.Args()
-	host, _, err := net.SplitHostPort(o.listen)
-	if err != nil {
-		return o, fmt.Errorf("%w: -listen %q: %w", errBadUsage, o.listen, err)
+	if err := checkLoopback(o.listen); err != nil {
+		return o, fmt.Errorf("-listen: %w", err)
 	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return o, fmt.Errorf("%w: -listen %q is not a loopback address: use 127.0.0.1:PORT", errBadUsage, o.listen)
+	if err := o.egress.check(); err != nil {
+		return o, err
 	}
 	return o, nil
+}
+
+// checkLoopback refuses a listen address that is not on loopback.
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%w: %q: %w", errBadUsage, addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("%w: %q is not a loopback address: use 127.0.0.1:PORT", errBadUsage, addr)
+	}
+	return nil
 }
 
 // run serves the relay, alone or around a command, and returns the exit code.
@@ -82,6 +99,11 @@ func run(ctx context.Context, o options, log *slog.Logger) (int, error) {
 		return 1, fmt.Errorf("listen: %w", err)
 	}
 	defer ln.Close()
+	stopEgress, err := startEgressRelay(ctx, o.egress, log)
+	if err != nil {
+		return 1, err
+	}
+	defer stopEgress()
 	r := &relay{socket: o.socket, log: log}
 	if len(o.command) == 0 {
 		log.Info("relaying", "listen", ln.Addr().String(), "socket", o.socket)

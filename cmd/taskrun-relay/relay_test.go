@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,4 +84,39 @@ func TestRelayRunsCommandWithBaseURL(t *testing.T) {
 	got, err := os.ReadFile(out)
 	require.NoError(t, err)
 	assert.Regexp(t, `^http://127\.0\.0\.1:\d+/v1\n$`, string(got))
+}
+
+func TestRelayExposesEgressProxy(t *testing.T) {
+	sock := unixServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "proxied "+r.Method+" "+r.URL.String())
+	}))
+	o, err := parseOptions([]string{"-listen", "127.0.0.1:0", "-egress-listen", "127.0.0.1:0"}, func(k string) string {
+		return map[string]string{"TASKRUN_EGRESS_SOCKET": sock}[k]
+	})
+	require.NoError(t, err)
+	require.Equal(t, sock, o.egress.socket)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Find the port the egress relay got by listening on it ourselves first.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	o.egress.listen = ln.Addr().String()
+	ln.Close()
+	stop, err := startEgressRelay(ctx, o.egress, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer stop()
+	proxyURL, err := url.Parse("http://" + o.egress.listen)
+	require.NoError(t, err)
+	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL)}}
+	resp, err := client.Get("http://example.test/x")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, "proxied GET http://example.test/x", string(body))
+
+	_, err = parseOptions([]string{"-egress-listen", "0.0.0.0:8412"}, func(k string) string {
+		return map[string]string{"TASKRUN_EGRESS_SOCKET": sock}[k]
+	})
+	require.ErrorIs(t, err, errBadUsage, "the egress relay listens on loopback only")
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
@@ -51,13 +52,17 @@ type runOptions struct {
 	jsonOut    bool
 	model      config.ModelEntry
 	excludes   []string
+	egress     egress.Policy
 	command    []string
 	// shutdownGrace bounds the run's wind-down after SIGTERM or SIGINT.
 	shutdownGrace time.Duration
 
 	// Raw flag values, checked by finish.
-	modelSpec string
-	cpus      float64
+	modelSpec   string
+	cpus        float64
+	allows      []string
+	egressFile  string
+	credentials []string
 }
 
 const runHelp = `
@@ -127,12 +132,19 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.model.APIKeyFile, "model-api-key-file", "", "host file holding the API key (it never enters the sandbox)")
 	fs.IntVar(&o.model.MaxTokens, "max-tokens", 0, "fail the run once it has used this many tokens (0: no cap)")
 	fs.IntVar(&o.model.MaxRequests, "max-requests", 0, "fail the run once it has made this many model requests (0: no cap)")
+	fs.StringArrayVar(&o.allows, "allow", nil, "let the run reach HOST[:PORT] through its egress proxy (no port: 80 and 443; *.suffix for every name below suffix); repeatable")
+	fs.StringVar(&o.egressFile, "egress-policy", "", "JSON egress policy file: rules, credentials, budgets (see docs/egress.md)")
+	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, its value read on the host: host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"]; repeatable`)
 }
 
 // finish checks the parsed flags and takes args as the command to run.
 func (o *runOptions) finish(args []string) error {
 	o.command = args
 	if err := parseModel(o.modelSpec, &o.model); err != nil {
+		return err
+	}
+	var err error
+	if o.egress, err = egress.BuildPolicy(o.egressFile, o.allows, o.credentials); err != nil {
 		return err
 	}
 	if o.cpus <= 0 {
@@ -292,6 +304,7 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		Persist:         store,
 		ArtifactStorage: store,
 		Model:           o.model,
+		Egress:          o.egress,
 		Sandbox:         backend,
 		Image:           o.image,
 		Command:         o.command,

@@ -21,6 +21,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
@@ -367,5 +368,34 @@ func TestRunEscapesOutputForTheTerminal(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, stored, string(data), "the stored log is byte-exact")
 		})
+	}
+}
+
+func TestParseRunFlagsEgress(t *testing.T) {
+	o, err := parseRunFlags(nil)
+	require.NoError(t, err)
+	assert.True(t, o.egress.IsZero(), "no flag, no proxy")
+
+	policy := filepath.Join(t.TempDir(), "egress.json")
+	require.NoError(t, os.WriteFile(policy, []byte(`{"rules": [{"host": "proxy.golang.org"}], "max_bytes": 1000}`), 0o644))
+	o, err = parseRunFlags([]string{
+		"--egress-policy", policy, "--allow", "api.github.com:443", "--allow", "*.npmjs.org",
+		"--credential", `host=api.github.com,header=Authorization,value-env=GH_TOKEN,format="Bearer %s"`,
+	})
+	require.NoError(t, err)
+	assert.Equal(t, egress.Policy{
+		Rules:       []egress.Rule{{Host: "proxy.golang.org"}, {Host: "api.github.com", Port: 443}, {Host: "*.npmjs.org"}},
+		Credentials: []egress.Credential{{Host: "api.github.com", Header: "Authorization", ValueEnv: "GH_TOKEN", Format: "Bearer %s"}},
+		MaxBytes:    1000,
+	}, o.egress)
+
+	for _, args := range [][]string{
+		{"--allow", "bad host"},
+		{"--allow", "a.test:0"},
+		{"--credential", "host=a.test,header=X,value-env=V"}, // no rule allows a.test
+		{"--egress-policy", filepath.Join(t.TempDir(), "missing.json")},
+	} {
+		_, err := parseRunFlags(args)
+		require.ErrorIs(t, err, egress.ErrBadPolicy, "%v", args)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 
 	"github.com/taskrun/taskrun/images"
+	"github.com/taskrun/taskrun/internal/runtest"
 )
 
 // DefaultRepo is the repository of images built without a Repo.
@@ -72,7 +73,7 @@ func buildArchive(ctx context.Context, repo string, archive []byte) (*Image, err
 	req := &testcontainers.ContainerRequest{FromDockerfile: testcontainers.FromDockerfile{
 		ContextArchive: bytes.NewReader(archive),
 		Repo:           defaultString(repo, DefaultRepo),
-		Tag:            randomID(),
+		Tag:            runtest.RandomID(),
 		BuildLogWriter: &buildLog,
 	}}
 	ref, err := provider.BuildImage(ctx, req)

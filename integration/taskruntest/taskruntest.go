@@ -27,29 +27,23 @@ package taskruntest
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	cerrdefs "github.com/containerd/errdefs"
-	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
-	"github.com/docker/docker/client"
 	"github.com/testcontainers/testcontainers-go"
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
@@ -163,11 +157,8 @@ func readAll(rc io.ReadCloser, err error) ([]byte, error) {
 // Env is a place for runs: a Docker backend, a file:// store and a run root
 // under one directory. It is safe for concurrent runs.
 type Env struct {
-	id      string
-	dir     string
-	backend *docker.Backend
-	store   *persist.Store
-	log     *slog.Logger
+	id  string
+	env *runtest.Env
 }
 
 // NewEnv opens an Env whose store and run directories live under dir. The
@@ -176,29 +167,25 @@ func NewEnv(ctx context.Context, dir string) (*Env, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("%w: dir %q must be an absolute path, e.g. t.TempDir()", ErrBadOptions, dir)
 	}
-	store, err := persist.Open(ctx, "file://"+filepath.Join(dir, "store"))
+	env, err := runtest.Open(ctx, runtest.Options{
+		Dir: dir, Tenant: UserID, ConversationID: ConversationID, TaskID: DefaultTaskID, SessionID: DefaultSessionID,
+	})
 	if err != nil {
 		return nil, err
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	backend, err := docker.New(ctx, docker.WithLogger(log))
-	if err != nil {
-		_ = store.Close()
-		return nil, err
-	}
-	return &Env{id: "taskruntest-" + randomID(), dir: dir, backend: backend, store: store, log: log}, nil
+	return &Env{id: "taskruntest-" + runtest.RandomID(), env: env}, nil
 }
 
 // ID is the value of LabelEnv on the Env's containers.
 func (e *Env) ID() string { return e.id }
 
 // Root is the host directory holding the run directories.
-func (e *Env) Root() string { return filepath.Join(e.dir, "runtime") }
+func (e *Env) Root() string { return e.env.Root }
 
 // RunDir is the host directory of a run, mounted at /taskrun in its
 // container; its home is RunDir/home.
 func (e *Env) RunDir(taskID, runID string) string {
-	return taskrun.NewRuntimePathsFromRoot(e.Root()).RuntimeTaskRunDir(UserID, ConversationID, taskID, runID)
+	return e.env.Paths().RuntimeTaskRunDir(UserID, ConversationID, taskID, runID)
 }
 
 // Labels returns the labels a run with extra labels puts on its container:
@@ -232,7 +219,7 @@ func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 		ExitCode: -1,
 		Labels:   in.Labels,
 		Outcome:  out,
-		store:    e.store,
+		store:    e.env.Store,
 	}
 	if out.ContainerID != "" {
 		res.ExitCode = out.Exit.ExitCode
@@ -244,39 +231,28 @@ func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 
 // input builds the RunTaskInput of opts.
 func (e *Env) input(opts Options, rec *controlplanetest.Recorder) taskrun.RunTaskInput {
+	in := e.env.Input(defaultString(opts.RunID, "run-"+runtest.RandomID()), opts.Image, opts.Cmd...)
 	taskID := defaultString(opts.TaskID, DefaultTaskID)
-	timeout := opts.Timeout
-	if timeout == 0 {
-		timeout = DefaultTimeout
+	in.Task.ID, in.Run.TaskID = taskID, taskID
+	in.Task.Prompt, in.Task.WorkspaceDir = opts.Prompt, opts.Workspace
+	in.Run.PreviousRunID = opts.ResumeFrom
+	in.SessionID = defaultString(opts.SessionID, DefaultSessionID)
+	in.Updater, in.StreamSender = rec, rec
+	in.Model, in.Policy = opts.Model, opts.Policy
+	in.Labels = e.Labels(opts.Labels)
+	in.Timeout = opts.Timeout
+	if in.Timeout == 0 {
+		in.Timeout = DefaultTimeout
 	}
-	return taskrun.RunTaskInput{
-		Task: &model.Task{
-			ID: taskID, UserID: UserID, ConversationID: ConversationID,
-			Prompt: opts.Prompt, WorkspaceDir: opts.Workspace,
-		},
-		Run:             &model.TaskRun{ID: defaultString(opts.RunID, "run-"+randomID()), TaskID: taskID, PreviousRunID: opts.ResumeFrom},
-		SessionID:       defaultString(opts.SessionID, DefaultSessionID),
-		Paths:           taskrun.NewRuntimePathsFromRoot(e.Root()),
-		Persist:         e.store,
-		ArtifactStorage: e.store,
-		Updater:         rec,
-		StreamSender:    rec,
-		Model:           opts.Model,
-		Sandbox:         e.backend,
-		Image:           opts.Image,
-		Command:         opts.Cmd,
-		Policy:          opts.Policy,
-		Labels:          e.Labels(opts.Labels),
-		Timeout:         timeout,
-		Stdout:          opts.Stdout,
-		Logger:          e.log,
-	}
+	in.Stdout = opts.Stdout
+	in.Logger = slog.New(slog.DiscardHandler)
+	return in
 }
 
 // Close removes every container still carrying the Env's label and releases
 // the backend and the store. The directory is left to its owner.
 func (e *Env) Close(ctx context.Context) error {
-	return errors.Join(RemoveContainers(ctx, map[string]string{LabelEnv: e.id}), e.backend.Close(), e.store.Close())
+	return errors.Join(RemoveContainers(ctx, map[string]string{LabelEnv: e.id}), e.env.Close())
 }
 
 // Run executes one run in an Env under tb.TempDir() that is closed at
@@ -301,26 +277,7 @@ func RemoveContainers(ctx context.Context, labels map[string]string) error {
 	if len(labels) == 0 {
 		return fmt.Errorf("%w: RemoveContainers needs at least one label", ErrBadOptions)
 	}
-	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
-	if err != nil {
-		return fmt.Errorf("docker client: %w", err)
-	}
-	defer cli.Close()
-	args := filters.NewArgs()
-	for k, v := range labels {
-		args.Add("label", k+"="+v)
-	}
-	list, err := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: args})
-	if err != nil {
-		return fmt.Errorf("list containers: %w", err)
-	}
-	var errs []error
-	for _, c := range list {
-		if err := cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("remove container %s: %w", c.ID, err))
-		}
-	}
-	return errors.Join(errs...)
+	return runtest.RemoveContainers(ctx, labels)
 }
 
 func defaultString(v, def string) string {
@@ -329,6 +286,3 @@ func defaultString(v, def string) string {
 	}
 	return v
 }
-
-// randomID is a short random [a-z0-9] string.
-func randomID() string { return strings.ToLower(rand.Text()[:12]) }

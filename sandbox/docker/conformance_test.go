@@ -2,6 +2,9 @@ package docker
 
 import (
 	"context"
+	"maps"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -26,21 +29,62 @@ func TestConformanceGVisor(t *testing.T) {
 // runConformance runs the sandboxtest suite against this backend under runtime.
 func runConformance(t *testing.T, runtime string) {
 	b, labels := newTestBackend(t)
-	sandboxtest.Run(t, func(t *testing.T) sandbox.Backend {
-		nb, _ := newTestBackend(t)
-		return nb
-	}, sandboxtest.Options{
-		Runtime:   runtime,
-		Labels:    labels,
-		Leftovers: b.listLabelled,
-		Orphan: func(ctx context.Context, labels map[string]string) (string, error) {
-			return plantOrphan(ctx, b, labels, runtime)
-		},
-		Reap: func(ctx context.Context, sb sandbox.Backend, labels map[string]string) error {
-			_, err := sb.(*Backend).Reap(ctx, ReapOptions{Labels: labels, Grace: time.Millisecond, All: true})
-			return err
-		},
-	})
+	sandboxtest.Run(t, &harness{b: b, labels: labels, runtime: runtime})
+}
+
+// harness is the Docker backend's sandboxtest.Harness: every capability.
+type harness struct {
+	b       *Backend
+	labels  map[string]string
+	runtime string
+}
+
+func (h *harness) NewBackend(t *testing.T) sandbox.Backend {
+	nb, _ := newTestBackend(t)
+	return nb
+}
+
+func (h *harness) Capabilities() sandboxtest.Capabilities {
+	return sandboxtest.Capabilities{Confinement: true, OOM: true, Runtimes: true, Reaper: h}
+}
+
+func (h *harness) Prepare(spec *sandbox.Spec, policy *sandbox.Policy) {
+	spec.Image = sandboxtest.DefaultImage
+	spec.Labels = maps.Clone(spec.Labels)
+	maps.Copy(spec.Labels, h.labels)
+	policy.Runtime = h.runtime
+}
+
+func (h *harness) Command(_ *testing.T, _ sandbox.Backend, w sandboxtest.Workload) []string {
+	return sandboxtest.ShellCommand(w)
+}
+
+// BreakStart bind-mounts a file over the image's /bin directory, which the
+// engine accepts at create and refuses at start.
+func (h *harness) BreakStart(t *testing.T, _ sandbox.Backend, spec *sandbox.Spec) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	spec.Mounts = []sandbox.Mount{{Source: file, Target: "/bin"}}
+}
+
+func (h *harness) Leftovers(ctx context.Context, labels map[string]string) ([]string, error) {
+	return h.b.listLabelled(ctx, withLabels(labels, h.labels))
+}
+
+func (h *harness) Orphan(ctx context.Context, labels map[string]string) (string, error) {
+	return plantOrphan(ctx, h.b, withLabels(labels, h.labels), h.runtime)
+}
+
+func (h *harness) Reap(ctx context.Context, b sandbox.Backend, labels map[string]string) error {
+	_, err := b.(*Backend).Reap(ctx, ReapOptions{Labels: withLabels(labels, h.labels), Grace: time.Millisecond, All: true})
+	return err
+}
+
+// withLabels is a merged copy of a and b.
+func withLabels(a, b map[string]string) map[string]string {
+	out := maps.Clone(a)
+	maps.Copy(out, b)
+	return out
 }
 
 // plantOrphan creates and starts, directly through the engine API, a running

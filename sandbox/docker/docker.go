@@ -13,7 +13,6 @@ package docker
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -63,6 +62,11 @@ type Option func(*Backend)
 // WithLogger sets the logger; the default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
 
+// WithClock sets the backend's clock: the creation time it records on
+// containers and the time the reaper judges ages against. Tests move it
+// instead of sleeping.
+func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = now } }
+
 // WithStopGrace sets the grace period used when a Spec sets no StopGrace.
 func WithStopGrace(d time.Duration) Option { return func(b *Backend) { b.stopGrace = d } }
 
@@ -79,10 +83,6 @@ func WithDrainIdle(d time.Duration) Option { return func(b *Backend) { b.drainId
 // executor's instance ID (sandbox.LabelInstance), so that Reap run by any other
 // executor leaves them alone while this one lives.
 func WithInstance(id string) Option { return func(b *Backend) { b.instance = id } }
-
-// WithClock sets the clock used for the creation and expiry labels and by
-// Reap; the default is time.Now.
-func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = now } }
 
 // Instance returns the executor instance ID the backend labels containers
 // with, or "" when none was set.
@@ -197,17 +197,14 @@ func (b *Backend) CheckImage(ctx context.Context, image string) error {
 	return nil
 }
 
-// EngineInfo returns the engine's `docker info` document (sandbox.EngineDescriber).
-func (b *Backend) EngineInfo(ctx context.Context) (json.RawMessage, error) {
+// HostFacts reads the engine's host facts from `docker info`
+// (sandbox.EngineDescriber).
+func (b *Backend) HostFacts(ctx context.Context) (sandbox.HostFacts, error) {
 	info, err := b.api.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("docker info: %w", err)
+		return sandbox.HostFacts{}, fmt.Errorf("docker info: %w", err)
 	}
-	raw, err := json.Marshal(info)
-	if err != nil {
-		return nil, fmt.Errorf("encode docker info: %w", err)
-	}
-	return raw, nil
+	return HostFactsFromInfo(info), nil
 }
 
 // setInstance sets the instance label to id, or removes it (whoever set it)

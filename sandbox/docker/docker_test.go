@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -125,15 +124,11 @@ func TestWrapperRunsInFrontOfTheCommand(t *testing.T) {
 	}
 }
 
-func TestEngineInfo(t *testing.T) {
+func TestHostFacts(t *testing.T) {
 	b, _ := newTestBackend(t)
-	raw, err := b.EngineInfo(t.Context())
+	host, err := b.HostFacts(t.Context())
 	require.NoError(t, err)
-	var info struct {
-		ServerVersion string
-		Runtimes      map[string]json.RawMessage
-	}
-	require.NoError(t, json.Unmarshal(raw, &info))
-	require.NotEmpty(t, info.ServerVersion)
-	require.Contains(t, info.Runtimes, "runc")
+	require.NotEmpty(t, host.ServerVersion)
+	require.Contains(t, host.Runtimes, "runc")
+	require.True(t, host.Seccomp, "the engine supports seccomp")
 }

@@ -2,7 +2,6 @@ package docker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -135,13 +134,13 @@ func (h *handle) watch(waitC <-chan container.WaitResponse, errC <-chan error) {
 // ID is the container ID.
 func (h *handle) ID() string { return h.id }
 
-// Inspect returns the raw `docker inspect` document of the container.
-func (h *handle) Inspect(ctx context.Context) (json.RawMessage, error) {
-	_, raw, err := h.b.api.ContainerInspectWithRaw(ctx, h.id, false)
+// Posture reads the live container's confinement from `docker inspect`.
+func (h *handle) Posture(ctx context.Context) (sandbox.Posture, error) {
+	info, _, err := h.b.api.ContainerInspectWithRaw(ctx, h.id, false)
 	if err != nil {
-		return nil, fmt.Errorf("inspect container %s: %w", shortID(h.id), err)
+		return sandbox.Posture{}, fmt.Errorf("inspect container %s: %w", shortID(h.id), err)
 	}
-	return raw, nil
+	return PostureFromInspect(info)
 }
 
 // Wait blocks until the container exits, the Spec's timeout passes or ctx is

@@ -1,7 +1,6 @@
 package docker
 
 import (
-	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -17,7 +16,7 @@ import (
 )
 
 // TestInspectLiveContainerPolicy reads a live container's `docker inspect`
-// document through Handle.Inspect and checks every policy field as the engine
+// document and checks every policy field as the engine
 // recorded it (what an auditor sees), not what was sent.
 func TestInspectLiveContainerPolicy(t *testing.T) {
 	for _, runtime := range []string{"", sandbox.RuntimeGVisor} {
@@ -37,11 +36,19 @@ func TestInspectLiveContainerPolicy(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(func() { require.NoError(t, h.Close(t.Context())) })
 
-			raw, err := h.Inspect(t.Context())
+			info, _, err := b.api.ContainerInspectWithRaw(t.Context(), h.ID(), false)
 			require.NoError(t, err)
-			var info container.InspectResponse
-			require.NoError(t, json.Unmarshal(raw, &info))
 			assertPolicyApplied(t, info, pol, spec, dir)
+
+			// The contract's posture is the same document, read as facts.
+			posture, err := h.Posture(t.Context())
+			require.NoError(t, err)
+			want, err := PostureFromInspect(info)
+			require.NoError(t, err)
+			assert.Equal(t, want, posture)
+			assert.Equal(t, h.ID(), posture.ID)
+			assert.Equal(t, []string{"ALL"}, posture.CapDrop)
+			assert.Contains(t, posture.SecurityOpt, "no-new-privileges")
 		})
 	}
 }

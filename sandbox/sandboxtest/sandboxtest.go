@@ -1,10 +1,12 @@
 // Package sandboxtest is the conformance suite every sandbox.Backend passes.
 //
-// A backend's own tests call Run with a constructor and the few hooks the suite
-// cannot express through sandbox.Backend (listing leftovers, planting an orphan
-// as a killed executor would leave it, running the reaper). Every case labels
-// its containers with a unique value and checks that nothing carrying it is
-// left behind, so the suite can run next to other users of the same engine.
+// A backend's tests call Run with a Harness, as go-cloud's drivertest and
+// Nomad's DriverHarness do: the harness makes backends, turns each case's
+// Workload into a command the backend runs, and declares the backend's
+// Capabilities. A case that needs a capability the backend does not declare
+// is skipped, and says which. Every case labels its containers with a unique
+// value and checks that nothing carrying it is left behind, so the suite can
+// run next to other users of the same engine.
 package sandboxtest
 
 import (
@@ -29,11 +31,12 @@ import (
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/sandboxfake"
 )
 
-// DefaultImage is the image the suite runs unless Options.Image is set. It
-// needs a POSIX sh with dd, yes, head, tail, sleep, cat, touch, id, uname and
-// dmesg (busybox has them all).
+// DefaultImage is the image Docker-like harnesses run. It needs a POSIX sh
+// with dd, yes, head, tail, sleep, cat, touch, id, uname and dmesg (busybox
+// has them all).
 const DefaultImage = "taskrun/testbox:local"
 
 // LabelCase is the label whose unique value marks one case's containers.
@@ -42,40 +45,76 @@ const LabelCase = "dev.taskrun.sandboxtest.case"
 // caseTimeout bounds every case so a hang fails instead of stalling the run.
 const caseTimeout = 3 * time.Minute
 
-// Options adapt the suite to a backend.
-type Options struct {
-	// Image is the test image; DefaultImage when empty.
-	Image string
-	// Runtime is set as Policy.Runtime on every run ("" or "runsc").
-	Runtime string
-	// Labels are added to every Spec.
-	Labels map[string]string
-	// Leftovers lists the IDs of containers, in any state, carrying all labels.
-	// It is required: every case checks that it leaves nothing behind.
-	Leftovers func(ctx context.Context, labels map[string]string) ([]string, error)
-	// Orphan creates and starts, behind the backend's back, a long-running
-	// container as an executor killed mid-run leaves it: managed, carrying
-	// labels, created long ago and past its expiry. Nil skips the reaper case.
-	Orphan func(ctx context.Context, labels map[string]string) (string, error)
-	// Reap runs b's reaper restricted to labels, with a grace period short
-	// enough that a container started just now is eligible unless a live run
-	// owns it. Nil skips the reaper case.
-	Reap func(ctx context.Context, b sandbox.Backend, labels map[string]string) error
+// Harness adapts the suite to one backend.
+type Harness interface {
+	// NewBackend returns a backend for one case.
+	NewBackend(t *testing.T) sandbox.Backend
+	// Capabilities declares what the backend can do beyond the portable
+	// contract.
+	Capabilities() Capabilities
+	// Prepare adapts every Spec and Policy the suite starts: the image, the
+	// runtime, the harness's own labels.
+	Prepare(spec *sandbox.Spec, policy *sandbox.Policy)
+	// Command returns the command that makes b's container run w.
+	Command(t *testing.T, b sandbox.Backend, w Workload) []string
+	// BreakStart changes spec so that b fails to start its container after
+	// validating it (for Docker: after creating it).
+	BreakStart(t *testing.T, b sandbox.Backend, spec *sandbox.Spec)
+	// Leftovers lists the IDs of containers, in any state, carrying all
+	// labels. Every case checks that it leaves nothing behind.
+	Leftovers(ctx context.Context, labels map[string]string) ([]string, error)
 }
 
-// suite carries the options and the constructor through the cases.
+// Capabilities are what a backend declares beyond the portable contract
+// (start, streams, exit codes, timeouts, cancellation, bind mounts, clean
+// failure, concurrency).
+type Capabilities struct {
+	// Confinement: a kernel confines the process as the Policy says (no
+	// capabilities, no-new-privileges, seccomp, read-only root, non-root
+	// user, loopback-only network, ulimits, pids limit), visible from inside.
+	Confinement bool
+	// OOM: the memory limit is enforced and an OOM kill is reported.
+	OOM bool
+	// Runtimes: Policy.Runtime selects the kernel the process sees
+	// ("runsc": gVisor's).
+	Runtimes bool
+	// Reaper, when non-nil, plants orphans and runs the backend's reaper.
+	Reaper Reaper
+}
+
+// Reaper is the part of a harness that exercises a backend's reaper.
+type Reaper interface {
+	// Orphan creates and starts, behind the backend's back, a long-running
+	// container as an executor killed mid-run leaves it: managed, carrying
+	// labels, created long ago and past its expiry.
+	Orphan(ctx context.Context, labels map[string]string) (string, error)
+	// Reap runs b's reaper restricted to labels, with a grace period short
+	// enough that a container started just now is eligible unless a live run
+	// owns it.
+	Reap(ctx context.Context, b sandbox.Backend, labels map[string]string) error
+}
+
+// Workload is what a case runs, in both of the forms backends run: a POSIX
+// sh script for backends that run processes from an image, and a Go
+// Program for sandboxfake. Both must behave the same. Cases that need a
+// capability may give only the Script.
+type Workload struct {
+	Script  string
+	Program sandboxfake.Program
+}
+
+// ShellCommand is the command that runs w.Script with the image's sh.
+func ShellCommand(w Workload) []string { return []string{"sh", "-c", w.Script} }
+
+// suite carries the harness through the cases.
 type suite struct {
-	opts       Options
-	newBackend func(t *testing.T) sandbox.Backend
+	h    Harness
+	caps Capabilities
 }
 
 // Run runs every conformance case as a subtest of t.
-func Run(t *testing.T, newBackend func(t *testing.T) sandbox.Backend, opts Options) {
-	require.NotNil(t, opts.Leftovers, "sandboxtest: Options.Leftovers is required")
-	if opts.Image == "" {
-		opts.Image = DefaultImage
-	}
-	s := &suite{opts: opts, newBackend: newBackend}
+func Run(t *testing.T, h Harness) {
+	s := &suite{h: h, caps: h.Capabilities()}
 	cases := []struct {
 		name string
 		fn   func(t *testing.T)
@@ -102,6 +141,14 @@ func Run(t *testing.T, newBackend func(t *testing.T) sandbox.Backend, opts Optio
 	}
 }
 
+// require skips t unless the backend declared the capability.
+func needs(t *testing.T, declared bool, what string) {
+	t.Helper()
+	if !declared {
+		t.Skipf("backend does not declare %s", what)
+	}
+}
+
 // run is one container of a case.
 type run struct {
 	spec   sandbox.Spec
@@ -110,33 +157,29 @@ type run struct {
 	stderr io.Writer
 }
 
-// newRun returns a run of cmd (via sh -c) under the default policy with the
-// case's labels.
-func (s *suite) newRun(labels map[string]string, script string) *run {
-	pol := sandbox.DefaultPolicy()
-	pol.Runtime = s.opts.Runtime
-	pol.MemoryBytes = 256 << 20
-	return &run{
+// newRun returns a run of w on b under the default policy with the case's
+// labels.
+func (s *suite) newRun(t *testing.T, b sandbox.Backend, labels map[string]string, w Workload) *run {
+	t.Helper()
+	r := &run{
 		spec: sandbox.Spec{
-			Image:     s.opts.Image,
-			Cmd:       []string{"sh", "-c", script},
+			Cmd:       s.h.Command(t, b, w),
 			Labels:    labels,
 			Run:       model.RunRef{UserID: "sandboxtest", ConversationID: "sandboxtest", TaskID: "conformance", RunID: labels[LabelCase]},
 			Timeout:   2 * time.Minute,
 			StopGrace: time.Second,
 		},
-		policy: pol,
+		policy: sandbox.DefaultPolicy(),
 	}
+	r.policy.MemoryBytes = 256 << 20
+	s.h.Prepare(&r.spec, &r.policy)
+	return r
 }
 
-// caseLabels returns the suite's labels plus a unique case label.
+// caseLabels returns a unique case label.
 func (s *suite) caseLabels(t *testing.T) map[string]string {
 	t.Helper()
-	labels := map[string]string{LabelCase: randomHex(t)}
-	for k, v := range s.opts.Labels {
-		labels[k] = v
-	}
-	return labels
+	return map[string]string{LabelCase: randomHex(t)}
 }
 
 // caseContext is t's context bounded by caseTimeout.
@@ -160,31 +203,52 @@ func (s *suite) execute(ctx context.Context, t *testing.T, b sandbox.Backend, r 
 // requireNoLeftovers fails when any container carries labels.
 func (s *suite) requireNoLeftovers(t *testing.T, labels map[string]string) {
 	t.Helper()
-	ids, err := s.opts.Leftovers(context.Background(), labels)
+	ids, err := s.h.Leftovers(context.Background(), labels)
 	require.NoError(t, err)
 	require.Empty(t, ids, "containers left behind")
 }
 
-// capture runs script and returns its result, stdout and stderr.
-func (s *suite) capture(t *testing.T, script string, tweak func(*run)) (sandbox.Result, string, string) {
+// capture runs w and returns its result, stdout and stderr.
+func (s *suite) capture(t *testing.T, w Workload, tweak func(*run)) (sandbox.Result, string, string) {
 	t.Helper()
 	ctx := caseContext(t)
 	labels := s.caseLabels(t)
 	var out, errOut lockedbuf.Buffer
-	r := s.newRun(labels, script)
+	b := s.h.NewBackend(t)
+	r := s.newRun(t, b, labels, w)
 	r.stdout, r.stderr = &out, &errOut
 	if tweak != nil {
 		tweak(r)
 	}
-	res := s.execute(ctx, t, s.newBackend(t), r)
+	res := s.execute(ctx, t, b, r)
 	s.requireNoLeftovers(t, labels)
 	return res, out.String(), errOut.String()
+}
+
+// writeAndExit is a Program that writes out and errOut, then exits with code.
+func writeAndExit(out, errOut string, code int) sandboxfake.Program {
+	return func(_ context.Context, p *sandboxfake.Process) int {
+		_, _ = io.WriteString(p.Stdout, out)
+		_, _ = io.WriteString(p.Stderr, errOut)
+		return code
+	}
+}
+
+// sleep is a Program that runs until it is stopped or killed, as
+// `sleep 1000` does.
+func sleep(ctx context.Context, p *sandboxfake.Process) int {
+	select {
+	case <-p.Terminated():
+		return 143
+	case <-ctx.Done():
+		return sandboxfake.KilledExitCode
+	}
 }
 
 func (s *suite) testExitCodes(t *testing.T) {
 	for _, code := range []int{0, 1, 4} {
 		t.Run(fmt.Sprint(code), func(t *testing.T) {
-			res, _, _ := s.capture(t, fmt.Sprintf("exit %d", code), nil)
+			res, _, _ := s.capture(t, Workload{Script: fmt.Sprintf("exit %d", code), Program: writeAndExit("", "", code)}, nil)
 			require.NoError(t, res.Err)
 			assert.Equal(t, code, res.ExitCode)
 			assert.Equal(t, code == 0, res.Succeeded())
@@ -198,7 +262,17 @@ func (s *suite) testExitCodes(t *testing.T) {
 }
 
 func (s *suite) testStdoutStderrSeparate(t *testing.T) {
-	res, out, errOut := s.capture(t, "echo out1; echo err1 >&2; echo out2; echo err2 >&2", nil)
+	w := Workload{
+		Script: "echo out1; echo err1 >&2; echo out2; echo err2 >&2",
+		Program: func(_ context.Context, p *sandboxfake.Process) int {
+			for _, l := range []string{"1", "2"} {
+				_, _ = io.WriteString(p.Stdout, "out"+l+"\n")
+				_, _ = io.WriteString(p.Stderr, "err"+l+"\n")
+			}
+			return 0
+		},
+	}
+	res, out, errOut := s.capture(t, w, nil)
 	require.NoError(t, res.Err)
 	assert.Equal(t, "out1\nout2\n", out)
 	assert.Equal(t, "err1\nerr2\n", errOut)
@@ -210,9 +284,21 @@ func (s *suite) testLargeStdout(t *testing.T) {
 	labels := s.caseLabels(t)
 	got := sha256.New()
 	counted := &countingWriter{w: got}
-	r := s.newRun(labels, "dd if=/dev/zero bs=1048576 count=100 2>/dev/null")
+	b := s.h.NewBackend(t)
+	r := s.newRun(t, b, labels, Workload{
+		Script: "dd if=/dev/zero bs=1048576 count=100 2>/dev/null",
+		Program: func(_ context.Context, p *sandboxfake.Process) int {
+			chunk := make([]byte, 1<<20)
+			for range size / len(chunk) {
+				if _, err := p.Stdout.Write(chunk); err != nil {
+					return 1
+				}
+			}
+			return 0
+		},
+	})
 	r.stdout = counted
-	res := s.execute(ctx, t, s.newBackend(t), r)
+	res := s.execute(ctx, t, b, r)
 	require.NoError(t, res.Err)
 	require.Equal(t, 0, res.ExitCode)
 	want := sha256.Sum256(make([]byte, size))
@@ -222,7 +308,11 @@ func (s *suite) testLargeStdout(t *testing.T) {
 }
 
 func (s *suite) testFinalPartialLine(t *testing.T) {
-	res, out, errOut := s.capture(t, "printf 'first\\nlast line without newline'; printf 'err tail' >&2; exit 2", nil)
+	w := Workload{
+		Script:  "printf 'first\\nlast line without newline'; printf 'err tail' >&2; exit 2",
+		Program: writeAndExit("first\nlast line without newline", "err tail", 2),
+	}
+	res, out, errOut := s.capture(t, w, nil)
 	require.NoError(t, res.Err)
 	assert.Equal(t, 2, res.ExitCode)
 	assert.Equal(t, "first\nlast line without newline", out)
@@ -240,7 +330,20 @@ func (s *suite) testSlowConsumer(t *testing.T) {
 	f, err := os.Create(spoolPath)
 	require.NoError(t, err)
 	defer f.Close()
-	r := s.newRun(labels, fmt.Sprintf("yes taskrun | head -c %d; printf tail", size))
+	b := s.h.NewBackend(t)
+	r := s.newRun(t, b, labels, Workload{
+		Script: fmt.Sprintf("yes taskrun | head -c %d; printf tail", size),
+		Program: func(_ context.Context, p *sandboxfake.Process) int {
+			chunk := bytes.Repeat([]byte("taskrun\n"), 8<<10)
+			for range size / len(chunk) {
+				if _, err := p.Stdout.Write(chunk); err != nil {
+					return 1
+				}
+			}
+			_, _ = io.WriteString(p.Stdout, "tail")
+			return 0
+		},
+	})
 	r.stdout = &sleepyWriter{w: f, delay: time.Millisecond}
 
 	consumerMayRead := make(chan struct{})
@@ -249,7 +352,7 @@ func (s *suite) testSlowConsumer(t *testing.T) {
 		<-consumerMayRead
 		consumed <- slowReadAll(spoolPath, size+4)
 	}()
-	res := s.execute(ctx, t, s.newBackend(t), r)
+	res := s.execute(ctx, t, b, r)
 	close(consumerMayRead)
 	require.NoError(t, res.Err)
 	require.Equal(t, 0, res.ExitCode)
@@ -261,7 +364,8 @@ func (s *suite) testSlowConsumer(t *testing.T) {
 }
 
 func (s *suite) testOOMKilled(t *testing.T) {
-	res, _, _ := s.capture(t, "tail /dev/zero", func(r *run) {
+	needs(t, s.caps.OOM, "OOM kills")
+	res, _, _ := s.capture(t, Workload{Script: "tail /dev/zero"}, func(r *run) {
 		r.policy.MemoryBytes = 32 << 20
 	})
 	require.NoError(t, res.Err)
@@ -275,7 +379,16 @@ func (s *suite) testOOMKilled(t *testing.T) {
 // init process forwards SIGTERM to the shell only, which ignores it, so only
 // the SIGKILL after the grace period ends the run.
 func (s *suite) testTimeoutIgnoringSIGTERM(t *testing.T) {
-	res, out, _ := s.capture(t, `trap "" TERM; echo started; sleep 1000 & wait; echo survived`, func(r *run) {
+	w := Workload{
+		Script: `trap "" TERM; echo started; sleep 1000 & wait; echo survived`,
+		Program: func(ctx context.Context, p *sandboxfake.Process) int {
+			_, _ = io.WriteString(p.Stdout, "started\n")
+			<-ctx.Done() // SIGTERM ignored: only SIGKILL ends it
+			_, _ = io.WriteString(p.Stdout, "survived\n")
+			return 0
+		},
+	}
+	res, out, _ := s.capture(t, w, func(r *run) {
 		r.spec.Timeout = 2 * time.Second
 		r.spec.StopGrace = time.Second
 	})
@@ -291,13 +404,25 @@ func (s *suite) testCancelMidRun(t *testing.T) {
 	labels := s.caseLabels(t)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ready := &signalWriter{marker: []byte("ready"), seen: make(chan struct{})}
-	r := s.newRun(labels, `trap 'echo bye; exit 0' TERM; echo ready; sleep 1000 & wait`)
-	b := s.newBackend(t)
-	h, err := b.Start(runCtx, r.spec, r.policy, sandbox.Streams{Stdout: ready})
+	var ready lockedbuf.Buffer
+	b := s.h.NewBackend(t)
+	r := s.newRun(t, b, labels, Workload{
+		Script: `trap 'echo bye; exit 0' TERM; echo ready; sleep 1000 & wait`,
+		Program: func(ctx context.Context, p *sandboxfake.Process) int {
+			_, _ = io.WriteString(p.Stdout, "ready\n")
+			select {
+			case <-p.Terminated():
+				_, _ = io.WriteString(p.Stdout, "bye\n")
+				return 0
+			case <-ctx.Done():
+				return sandboxfake.KilledExitCode
+			}
+		},
+	})
+	h, err := b.Start(runCtx, r.spec, r.policy, sandbox.Streams{Stdout: &ready})
 	require.NoError(t, err)
 	select {
-	case <-ready.seen:
+	case <-ready.Seen("ready"):
 	case <-ctx.Done():
 		t.Fatal("container never printed its ready marker")
 	}
@@ -307,7 +432,7 @@ func (s *suite) testCancelMidRun(t *testing.T) {
 	assert.True(t, res.Cancelled)
 	assert.False(t, res.TimedOut)
 	assert.False(t, res.Succeeded())
-	assert.Equal(t, "ready\nbye\n", string(ready.buf), "output written while stopping was lost")
+	assert.Equal(t, "ready\nbye\n", ready.String(), "output written while stopping was lost")
 	require.NoError(t, h.Close(runCtx), "Close must work with the run's cancelled context")
 	s.requireNoLeftovers(t, labels)
 }
@@ -316,14 +441,21 @@ func (s *suite) testConcurrent(t *testing.T) {
 	const n = 8
 	ctx := caseContext(t)
 	labels := s.caseLabels(t)
-	b := s.newBackend(t)
+	b := s.h.NewBackend(t)
 	var wg sync.WaitGroup
 	results := make([]sandbox.Result, n)
 	outs := make([]lockedbuf.Buffer, n)
 	errs := make([]error, n)
+	runs := make([]*run, n)
+	for i := range n {
+		runs[i] = s.newRun(t, b, labels, Workload{
+			Script:  fmt.Sprintf("echo run %d; exit %d", i, i%3),
+			Program: writeAndExit(fmt.Sprintf("run %d\n", i), "", i%3),
+		})
+	}
 	for i := range n {
 		wg.Go(func() {
-			r := s.newRun(labels, fmt.Sprintf("echo run %d; exit %d", i, i%3))
+			r := runs[i]
 			h, err := b.Start(ctx, r.spec, r.policy, sandbox.Streams{Stdout: &outs[i]})
 			if err != nil {
 				errs[i] = err
@@ -347,6 +479,7 @@ func (s *suite) testConcurrent(t *testing.T) {
 // capabilities, no-new-privileges, non-root, read-only root, writable /tmp,
 // only loopback networking, and the ulimits.
 func (s *suite) testConfinement(t *testing.T) {
+	needs(t, s.caps.Confinement, "kernel confinement")
 	script := strings.Join([]string{
 		`grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status | tr -s '\t ' ' '`,
 		`echo "uid=$(id -u) gid=$(id -g)"`,
@@ -358,12 +491,13 @@ func (s *suite) testConfinement(t *testing.T) {
 		`cp /bin/sh /tmp/sh && /tmp/sh -c 'echo tmp=exec'`,
 		`grep '^Seccomp:' /proc/self/status | tr -s '\t ' ' '`,
 	}, "; ")
-	res, out, _ := s.capture(t, script, nil)
+	var runtime string
+	res, out, _ := s.capture(t, Workload{Script: script}, func(r *run) { runtime = r.policy.Runtime })
 	require.NoError(t, res.Err)
 	require.Equal(t, 0, res.ExitCode)
 	assert.Contains(t, out, "CapEff: 0000000000000000\n")
 	assert.Contains(t, out, "CapBnd: 0000000000000000\n")
-	if s.opts.Runtime != sandbox.RuntimeGVisor {
+	if runtime != sandbox.RuntimeGVisor {
 		// gVisor's /proc/self/status has no NoNewPrivs line.
 		assert.Contains(t, out, "NoNewPrivs: 1\n")
 	}
@@ -373,7 +507,7 @@ func (s *suite) testConfinement(t *testing.T) {
 	assert.Contains(t, out, fmt.Sprintf("nofile=%d core=0\n", sandbox.DefaultNoFile))
 	assert.Contains(t, out, "ifaces=lo \n")
 	assert.Contains(t, out, "tmp=exec\n", "/tmp must allow exec (see the docker backend's TmpfsPath)")
-	if s.opts.Runtime != sandbox.RuntimeGVisor {
+	if runtime != sandbox.RuntimeGVisor {
 		// gVisor neither shows nosuid/nodev in /proc/mounts nor filters
 		// syscalls with seccomp inside the sandbox; it implements both itself.
 		assert.Regexp(t, `tmpmount=\S*nosuid`, out)
@@ -385,8 +519,10 @@ func (s *suite) testConfinement(t *testing.T) {
 // testPidsLimit forks more processes than the limit allows: the shell must
 // fail to fork before it gets through them all.
 func (s *suite) testPidsLimit(t *testing.T) {
+	needs(t, s.caps.Confinement, "kernel confinement (pids limit)")
 	const attempts = 100
-	res, out, _ := s.capture(t, fmt.Sprintf("for i in $(seq %d); do sleep 30 & echo $i; done; echo all", attempts), func(r *run) {
+	w := Workload{Script: fmt.Sprintf("for i in $(seq %d); do sleep 30 & echo $i; done; echo all", attempts)}
+	res, out, _ := s.capture(t, w, func(r *run) {
 		r.policy.PidsLimit = 64
 	})
 	require.NoError(t, res.Err)
@@ -398,8 +534,26 @@ func (s *suite) testBindMounts(t *testing.T) {
 	rw := worldWritableDir(t)
 	ro := worldWritableDir(t)
 	require.NoError(t, os.WriteFile(filepath.Join(ro, "given"), []byte("from host"), 0o644))
-	script := `echo from-container > /rw/made && cat /ro/given && (echo x > /ro/nope 2>/dev/null && echo ro=writable || echo ro=readonly)`
-	res, out, _ := s.capture(t, script, func(r *run) {
+	w := Workload{
+		Script: `echo from-container > /rw/made && cat /ro/given && (echo x > /ro/nope 2>/dev/null && echo ro=writable || echo ro=readonly)`,
+		Program: func(_ context.Context, p *sandboxfake.Process) int {
+			if err := p.WriteFile("/rw/made", []byte("from-container\n")); err != nil {
+				return 1
+			}
+			given, err := p.ReadFile("/ro/given")
+			if err != nil {
+				return 1
+			}
+			_, _ = p.Stdout.Write(given)
+			if p.WriteFile("/ro/nope", []byte("x\n")) == nil {
+				_, _ = io.WriteString(p.Stdout, "ro=writable\n")
+			} else {
+				_, _ = io.WriteString(p.Stdout, "ro=readonly\n")
+			}
+			return 0
+		},
+	}
+	res, out, _ := s.capture(t, w, func(r *run) {
 		r.spec.Mounts = []sandbox.Mount{
 			{Source: rw, Target: "/rw"},
 			{Source: ro, Target: "/ro", ReadOnly: true},
@@ -417,10 +571,12 @@ func (s *suite) testBindMounts(t *testing.T) {
 // testRuntime checks from inside which kernel the process sees: gVisor
 // reports release 4.4.0 and says so in dmesg; runc shows the host's kernel.
 func (s *suite) testRuntime(t *testing.T) {
-	res, out, _ := s.capture(t, "uname -r; dmesg 2>/dev/null | head -n 3", nil)
+	needs(t, s.caps.Runtimes, "runtimes")
+	var runtime string
+	res, out, _ := s.capture(t, Workload{Script: "uname -r; dmesg 2>/dev/null | head -n 3"}, func(r *run) { runtime = r.policy.Runtime })
 	require.NoError(t, res.Err)
 	lines := strings.SplitN(out, "\n", 2)
-	if s.opts.Runtime == sandbox.RuntimeGVisor {
+	if runtime == sandbox.RuntimeGVisor {
 		assert.Equal(t, "4.4.0", lines[0])
 		assert.Contains(t, out, "gVisor")
 		return
@@ -429,25 +585,23 @@ func (s *suite) testRuntime(t *testing.T) {
 	assert.NotContains(t, out, "gVisor")
 }
 
-// testStartFailure makes Start fail after the container was created (a file
-// bind-mounted over the image's /bin directory is refused when the container
-// starts) and with a cancelled context, and checks nothing is left behind
-// either way.
+// testStartFailure makes Start fail after the container was validated (for
+// Docker: created) and with a cancelled context, and checks nothing is left
+// behind either way.
 func (s *suite) testStartFailure(t *testing.T) {
 	ctx := caseContext(t)
 	labels := s.caseLabels(t)
-	b := s.newBackend(t)
-	r := s.newRun(labels, "true")
-	file := filepath.Join(t.TempDir(), "file")
-	require.NoError(t, os.WriteFile(file, nil, 0o644))
-	r.spec.Mounts = []sandbox.Mount{{Source: file, Target: "/bin"}}
+	b := s.h.NewBackend(t)
+	w := Workload{Script: "true", Program: writeAndExit("", "", 0)}
+	r := s.newRun(t, b, labels, w)
+	s.h.BreakStart(t, b, &r.spec)
 	_, err := b.Start(ctx, r.spec, r.policy, sandbox.Streams{})
 	require.Error(t, err)
 	s.requireNoLeftovers(t, labels)
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	_, err = b.Start(cancelled, s.newRun(labels, "true").spec, r.policy, sandbox.Streams{})
+	_, err = b.Start(cancelled, s.newRun(t, b, labels, w).spec, r.policy, sandbox.Streams{})
 	require.ErrorIs(t, err, context.Canceled)
 	s.requireNoLeftovers(t, labels)
 }
@@ -457,8 +611,9 @@ func (s *suite) testStartFailure(t *testing.T) {
 func (s *suite) testCloseWithoutWait(t *testing.T) {
 	ctx := caseContext(t)
 	labels := s.caseLabels(t)
-	r := s.newRun(labels, "sleep 1000")
-	h, err := s.newBackend(t).Start(ctx, r.spec, r.policy, sandbox.Streams{})
+	b := s.h.NewBackend(t)
+	r := s.newRun(t, b, labels, Workload{Script: "sleep 1000", Program: sleep})
+	h, err := b.Start(ctx, r.spec, r.policy, sandbox.Streams{})
 	require.NoError(t, err)
 	require.NoError(t, h.Close(ctx))
 	require.NoError(t, h.Close(ctx))
@@ -468,21 +623,20 @@ func (s *suite) testCloseWithoutWait(t *testing.T) {
 // testReaper plants an orphan as a killed executor leaves it and checks the
 // reaper removes it while sparing a live run of the same backend.
 func (s *suite) testReaper(t *testing.T) {
-	if s.opts.Orphan == nil || s.opts.Reap == nil {
-		t.Skip("backend has no reaper hooks")
-	}
+	reaper := s.caps.Reaper
+	needs(t, reaper != nil, "a reaper")
 	ctx := caseContext(t)
 	labels := s.caseLabels(t)
-	b := s.newBackend(t)
-	orphan, err := s.opts.Orphan(ctx, labels)
+	b := s.h.NewBackend(t)
+	orphan, err := reaper.Orphan(ctx, labels)
 	require.NoError(t, err)
-	r := s.newRun(labels, "sleep 1000")
+	r := s.newRun(t, b, labels, Workload{Script: "sleep 1000", Program: sleep})
 	live, err := b.Start(ctx, r.spec, r.policy, sandbox.Streams{})
 	require.NoError(t, err)
 	defer live.Close(context.Background())
 
-	require.NoError(t, s.opts.Reap(ctx, b, labels))
-	left, err := s.opts.Leftovers(ctx, labels)
+	require.NoError(t, reaper.Reap(ctx, b, labels))
+	left, err := s.h.Leftovers(ctx, labels)
 	require.NoError(t, err)
 	assert.NotContains(t, left, orphan, "orphan survived the reaper")
 	assert.Contains(t, left, live.ID(), "reaper removed a live run's container")
@@ -552,22 +706,4 @@ type sleepyWriter struct {
 func (s *sleepyWriter) Write(p []byte) (int, error) {
 	time.Sleep(s.delay)
 	return s.w.Write(p)
-}
-
-// signalWriter keeps what is written and closes seen once marker appeared.
-type signalWriter struct {
-	marker []byte
-	seen   chan struct{}
-	buf    []byte
-	done   bool
-}
-
-// Write implements io.Writer.
-func (s *signalWriter) Write(p []byte) (int, error) {
-	s.buf = append(s.buf, p...)
-	if !s.done && bytes.Contains(s.buf, s.marker) {
-		s.done = true
-		close(s.seen)
-	}
-	return len(p), nil
 }

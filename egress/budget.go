@@ -1,0 +1,126 @@
+package egress
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// budget holds a run's byte and connection allowance.
+type budget struct {
+	maxBytes int64
+	maxConns int
+
+	mu       sync.Mutex
+	bytes    int64
+	conns    int
+	exceeded error
+}
+
+func newBudget(maxBytes int64, maxConns int) *budget {
+	if maxBytes == 0 {
+		maxBytes = DefaultMaxBytes
+	}
+	if maxConns == 0 {
+		maxConns = DefaultMaxConnections
+	}
+	return &budget{maxBytes: maxBytes, maxConns: maxConns}
+}
+
+// admit counts one connection attempt; it fails once the connection budget
+// is spent or the byte budget is exhausted.
+func (b *budget) admit() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.exceeded != nil {
+		return b.exceeded
+	}
+	if b.conns >= b.maxConns {
+		b.exceeded = fmt.Errorf("%w: the run's connection budget of %d is spent (raise max_connections in the egress policy)", ErrBudgetExceeded, b.maxConns)
+		return b.exceeded
+	}
+	b.conns++
+	return nil
+}
+
+// take reserves up to n bytes, or fails once the byte budget is spent;
+// settle returns what the caller did not use.
+func (b *budget) take(n int) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.exceeded != nil {
+		return 0, b.exceeded
+	}
+	left := b.maxBytes - b.bytes
+	if left <= 0 {
+		b.exceeded = fmt.Errorf("%w: the run's byte budget of %d bytes is spent (raise max_bytes in the egress policy)", ErrBudgetExceeded, b.maxBytes)
+		return 0, b.exceeded
+	}
+	if int64(n) > left {
+		n = int(left)
+	}
+	b.bytes += int64(n)
+	return n, nil
+}
+
+// settle gives back the part of a reservation that moved no bytes.
+func (b *budget) settle(reserved, used int) {
+	if used < reserved {
+		b.mu.Lock()
+		b.bytes -= int64(reserved - used)
+		b.mu.Unlock()
+	}
+}
+
+func (b *budget) err() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.exceeded
+}
+
+// meteredConn is an upstream connection that charges every byte to the
+// run's budget and to its own counters, and stops when the budget is spent.
+type meteredConn struct {
+	net.Conn
+	budget *budget
+	up     atomic.Int64
+	down   atomic.Int64
+}
+
+func (c *meteredConn) Read(p []byte) (int, error) {
+	n, err := c.budget.take(len(p))
+	if err != nil {
+		return 0, err
+	}
+	got, err := c.Conn.Read(p[:n])
+	c.down.Add(int64(got))
+	c.budget.settle(n, got)
+	return got, err
+}
+
+func (c *meteredConn) Write(p []byte) (int, error) {
+	written := 0
+	for written < len(p) {
+		n, err := c.budget.take(len(p) - written)
+		if err != nil {
+			return written, err
+		}
+		sent, err := c.Conn.Write(p[written : written+n])
+		written += sent
+		c.up.Add(int64(sent))
+		c.budget.settle(n, sent)
+		if err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// CloseWrite half-closes the upstream connection when it supports it.
+func (c *meteredConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package sandbox
+
+// Posture is how one live container is confined, as its backend reports it:
+// the facts audit rules check and the isolation record stores. The names are
+// stable JSON, so a stored record can be re-checked without the backend.
+// The Docker backend reads it from the engine's inspect document; other
+// backends fill it from what they enforce.
+type Posture struct {
+	ID              string            `json:"id"`
+	Name            string            `json:"name,omitempty"`
+	Image           string            `json:"image,omitempty"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	User            string            `json:"user"`
+	WorkingDir      string            `json:"working_dir,omitempty"`
+	Privileged      bool              `json:"privileged"`
+	CapAdd          []string          `json:"cap_add,omitempty"`
+	CapDrop         []string          `json:"cap_drop,omitempty"`
+	SecurityOpt     []string          `json:"security_opt,omitempty"`
+	AppArmorProfile string            `json:"apparmor_profile,omitempty"`
+	ReadonlyRootfs  bool              `json:"readonly_rootfs"`
+	Memory          int64             `json:"memory"`
+	MemorySwap      int64             `json:"memory_swap"`
+	NanoCPUs        int64             `json:"nano_cpus"`
+	CPUQuota        int64             `json:"cpu_quota,omitempty"`
+	// PidsLimit is nil when the inspect document has no limit at all.
+	PidsLimit         *int64            `json:"pids_limit,omitempty"`
+	NetworkMode       string            `json:"network_mode"`
+	PidMode           string            `json:"pid_mode,omitempty"`
+	IpcMode           string            `json:"ipc_mode,omitempty"`
+	UTSMode           string            `json:"uts_mode,omitempty"`
+	UsernsMode        string            `json:"userns_mode,omitempty"`
+	Mounts            []PostureMount    `json:"mounts,omitempty"`
+	Tmpfs             map[string]string `json:"tmpfs,omitempty"`
+	Devices           []string          `json:"devices,omitempty"`
+	DeviceCgroupRules []string          `json:"device_cgroup_rules,omitempty"`
+	DeviceRequests    int               `json:"device_requests,omitempty"`
+	// PortBindings lists "containerPort/proto->hostIP:hostPort" entries.
+	PortBindings    []string          `json:"port_bindings,omitempty"`
+	PublishAllPorts bool              `json:"publish_all_ports"`
+	RestartPolicy   string            `json:"restart_policy,omitempty"`
+	CgroupParent    string            `json:"cgroup_parent,omitempty"`
+	MaskedPaths     []string          `json:"masked_paths,omitempty"`
+	ReadonlyPaths   []string          `json:"readonly_paths,omitempty"`
+	LogDriver       string            `json:"log_driver"`
+	LogOpts         map[string]string `json:"log_opts,omitempty"`
+	Runtime         string            `json:"runtime,omitempty"`
+	Ulimits         []Ulimit          `json:"ulimits,omitempty"`
+}
+
+// PostureMount is one filesystem mounted into a live container.
+type PostureMount struct {
+	// Type is "bind", "volume", "tmpfs", ...
+	Type        string `json:"type"`
+	Source      string `json:"source,omitempty"`
+	Destination string `json:"destination"`
+	RW          bool   `json:"rw"`
+	Propagation string `json:"propagation,omitempty"`
+}
+
+// Ulimit is one resource limit set on the container.
+type Ulimit struct {
+	Name string `json:"name"`
+	Soft int64  `json:"soft"`
+	Hard int64  `json:"hard"`
+}
+
+// HostFacts is what the audit needs to know about the host a backend runs
+// containers on (for Docker: the daemon's `docker info`).
+type HostFacts struct {
+	// AppArmor is true when the daemon reports an AppArmor security option.
+	AppArmor bool `json:"apparmor"`
+	// Seccomp is true when the daemon reports seccomp support.
+	Seccomp bool `json:"seccomp"`
+	// SELinux is true when the daemon runs with SELinux enabled.
+	SELinux bool `json:"selinux"`
+	// Rootless is true for a rootless daemon.
+	Rootless bool `json:"rootless"`
+	// ServerVersion is the engine version.
+	ServerVersion string `json:"server_version,omitempty"`
+	// Runtimes are the container runtimes the engine offers, sorted
+	// (e.g. "runc", "runsc").
+	Runtimes []string `json:"runtimes,omitempty"`
+}
