@@ -19,8 +19,8 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/internal/testbin"
-	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
@@ -61,15 +61,11 @@ func checkRunWithEgressPolicy(t *testing.T, runtime string) {
 	port, err := strconv.Atoi(u.Port())
 	require.NoError(t, err)
 
-	h := newHarness(t)
+	storeDir := t.TempDir()
+	h := &harness{runtest.New(t, runtest.Options{StoreURL: "file://" + storeDir})}
 	if runtime != "" {
 		requireRunsc(t, h)
 	}
-	storeDir := t.TempDir()
-	store, err := persist.Open(context.Background(), "file://"+storeDir)
-	require.NoError(t, err)
-	defer store.Close()
-	h.Store = store
 	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "egress1", "sh", "-c", "WEB_PORT="+strconv.Itoa(port)+"; "+egressScript)
 	in.HelpersDir = testbin.Dir(t)
