@@ -59,6 +59,13 @@ func taskrunBin(t *testing.T) string {
 	return taskrunBinPath
 }
 
+// removeTaskrunBin removes the binary taskrunBin built; TestMain calls it.
+func removeTaskrunBin() {
+	if taskrunBinPath != "" {
+		_ = os.RemoveAll(filepath.Dir(taskrunBinPath))
+	}
+}
+
 // crashEnv is one test's runs root, store and run identity.
 type crashEnv struct {
 	root, store, user string
