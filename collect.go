@@ -127,7 +127,9 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 			errs = append(errs, fmt.Errorf("persist %s: %w", what, err))
 		}
 	}
-	keep(keepLocalState(p, wd, ex, v), "local copy")
+	// The local copy matters only if an upload fails: a full host disk
+	// that refuses it fails the persist only together with an upload.
+	localErr := keepLocalState(p, wd, ex, v)
 	keep(c.log(ctx, stdoutSpoolName, OutputLogName), "output log")
 	keep(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
 	keep(c.trace(ctx), "trace")
@@ -139,6 +141,11 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	keep(c.sessionState(ctx), "session state")
 	keep(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	keep(c.collectionRecord(ctx, ex), "collection record")
+	if localErr != nil && len(errs) == 0 {
+		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
+	} else {
+		keep(localErr, "local copy")
+	}
 	if err := errors.Join(errs...); err != nil {
 		p.log.Error("persist failed; the run directory is kept for a retry", "dir", p.dirs.Dir, "err", err)
 		return c.out, err

@@ -58,7 +58,7 @@ func (p *plan) checkEgress() error {
 // returns nil otherwise, and the run keeps no route out. Its record counts
 // against the run's record budget: once that is spent, later connections
 // are left out and the record ends in a marker line.
-func startEgress(ctx context.Context, p *plan, budget *records.Budget) (*runEgress, error) {
+func startEgress(ctx context.Context, p *plan, agent workspace.Owner, budget *records.Budget) (*runEgress, error) {
 	if p.in.Egress.IsZero() {
 		return nil, nil
 	}
@@ -71,7 +71,7 @@ func startEgress(ctx context.Context, p *plan, budget *records.Budget) (*runEgre
 		Policy:     p.in.Egress,
 		Record:     budget.Writer("egress record", record),
 		Logger:     p.log,
-		AgentUID:   workspace.SandboxOwner.UID,
+		AgentUID:   agent.UID,
 	})
 	if err != nil {
 		record.Close()

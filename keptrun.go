@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // ErrNothingKept is returned by RetryPersist for a run that has no kept
@@ -46,7 +48,7 @@ func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(p.hostDir, keptRunName), data, 0o600); err != nil {
+	if err := journal.WriteFileAtomic(filepath.Join(p.hostDir, keptRunName), data, 0o600); err != nil {
 		return err
 	}
 	if ex.record != nil {
@@ -54,7 +56,7 @@ func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
 		if int64(len(rec)) > wd.isolationRoom && wd.records != nil {
 			rec = fmt.Appendf(nil, "{\"error\":\"the isolation record of %d bytes is over its %d-byte room in the run's record budget\"}\n", len(rec), wd.isolationRoom)
 		}
-		return os.WriteFile(filepath.Join(p.hostDir, AuditRecordName), rec, 0o600)
+		return journal.WriteFileAtomic(filepath.Join(p.hostDir, AuditRecordName), rec, 0o600)
 	}
 	return nil
 }
@@ -66,35 +68,138 @@ func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
 // verdict RunTask reached before persisting. input names the same run as the
 // failed RunTask (same IDs, session and Paths); the session excludes and
 // KeepRunDir of the original run apply; Sandbox, Image and Model are unused.
+// A journaled run is taken over from the journal (while a live process holds
+// it the error wraps journal.ErrBusy); a run whose executor died before
+// collecting is finished from its journal record, as FAILED.
 func RetryPersist(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	p, err := newPlan(input)
 	if err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(filepath.Join(p.hostDir, keptRunName))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("%w: run %s has no %s under %s", ErrNothingKept, p.ref.RunID, keptRunName, p.hostDir)
-	}
+	entry, err := claimJournal(p)
 	if err != nil {
 		return nil, err
 	}
-	var kept keptRun
-	if err := json.Unmarshal(data, &kept); err != nil {
-		return nil, fmt.Errorf("read kept run %s: %w", p.ref.RunID, err)
+	kept, err := loadKept(p)
+	if errors.Is(err, ErrNothingKept) && entry != nil {
+		kept, err = keptFromRecord(entry.Record()), nil
 	}
-	// The original run's choices apply, not this call's.
+	if err != nil {
+		if entry != nil {
+			_ = entry.Close()
+		}
+		return nil, err
+	}
+	out, err, _, _ := retryKept(ctx, p, kept, entry)
+	return out, err
+}
+
+// RecoverRun finishes a run whose executor died, from its journal record
+// (see recovery.FinishFunc): it stores what the run left on the host,
+// reports rec.Status and rec.Reason (FAILED, "executor lost" when the
+// executor died before its verdict) and releases the run dir. input names
+// the run as RetryPersist's does; the record itself is the caller's to keep
+// or remove. The error is storing's or reporting's, not the run's own
+// failure.
+func RecoverRun(ctx context.Context, input RunTaskInput, rec journal.Record) (*Outcome, error) {
+	p, err := newPlan(input)
+	if err != nil {
+		return nil, err
+	}
+	if p.dirs.Dir != rec.RunDir {
+		return nil, fmt.Errorf("%w: run %s was journaled at %s, not %s; pass the --root it ran with", ErrInvalidInput, rec.RunID, rec.RunDir, p.dirs.Dir)
+	}
+	kept, err := loadKept(p)
+	switch {
+	case errors.Is(err, ErrNothingKept):
+		kept = keptFromRecord(rec)
+	case err != nil:
+		return nil, err
+	default:
+		kept.Status, kept.Reason = recordVerdict(rec)
+	}
+	if rec.Phase == journal.PhaseReport {
+		// Everything was stored and released: only the report is owed.
+		retry, wd, v := keptPhases(p, kept)
+		out, err := report(ctx, retry, wd, kept.Execution, v, stored{}, nil)
+		if reportFailed(err) {
+			return out, err
+		}
+		return out, nil
+	}
+	out, _, persistErr, reportErr := retryKept(ctx, p, kept, nil)
+	return out, errors.Join(persistErr, reportErr)
+}
+
+// recordVerdict is a journaled run's status and reason: its verdict, or
+// FAILED when its executor died before reaching one.
+func recordVerdict(rec journal.Record) (model.RunStatus, string) {
+	if rec.Status == "" || rec.Status == model.StatusRunning {
+		return model.StatusFailed, rec.Reason
+	}
+	return rec.Status, rec.Reason
+}
+
+// keptFromRecord is the kept run of a journal record without run.json.
+func keptFromRecord(rec journal.Record) keptRun {
+	status, reason := recordVerdict(rec)
+	return keptRun{
+		Execution: execution{ContainerID: rec.ContainerID, Exit: sandbox.Result{ExitCode: -1}},
+		Status:    status, Reason: reason, RunError: reason, EndedAt: rec.UpdatedAt,
+		StartedAt: rec.StartedAt, SessionExcludes: rec.SessionExcludes, KeepRunDir: rec.KeepRunDir,
+	}
+}
+
+// loadKept reads the run.json RunTask kept before persisting.
+func loadKept(p *plan) (keptRun, error) {
+	var kept keptRun
+	data, err := os.ReadFile(filepath.Join(p.hostDir, keptRunName))
+	if errors.Is(err, os.ErrNotExist) {
+		return kept, fmt.Errorf("%w: run %s has no %s under %s", ErrNothingKept, p.ref.RunID, keptRunName, p.hostDir)
+	}
+	if err != nil {
+		return kept, err
+	}
+	if err := json.Unmarshal(data, &kept); err != nil {
+		return kept, fmt.Errorf("read kept run %s: %w", p.ref.RunID, err)
+	}
+	return kept, nil
+}
+
+// keptPhases is the plan, workdir and verdict a kept run is finished with:
+// the original run's choices apply, not this call's.
+func keptPhases(p *plan, kept keptRun) (*plan, *workdir, verdict) {
 	retry := *p
 	retry.sessionExcludes, retry.keepRunDir = kept.SessionExcludes, kept.KeepRunDir
-	wd := &workdir{
-		started: kept.StartedAt,
-		owned:   true, // the kept copy is this run's
-		unmount: func() error { return diskcap.Release(p.dirs.Dir) },
-	}
+	wd := &workdir{started: kept.StartedAt, owned: true} // the kept copy is this run's
 	v := verdict{status: kept.Status, reason: kept.Reason, ended: kept.EndedAt}
 	if kept.RunError != "" {
 		v.err = errors.New(kept.RunError)
 	}
-	st, persistErr := collect(ctx, &retry, wd, kept.Execution, v)
-	release(&retry, wd, persistErr)
-	return report(ctx, &retry, wd, kept.Execution, v, st, persistErr)
+	return &retry, wd, v
+}
+
+// retryKept collects, releases and reports a kept run, journaling the
+// outcome in entry when there is one.
+func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry) (out *Outcome, err, persistErr, reportErr error) {
+	retry, wd, v := keptPhases(p, kept)
+	wd.journal = entry
+	if diskcap.HasImage(p.dirs.Dir) {
+		// A kept image waits unmounted: mount it (read-only) to read it.
+		release, err := diskcap.Reattach(ctx, p.dirs.Dir)
+		if err != nil {
+			endJournal(p, wd, true)
+			return nil, fmt.Errorf("reattach the kept run directory: %w", err), err, nil
+		}
+		wd.unmount = release
+	}
+	st, persistErr := collect(ctx, retry, wd, kept.Execution, v)
+	journalCollected(retry, wd, persistErr)
+	release(retry, wd, persistErr)
+	out, err = report(ctx, retry, wd, kept.Execution, v, st, persistErr)
+	if reportFailed(err) {
+		reportErr = err
+	}
+	endJournal(retry, wd, persistErr != nil || reportErr != nil)
+	return out, err, persistErr, reportErr
 }

@@ -251,7 +251,8 @@ func TestPhasesOOM(t *testing.T) {
 // A cancelled run: the container is stopped, what it wrote while stopping
 // is kept, and CANCELLED is reported although the caller's context is gone.
 func TestPhasesCancel(t *testing.T) {
-	u := newUnit(t)
+	// A grace long enough that the agent's last words never race the SIGKILL.
+	u := newUnit(t, sandboxfake.WithMaxStopGrace(time.Minute))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	in := u.input("cancel1", func(_ context.Context, p *sandboxfake.Process) int {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
@@ -29,6 +30,8 @@ type workdir struct {
 	// unmount releases the run dir's size-capped filesystem; nil when none
 	// is mounted (a watchdog enforces the cap instead, see watchDisk).
 	unmount func() error
+	// journal is the run's journal record; nil without a journal.
+	journal *journal.Entry
 	// records is the budget of the host-side records written for the run:
 	// spools, trace lines, the gateway record, the isolation record. Nil
 	// for a retry, which writes none.

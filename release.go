@@ -21,6 +21,12 @@ func release(p *plan, wd *workdir, persistErr error) {
 		return // another run's directory, or none: never touch it
 	}
 	if persistErr != nil {
+		// The kept copy holds no mount: its image waits unmounted.
+		if wd.unmount != nil {
+			if err := diskcap.Detach(p.dirs.Dir); err != nil {
+				p.log.Warn("detach the kept run directory's disk cap", "dir", p.dirs.Dir, "err", err)
+			}
+		}
 		p.log.Warn("run directory kept for a persist retry", "dir", p.dirs.Dir, "spools", p.hostDir)
 		return
 	}

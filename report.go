@@ -119,7 +119,7 @@ func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, 
 		err = &RunError{Status: out.Status, Reason: out.Reason, Err: errors.Join(v.err, persistErr)}
 	}
 	if perr := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req); perr != nil {
-		err = errors.Join(err, fmt.Errorf("report %s: %w", out.Status, perr))
+		err = errors.Join(err, reportError{fmt.Errorf("report %s: %w", out.Status, perr)})
 	}
 	writeIndex(ctx, p, indexRecord(p, wd, ex, out, st))
 	p.log.Info("run finished", "status", out.Status, "reason", out.Reason, "exit_code", out.Exit.ExitCode)
@@ -168,7 +168,7 @@ func failEarly(ctx context.Context, in RunTaskInput, cause error) (*Outcome, err
 		status = model.StatusCancelled
 	}
 	out := &Outcome{Status: status, Reason: cause.Error(), Result: RunResult{EndTime: time.Now().UnixMilli()}}
-	if in.Updater != nil && in.Run != nil && model.ValidateID("run", in.Run.ID) == nil {
+	if in.Updater != nil && in.Run != nil && model.ValidateID("run", in.Run.ID) == nil && !refusedForReuse(cause) {
 		reportCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		if err := in.Updater.UpdateRunStatus(reportCtx, in.Run.ID, patch(out, time.Time{}, nil)); err != nil {

@@ -14,15 +14,9 @@ var ErrRunFailed = errors.New("run failed")
 // ErrInvalidInput is wrapped by errors about RunTaskInput itself.
 var ErrInvalidInput = errors.New("invalid run input")
 
-// Budgets of the phases that run after the container, on a context detached
-// from the caller's cancellation.
-const (
-	// persistTimeout bounds all uploads of one run (logs up to
-	// DefaultMaxOutputBytes each, artifacts, session state).
-	persistTimeout = 30 * time.Minute
-	// cleanupTimeout bounds removing the container and the final report.
-	cleanupTimeout = 2 * time.Minute
-)
+// cleanupTimeout bounds removing the container and an early report, on a
+// context detached from the caller's cancellation.
+const cleanupTimeout = 2 * time.Minute
 
 // RunTask executes one run end to end and reports it through input.Updater.
 // It returns nil only when the run SUCCEEDED.
@@ -59,21 +53,42 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 		return failEarly(ctx, input, err)
 	}
 
+	// The run is journaled before anything of it exists on the host, and
+	// refused when the host has no room for it.
+	if err := admit(p); err != nil {
+		return failEarly(ctx, input, err)
+	}
+	j, err := beginJournal(p)
+	if err != nil {
+		return failEarly(ctx, input, err)
+	}
+	// Once ctx is cancelled, everything left has ShutdownGrace at most.
+	hard, cancelHard := shutdownContext(ctx, input.ShutdownGrace)
+	defer cancelHard()
+
 	wd, runErr := prepare(ctx, p)
+	wd.journal = j
+	if wd.unmount != nil {
+		journalDiskCap(p, wd)
+	}
 	var ex execution
 	if runErr == nil {
 		ex, runErr = supervise(ctx, p, wd)
 	}
 	v := judge(ctx, p, ex, runErr)
+	journalVerdict(p, wd, v)
 
 	// Collecting and reporting happen even when ctx was cancelled, each with
-	// a budget of its own, so a slow store cannot starve the final report.
-	collectCtx, cancelCollect := context.WithTimeout(context.WithoutCancel(ctx), persistTimeout)
+	// a deadline of its own, so a slow store cannot starve the final report.
+	collectCtx, cancelCollect := context.WithTimeout(hard, deadline(input.PersistTimeout, DefaultPersistTimeout))
 	st, persistErr := collect(collectCtx, p, wd, ex, v)
 	cancelCollect()
+	journalCollected(p, wd, persistErr)
 	release(p, wd, persistErr)
 
-	reportCtx, cancelReport := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	reportCtx, cancelReport := context.WithTimeout(hard, deadline(input.ReportTimeout, DefaultReportTimeout))
 	defer cancelReport()
-	return report(reportCtx, p, wd, ex, v, st, persistErr)
+	out, err := report(reportCtx, p, wd, ex, v, st, persistErr)
+	endJournal(p, wd, persistErr != nil || reportFailed(err))
+	return out, err
 }

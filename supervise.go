@@ -70,7 +70,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		}
 	}()
 
-	eg, err := startEgress(ctx, p, wd.records)
+	eg, err := startEgress(ctx, p, wd.owner, wd.records)
 	if err != nil {
 		return ex, err
 	}
@@ -112,6 +112,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		}
 	}()
 	ex.ContainerID, ex.Runtime = h.ID(), p.policy.Runtime
+	journalStarted(p, wd, h.ID())
 	p.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", p.policy.Runtime)
 
 	// A container that is not confined as asked is stopped at once.

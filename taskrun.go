@@ -18,6 +18,8 @@ import (
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/helpers"
+	"github.com/taskrun/taskrun/instance"
+	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
@@ -137,6 +139,26 @@ type RunTaskInput struct {
 	Stderr io.Writer
 	// Logger receives the executor's own log; slog.Default() when nil.
 	Logger *slog.Logger
+
+	// Journal records the run for crash recovery (package journal): by
+	// default the journal under the runs root when Paths has one
+	// (NewRuntimePathsFromRoot). A run ID with a record is refused.
+	Journal *journal.Dir
+	// Executor identifies the executor process in the journal.
+	Executor instance.Info
+	// StoreURL and ControlPlane are journaled (without credentials) so
+	// that `taskrun gc` can finish the run if the executor dies.
+	StoreURL     string
+	ControlPlane *journal.ControlPlane
+	// PersistTimeout bounds storing the run's outputs:
+	// DefaultPersistTimeout when zero.
+	PersistTimeout time.Duration
+	// ReportTimeout bounds the final report: DefaultReportTimeout when zero.
+	ReportTimeout time.Duration
+	// ShutdownGrace bounds, once ctx is cancelled, everything the run still
+	// does (stopping the container, storing, reporting); what is left is in
+	// the journal for `taskrun gc`. Zero: the deadlines above only.
+	ShutdownGrace time.Duration
 }
 
 // Defaults applied to a zero RunTaskInput field.

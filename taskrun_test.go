@@ -21,12 +21,12 @@ import (
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/internal/runtest"
+	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
-	"github.com/taskrun/taskrun/workspace"
 )
 
 const testImage = "taskrun/testbox:local"
@@ -354,11 +354,18 @@ func TestRunTaskLocalFilesAfterPersist(t *testing.T) {
 	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
 	assert.Equal(t, model.StatusFailed, out.Status)
 	assert.Contains(t, *last(t, rec).Error, "is kept")
+	// The kept copy holds no mount; its image, reattached, has the files.
+	t.Cleanup(func() { assert.NoError(t, diskcap.Release(runDir("down1"))) })
+	mounted, err := diskcap.Mounted(runDir("down1"))
+	require.NoError(t, err)
+	assert.False(t, mounted, "a kept run holds no mount")
+	release, err := diskcap.Reattach(context.Background(), runDir("down1"))
+	require.NoError(t, err)
 	assert.FileExists(t, filepath.Join(runDir("down1"), "home", "f"))
+	require.NoError(t, release())
 	spool, err := os.ReadFile(runDir("down1") + ".executor/stdout.log")
 	require.NoError(t, err)
 	assert.Equal(t, "precious\n", string(spool), "the complete output is kept locally")
-	t.Cleanup(func() { assert.NoError(t, diskcap.Release(runDir("down1"))) })
 }
 
 // A stdout flood past MaxOutputBytes is drained from the container but not
@@ -468,9 +475,16 @@ func TestRunTaskReusedRunIDLeavesTheKeptCopy(t *testing.T) {
 	_, err := taskrun.Execute(context.Background(), down)
 	require.ErrorIs(t, err, persist.ErrStoreUnavailable)
 
+	patches := len(rec.Patches())
 	_, err = taskrun.Execute(context.Background(), h.input(rec, "dup1", "sh", "-c", "echo second"))
-	require.ErrorIs(t, err, workspace.ErrRunDirInUse)
-	assert.DirExists(t, filepath.Join(dir, "home"), "the first run's kept copy is untouched")
+	require.ErrorIs(t, err, journal.ErrExists)
+	assert.Contains(t, err.Error(), "taskrun persist --run-id dup1")
+	assert.Len(t, rec.Patches(), patches, "nothing is reported for a run ID another run holds")
+	// The kept copy waits in its disk-cap image, holding no mount.
+	assert.True(t, diskcap.HasImage(dir), "the first run's kept copy is untouched")
+	mounted, err := diskcap.Mounted(dir)
+	require.NoError(t, err)
+	assert.False(t, mounted, "a kept run holds no mount")
 
 	retry := h.input(rec, "dup1")
 	retry.Sandbox = nil

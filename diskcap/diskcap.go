@@ -48,6 +48,15 @@ var ErrUnsupported = errors.New("diskcap: loop-mounted filesystem not supported 
 // which the mount would hide.
 var ErrNotEmpty = errors.New("diskcap: run dir is not empty; mount the cap before materializing the run")
 
+// ErrInUse is returned by Mount when another Mount of the same dir holds its
+// image: two runs raced for one run dir. The other run's image is untouched.
+var ErrInUse = errors.New("the run dir is being capped by another run")
+
+// ImageOverhead bounds what the host allocates for a cap's image beyond its
+// size: the image file's own extent tree. The host holds at most the cap plus
+// ImageOverhead for a mounted run dir.
+const ImageOverhead = 64 << 10
+
 // MinSize is the smallest cap Mount accepts (ext4 needs room for metadata).
 const MinSize = 8 << 20
 
@@ -74,7 +83,6 @@ func Mount(ctx context.Context, dir string, size int64) (unmount func() error, e
 	}
 	img := imagePath(dir)
 	if err := makeImage(ctx, img, size); err != nil {
-		os.Remove(img)
 		return nil, err
 	}
 	if out, err := exec.CommandContext(ctx, "mount", "-t", "ext4", "-o", "loop,nosuid,nodev", img, dir).CombinedOutput(); err != nil {
@@ -117,6 +125,9 @@ func Release(dir string) error {
 		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
 			return fmt.Errorf("diskcap: umount %s: %w: %s", dir, err, out)
 		}
+		if err := awaitLoopDetached(imagePath(dir)); err != nil {
+			return err
+		}
 	}
 	if err := os.Remove(imagePath(dir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("diskcap: %w", err)
@@ -154,20 +165,37 @@ func supported() error {
 	return nil
 }
 
-func makeImage(ctx context.Context, img string, size int64) error {
+func makeImage(ctx context.Context, img string, size int64) (err error) {
 	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		// Another run is capping this dir: its image is not ours to remove.
+		return fmt.Errorf("diskcap: %w: %s exists", ErrInUse, img)
+	}
 	if err != nil {
 		return fmt.Errorf("diskcap: create image: %w", err)
 	}
-	err = f.Truncate(size)
+	defer func() {
+		if err != nil {
+			os.Remove(img)
+		}
+	}()
+	// The image is fully allocated, so the run's writes can never fail
+	// (or be dropped by the loop device) because the host filled up: a run
+	// admitted with Admit owns its cap. Where allocation is unsupported the
+	// image is sparse.
+	err = syscall.Fallocate(int(f.Fd()), 0, 0, size)
+	if errors.Is(err, syscall.EOPNOTSUPP) {
+		err = f.Truncate(size)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("diskcap: size image: %w", err)
+		return fmt.Errorf("diskcap: allocate image: %w", err)
 	}
 	// -m 0: no blocks reserved for root; the run gets the whole cap.
-	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
+	// nodiscard: keep the allocation (discarding punches holes in a file).
+	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard", img).CombinedOutput(); err != nil {
 		return fmt.Errorf("diskcap: mkfs.ext4: %w: %s", err, out)
 	}
 	return nil

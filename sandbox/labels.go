@@ -23,6 +23,10 @@ const (
 	// the container: created + timeout + stop grace + slack. It is absent when
 	// the Spec has no timeout.
 	LabelExpires = "dev.taskrun.expires"
+	// LabelInstance holds the ID of the executor instance that created the
+	// container (package instance); reapers leave other live executors'
+	// containers alone by it.
+	LabelInstance = "dev.taskrun.instance"
 	// LabelEgress marks the container of a run with an egress policy; its
 	// value is the in-container path of the egress proxy's socket.
 	LabelEgress = "dev.taskrun.egress"

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
 )
 
 // ErrClosed is returned by Write after Close.
@@ -19,6 +20,11 @@ var ErrClosed = errors.New("spool: write after close")
 
 // ErrReaderClosed is returned by Read after the Reader's Close.
 var ErrReaderClosed = errors.New("spool: read after reader close")
+
+// ErrNoSpace is wrapped (next to syscall.ENOSPC) by the error of a Write that
+// failed because the spool's filesystem is full. Every byte written before
+// stays in the file and readable; Lost counts what was refused after.
+var ErrNoSpace = errors.New("spool: the host filesystem is full")
 
 // ErrTruncated is returned by Read when the file holds fewer bytes than were
 // written to the spool, i.e. someone else truncated or replaced it.
@@ -40,6 +46,7 @@ type Spool struct {
 	mu      sync.Mutex // guards the fields below
 	size    int64
 	dropped int64
+	lost    int64
 	closed  bool
 	werr    error
 	notify  chan struct{} // closed and replaced whenever size or closed changes
@@ -94,6 +101,9 @@ func (s *Spool) Write(p []byte) (int, error) {
 		return 0, ErrClosed
 	}
 	if werr != nil {
+		s.mu.Lock()
+		s.lost += int64(len(p))
+		s.mu.Unlock()
 		return 0, werr
 	}
 	keep := p
@@ -108,6 +118,10 @@ func (s *Spool) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	s.size += int64(n)
 	if err != nil {
+		s.lost += int64(len(p) - n)
+		if errors.Is(err, syscall.ENOSPC) {
+			err = fmt.Errorf("%w after %d bytes were kept: %w", ErrNoSpace, s.size, err)
+		}
 		s.werr = fmt.Errorf("spool: write %s: %w", s.path, err)
 		s.wakeLocked()
 		return n, s.werr
@@ -122,6 +136,22 @@ func (s *Spool) Dropped() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.dropped
+}
+
+// Lost returns how many bytes Write refused because of a write error (see
+// Err): unlike Dropped, these were meant to be kept.
+func (s *Spool) Lost() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lost
+}
+
+// Err returns the error that broke the spool, if any; it wraps ErrNoSpace
+// and syscall.ENOSPC when the filesystem filled up.
+func (s *Spool) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.werr
 }
 
 // Close ends the spool: readers drain what was written and then get io.EOF.

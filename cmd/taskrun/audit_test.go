@@ -20,6 +20,7 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testbin.Cleanup()
+	removeTaskrunBin()
 	os.Exit(code)
 }
 

@@ -155,6 +155,9 @@ func fileTree(t *testing.T, dir string, skip func(string) bool) map[string]strin
 // gives the run's final home, and the inspection commands read the run back
 // (from file:// and from S3).
 func TestChangeSetEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real containers")
+	}
 	img := buildShellAgentImage(t)
 	script := changeScript(t)
 	for _, tc := range []struct {

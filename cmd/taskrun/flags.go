@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"os"
 
 	"github.com/docker/go-units"
 	"github.com/spf13/pflag"
@@ -39,16 +40,27 @@ func addRootFlag(fs *pflag.FlagSet, p *string, def string) {
 // serverFlags are --server and --token, the control plane a command reports to.
 type serverFlags struct {
 	server, token string
+	// tokenFromEnv is set when the token came from $TASKRUN_TOKEN: a run
+	// then journals the variable's name, so recovery can report too.
+	tokenFromEnv bool
 }
 
 func (s *serverFlags) define(fs *pflag.FlagSet) {
 	fs.StringVar(&s.server, "server", "", "control plane base URL; without it, status goes to the terminal")
-	fs.StringVar(&s.token, "token", "", "bearer token for --server")
+	addTokenFlag(fs, &s.token)
+}
+
+// addTokenFlag defines --token, the control plane's bearer token.
+func addTokenFlag(fs *pflag.FlagSet, p *string) {
+	fs.StringVar(p, "token", "", "bearer token for the control plane (default $"+envToken+"; a run journals the variable's name, never the token)")
 }
 
 func (s *serverFlags) check() error {
 	if s.server == "" && s.token != "" {
 		return errors.New("--token needs --server")
+	}
+	if s.server != "" && s.token == "" {
+		s.token, s.tokenFromEnv = os.Getenv(envToken), true
 	}
 	return nil
 }

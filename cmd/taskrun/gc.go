@@ -3,62 +3,112 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/taskrun/taskrun/recovery"
 	"github.com/taskrun/taskrun/sandbox/docker"
 )
+
+const gcHelp = `
+First recovers the runs under --root whose executor is gone (killed, crashed,
+or the host rebooted): stops each one's container, saves what the agent printed
+after the executor died, stores everything, reports FAILED "executor lost" to
+the run's control plane and releases the run dir, its loop mount and image. A
+run whose store still fails is kept on the host, holding no mount, for
+taskrun persist --all.
+
+Then removes managed containers (label dev.taskrun.managed=true) that no live
+run owns: those of executors proven gone, or with --all of every executor on
+the host (exited ones, and running ones past their expiry). Containers created
+less than --grace ago are spared. --dry-run lists what would be done, and
+which runs are kept and why.
+`
 
 func init() {
 	register(&command{
 		Name:     "gc",
-		Synopsis: "remove containers that no live run owns",
-		Help: `
-Removes managed containers (label dev.taskrun.managed=true) that no live run
-owns: exited ones, and those whose run's executor is gone. Containers created
-less than --grace ago are spared.
-`,
+		Synopsis: "recover runs whose executor is gone; remove containers that no live run owns",
+		Help:     gcHelp,
 		Flags: func(fs *pflag.FlagSet) action {
-			dryRun := fs.Bool("dry-run", false, "list what would be removed without removing it")
+			dryRun := fs.Bool("dry-run", false, "list what would be recovered or removed, and which runs are kept and why, without changing anything")
 			grace := fs.Duration("grace", docker.DefaultReapGrace, "spare containers created less than this long ago")
 			jsonOut := fs.Bool("json", false, "print the report as JSON")
+			all := fs.Bool("all", false, "remove leftover containers of every executor on the host, not only of gone ones")
+			var root, token string
+			addTokenFlag(fs, &token)
+			addRootFlag(fs, &root, defaultRoot)
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) > 0 {
 					return a.usageError("gc", fmt.Errorf("unexpected argument %q", args[0]))
 				}
-				return runGC(ctx, a, docker.ReapOptions{Grace: *grace, DryRun: *dryRun}, *jsonOut)
+				return runGC(ctx, a, root, tokenOrEnv(token), *grace, *all, *dryRun, *jsonOut)
 			}
 		},
 	})
 }
 
-// runGC removes managed containers that no live run owns.
-func runGC(ctx context.Context, a *app, opts docker.ReapOptions, jsonOut bool) int {
+// gcReport is what `taskrun gc --json` prints.
+type gcReport struct {
+	Runs       []recovery.Result `json:"runs"`
+	Containers docker.ReapReport `json:"containers"`
+}
+
+// runGC recovers the root's runs whose executor is gone, then removes
+// managed containers that no live run owns.
+func runGC(ctx context.Context, a *app, root, token string, grace time.Duration, all, dryRun, jsonOut bool) int {
+	host, err := openHostState(root, token, a.log)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun gc:", err)
+		return exitUsage
+	}
 	backend, err := docker.New(ctx, docker.WithLogger(a.log))
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun gc:", err)
 		return exitCannotRun
 	}
 	defer backend.Close()
-	rep, err := backend.Reap(ctx, opts)
+	var lines io.Writer = a.stdout
+	if jsonOut {
+		lines = io.Discard
+	}
+	var rep gcReport
+	var recoverErr error
+	rep.Runs, recoverErr = host.recoverRuns(ctx, backend, dryRun, lines)
+	rep.Containers, err = backend.Reap(ctx, host.reapOptions(grace, all, dryRun, rep.Runs))
+	if !dryRun {
+		host.removeGoneExecutors()
+	}
 	if jsonOut {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(rep)
 	} else {
 		verb := "removed"
-		if opts.DryRun {
+		if dryRun {
 			verb = "would remove"
 		}
-		for _, c := range rep.Removed {
+		for _, c := range rep.Containers.Removed {
 			fmt.Fprintf(a.stdout, "%s %.12s run=%s state=%s: %s\n", verb, c.ID, c.RunID, c.State, c.Reason)
 		}
-		fmt.Fprintf(a.stdout, "%s %d container(s), spared %d\n", verb, len(rep.Removed), rep.Spared)
+		fmt.Fprintf(a.stdout, "%s %d container(s), spared %d\n", verb, len(rep.Containers.Removed), rep.Containers.Spared)
 	}
-	if err != nil {
-		fmt.Fprintln(a.stderr, "taskrun gc:", err)
+	if err = errors.Join(recoverErr, err); err != nil {
+		fmt.Fprintln(a.stderr, "taskrun gc:", oneLine(err))
 		return exitFailure
 	}
 	return exitOK
+}
+
+// tokenOrEnv is token, or $TASKRUN_TOKEN when it is empty.
+func tokenOrEnv(token string) string {
+	if token != "" {
+		return token
+	}
+	return os.Getenv(envToken)
 }

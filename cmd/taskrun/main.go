@@ -6,9 +6,12 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/taskrun/taskrun/helpers"
 )
@@ -31,8 +34,26 @@ func main() {
 	if code, ok := helpers.Main(os.Args); ok {
 		os.Exit(code)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first SIGINT or SIGTERM cancels the command (a run winds down
+	// within --shutdown-grace); a second one exits at once. Every journal
+	// write is atomic, so the journal stays whole either way.
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		cancel()
+		<-sigs
+		fmt.Fprintln(os.Stderr, "taskrun: second signal: exiting now; taskrun gc finishes what the journal holds")
+		os.Exit(exitInterrupted)
+	}()
+	shutdownBackstop = func(grace time.Duration, stderr io.Writer) {
+		time.AfterFunc(grace, func() {
+			fmt.Fprintf(stderr, "taskrun: the run did not wind down within --shutdown-grace %s: exiting; taskrun gc finishes what the journal holds\n", grace)
+			os.Exit(exitInterrupted)
+		})
+	}
 	code := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
+	cancel()
 	os.Exit(code)
 }

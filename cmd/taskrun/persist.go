@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/termsafe"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -18,7 +20,9 @@ const persistHelp = `
 When the store fails at the end of a run, the run keeps its directory on the
 host and reports FAILED. Once the store works again, this uploads what the run
 kept and reports the run again. Name the run as taskrun run did: the same
---root, --store and IDs.
+--root, --store and IDs; or give --all to retry every kept run under --root,
+each with the store and control plane it ran with (runs whose executor died are
+recovered first, as taskrun gc does).
 `
 
 func init() {
@@ -36,12 +40,19 @@ func init() {
 			srv.define(fs)
 			addRootFlag(fs, &root, defaultRoot)
 			addStoreFlag(fs, &store)
+			all := fs.Bool("all", false, "retry every kept run under --root, each with its own store and control plane")
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) > 0 {
 					return a.usageError("persist", fmt.Errorf("unexpected argument %q", args[0]))
 				}
+				if *all {
+					if ref.runID != "" {
+						return a.usageError("persist", fmt.Errorf("give --run-id or --all, not both"))
+					}
+					return persistAll(ctx, a, root, tokenOrEnv(srv.token))
+				}
 				if ref.runID == "" {
-					return a.usageError("persist", fmt.Errorf("--run-id is required"))
+					return a.usageError("persist", fmt.Errorf("--run-id is required (or --all)"))
 				}
 				if err := ref.validate(); err != nil {
 					return a.usageError("persist", err)
@@ -96,4 +107,30 @@ func runPersist(ctx context.Context, a *app, ref runRefFlags, srv serverFlags, r
 		fmt.Fprintln(a.stderr, "taskrun persist:", termsafe.String(oneLine(err)))
 	}
 	return code
+}
+
+// persistAll recovers the runs whose executor is gone, then retries every
+// kept run under root once.
+func persistAll(ctx context.Context, a *app, root, token string) int {
+	host, err := openHostState(root, token, a.log)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun persist:", err)
+		return exitUsage
+	}
+	// Without Docker, runs that still have a container wait for taskrun gc.
+	backend, berr := docker.New(ctx, docker.WithLogger(a.log))
+	if berr == nil {
+		defer backend.Close()
+	} else {
+		backend = nil
+		a.log.Warn("no container engine; runs whose container is left wait for taskrun gc", "err", berr)
+	}
+	_, recoverErr := host.recoverRuns(ctx, backend, false, a.stdout)
+	still, err := host.retryKept(ctx, a.stdout)
+	fmt.Fprintf(a.stdout, "%d run(s) still kept\n", still)
+	if err = errors.Join(recoverErr, err); err != nil {
+		fmt.Fprintln(a.stderr, "taskrun persist:", termsafe.String(oneLine(err)))
+		return exitFailure
+	}
+	return exitOK
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,8 +20,11 @@ import (
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/helpers"
+	"github.com/taskrun/taskrun/instance"
+	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/recovery"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/termsafe"
@@ -59,6 +63,8 @@ type runOptions struct {
 	// Raw --env and --env-file values, read by finish.
 	envVars  []string
 	envFiles []string
+	// shutdownGrace bounds the run's wind-down after SIGTERM or SIGINT.
+	shutdownGrace time.Duration
 
 	// Raw flag values, checked by finish.
 	modelSpec   string
@@ -126,7 +132,8 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
 	fs.StringArrayVar(&o.excludes, "session-exclude", nil, "glob pattern (relative to home) left out of the session state; repeatable (default: "+strings.Join(workspace.DefaultExcludes, ", ")+")")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directory on the host after a successful run")
-	fs.BoolVar(&o.reap, "gc", true, "first remove leftover containers that no live run owns, as taskrun gc does (--gc=false skips it)")
+	fs.BoolVar(&o.reap, "gc", true, "first recover runs whose executor is gone and remove leftover containers, as taskrun gc does (--gc=false skips it)")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, stop the container, store and report within this long; what is left waits in the journal for taskrun gc (a second signal exits at once)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result on stdout; the run's stdout goes to stderr")
 	fs.BoolVar(&o.raw, "raw", false, "copy the run's output to the terminal verbatim, escape sequences included")
 	fs.StringVar(&o.modelSpec, "model", "", "model for the agent: scripted (the built-in demo script), scripted:FILE, openai:NAME or anthropic:NAME; empty runs the agent offline")
@@ -163,6 +170,9 @@ func (o *runOptions) finish(args []string) error {
 	o.policy.NanoCPUs = int64(o.cpus * 1e9)
 	if o.timeout <= 0 {
 		return fmt.Errorf("--timeout %v: give a positive duration such as 10m", o.timeout)
+	}
+	if o.shutdownGrace <= 0 {
+		return fmt.Errorf("--shutdown-grace %v: give a positive duration such as 30s", o.shutdownGrace)
 	}
 	if o.runID == "" {
 		o.runID = newRunID()
@@ -287,6 +297,10 @@ func newRunID() string {
 
 // runRun runs one task with the parsed options and presents its outcome.
 func runRun(ctx context.Context, a *app, o runOptions) int {
+	if shutdownBackstop != nil {
+		stop := context.AfterFunc(ctx, func() { shutdownBackstop(o.shutdownGrace, a.stderr) })
+		defer stop()
+	}
 	out, err := executeRun(ctx, a, o)
 	code := exitCode(out, err)
 	switch {
@@ -350,17 +364,22 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 	}
 	defer store.Close()
 	log := a.log
-	backend, err := docker.New(ctx, docker.WithLogger(log))
+	host, err := openHostState(root, o.token, log)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
+	}
+	inst, err := instance.Start(host.executorsDir())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
+	}
+	defer inst.Close()
+	backend, err := docker.New(ctx, docker.WithLogger(log), docker.WithInstance(inst.ID()))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
 	defer backend.Close()
 	if o.reap {
-		if rep, err := backend.Reap(ctx, docker.ReapOptions{}); err != nil {
-			log.Warn("reap leftover containers", "err", err)
-		} else if len(rep.Removed) > 0 {
-			log.Info("removed leftover containers", "count", len(rep.Removed))
-		}
+		collectGarbage(ctx, host, backend, log)
 	}
 
 	// The live copies of the run's output are the agent's bytes: on a
@@ -402,8 +421,16 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		UIDs:            uids,
 		Stderr:          liveErr,
 		Logger:          log,
+		Executor:        inst.Info(),
+		StoreURL:        o.store,
+		// The run winds down a little before the backstop ends the process.
+		ShutdownGrace: o.shutdownGrace - min(o.shutdownGrace/5, 5*time.Second),
 	}
 	if o.server != "" {
+		in.ControlPlane = &journal.ControlPlane{URL: journal.RedactURL(o.server)}
+		if o.tokenFromEnv {
+			in.ControlPlane.TokenEnv = envToken
+		}
 		client := workerclient.New(o.server, o.token)
 		in.Updater = client
 		in.StreamSender = client.Stream()
@@ -519,4 +546,40 @@ func dirExists(dir string) bool {
 // oneLine flattens a joined error into one line for the terminal.
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}
+
+// defaultShutdownGrace is the default of --shutdown-grace.
+const defaultShutdownGrace = 30 * time.Second
+
+// startupRecoveryBudget bounds the recovery a run does at its start.
+const startupRecoveryBudget = 30 * time.Second
+
+// shutdownBackstop, set by main, ends the process grace after a signal if
+// the run has not finished by then; the journal keeps what is left.
+var shutdownBackstop func(grace time.Duration, stderr io.Writer)
+
+// collectGarbage is the gc at every run's start: it recovers the runs whose
+// executor is gone and removes their and this host's dead executors'
+// containers. Failures are logged: they never stop the new run.
+func collectGarbage(ctx context.Context, host *hostState, backend *docker.Backend, log *slog.Logger) {
+	// A hung store must not hold the new run: what recovery cannot store
+	// within the budget is kept for taskrun persist --all.
+	recoverCtx, cancel := context.WithTimeout(ctx, startupRecoveryBudget)
+	results, err := host.recoverRuns(recoverCtx, backend, false, io.Discard)
+	cancel()
+	for _, res := range results {
+		if res.Action == recovery.ActionRecovered || res.Action == recovery.ActionFailed {
+			log.Info("recovered a run whose executor is gone", "run", res.RunID, "action", res.Action, "why", res.Why)
+		}
+	}
+	if err != nil {
+		log.Warn("recover runs of gone executors", "err", err)
+	}
+	rep, err := backend.Reap(ctx, host.reapOptions(docker.DefaultReapGrace, false, false, results))
+	if err != nil {
+		log.Warn("reap leftover containers", "err", err)
+	} else if len(rep.Removed) > 0 {
+		log.Info("removed leftover containers", "count", len(rep.Removed))
+	}
+	host.removeGoneExecutors()
 }

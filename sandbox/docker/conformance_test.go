@@ -76,7 +76,7 @@ func (h *harness) Orphan(ctx context.Context, labels map[string]string) (string,
 }
 
 func (h *harness) Reap(ctx context.Context, b sandbox.Backend, labels map[string]string) error {
-	_, err := b.(*Backend).Reap(ctx, ReapOptions{Labels: withLabels(labels, h.labels), Grace: time.Millisecond})
+	_, err := b.(*Backend).Reap(ctx, ReapOptions{Labels: withLabels(labels, h.labels), Grace: time.Millisecond, All: true})
 	return err
 }
 

@@ -52,6 +52,7 @@ type Backend struct {
 	expirySlack time.Duration
 	drainIdle   time.Duration
 	now         func() time.Time
+	instance    string
 
 	mu   sync.Mutex
 	live map[string]*handle
@@ -79,6 +80,15 @@ func WithExpirySlack(d time.Duration) Option { return func(b *Backend) { b.expir
 // exited while no byte arrives (a guard against attach streams that never
 // close, moby #36516).
 func WithDrainIdle(d time.Duration) Option { return func(b *Backend) { b.drainIdle = d } }
+
+// WithInstance labels every container the backend creates with the
+// executor's instance ID (sandbox.LabelInstance), so that Reap run by any other
+// executor leaves them alone while this one lives.
+func WithInstance(id string) Option { return func(b *Backend) { b.instance = id } }
+
+// Instance returns the executor instance ID the backend labels containers
+// with, or "" when none was set.
+func (b *Backend) Instance() string { return b.instance }
 
 // New connects to the Docker Engine named by the environment and checks that it
 // answers. When it does not, the error wraps sandbox.ErrDaemonUnavailable.
@@ -143,6 +153,7 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 		return nil, err
 	}
 	cc := convert(spec, pol, b.now(), b.expirySlack)
+	setInstance(cc.Config.Labels, b.instance)
 	created, err := b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name)
 	if err != nil && cc.Name != "" && isConflict(err) {
 		// The name is taken, by a container of a reused run ID that is
@@ -201,6 +212,16 @@ func (b *Backend) HostFacts(ctx context.Context) (sandbox.HostFacts, error) {
 		return sandbox.HostFacts{}, fmt.Errorf("docker info: %w", err)
 	}
 	return HostFactsFromInfo(info), nil
+}
+
+// setInstance sets the instance label to id, or removes it (whoever set it)
+// when the backend has no instance.
+func setInstance(labels map[string]string, id string) {
+	if id == "" {
+		delete(labels, sandbox.LabelInstance)
+		return
+	}
+	labels[sandbox.LabelInstance] = id
 }
 
 // createError explains a failed ContainerCreate or image lookup.

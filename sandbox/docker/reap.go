@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -26,6 +27,18 @@ type ReapOptions struct {
 	Grace time.Duration
 	// DryRun reports what would be removed without removing anything.
 	DryRun bool
+	// All applies the rules below to every managed container on the host,
+	// whoever created it (`taskrun gc --all`). By default Reap removes only
+	// containers of this backend's instance (WithInstance) and of executors
+	// that ExecutorGone proves gone; containers of live executors, and
+	// containers without an instance label, are left alone.
+	All bool
+	// ExecutorGone reports whether the executor instance id is provably
+	// gone (see package instance), and why. Nil proves no executor gone.
+	ExecutorGone func(id string) (gone bool, why string)
+	// Spare lists container IDs never to remove: a recovery still needs
+	// them (their logs were not saved yet).
+	Spare []string
 }
 
 // ReapedContainer is a container Reap removed (or would remove in a dry run).
@@ -53,10 +66,13 @@ type ReapReport struct {
 }
 
 // Reap removes managed containers that no live run owns, and dangling managed
-// networks. A container is owned by a live run when this Backend holds a handle
-// for it, or when it is running and not past its dev.taskrun.expires time
-// (another executor's run). Objects younger than the grace period, and exited
-// containers that finished within it, are spared. Removal errors are joined and returned next to the report.
+// networks. Which containers it considers is set by opts (All, and by default
+// this instance's and gone executors'): a container of an executor proven
+// gone is removed whatever its state. Otherwise a container is owned by a
+// live run when this Backend holds a handle for it, or when it is running and
+// not past its dev.taskrun.expires time. Objects younger than the grace
+// period, and exited containers that finished within it, are spared. Removal
+// errors are joined and returned next to the report.
 func (b *Backend) Reap(ctx context.Context, opts ReapOptions) (ReapReport, error) {
 	if opts.Grace <= 0 {
 		opts.Grace = DefaultReapGrace
@@ -69,7 +85,7 @@ func (b *Backend) Reap(ctx context.Context, opts ReapOptions) (ReapReport, error
 	now := b.now()
 	var errs []error
 	for _, c := range cs {
-		reason := b.orphanReason(c, b.finishedAt(ctx, c), now, opts.Grace)
+		reason := b.reapReason(ctx, c, opts, now)
 		if reason == "" {
 			rep.Spared++
 			continue
@@ -85,6 +101,24 @@ func (b *Backend) Reap(ctx context.Context, opts ReapOptions) (ReapReport, error
 	rep.Networks = nets
 	errs = append(errs, err)
 	return rep, errors.Join(errs...)
+}
+
+// reapReason says why c is to be removed, or "" to spare it.
+func (b *Backend) reapReason(ctx context.Context, c container.Summary, opts ReapOptions, now time.Time) string {
+	if b.isLive(c.ID) || slices.Contains(opts.Spare, c.ID) {
+		return ""
+	}
+	owner := c.Labels[sandbox.LabelInstance]
+	mine := owner != "" && owner == b.instance
+	if !mine && owner != "" && opts.ExecutorGone != nil {
+		if gone, why := opts.ExecutorGone(owner); gone {
+			return "its executor is gone: " + why
+		}
+	}
+	if !mine && !opts.All {
+		return "" // a live (or unknown) executor's: not ours to judge
+	}
+	return b.orphanReason(c, b.finishedAt(ctx, c), now, opts.Grace)
 }
 
 // finishedAt is when an exited container stopped, or the zero time when it

@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"maps"
 	"os/exec"
 	"testing"
 	"time"
@@ -64,7 +65,7 @@ func TestReapRules(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = theirs.Close(context.Background()) })
 
-	dry, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: grace, DryRun: true})
+	dry, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: grace, DryRun: true, All: true})
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{exited, expired}, removedIDs(dry))
 	assert.Equal(t, 3, dry.Spared)
@@ -72,7 +73,7 @@ func TestReapRules(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, left, 5, "a dry run removed something")
 
-	rep, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: grace})
+	rep, err := b.Reap(ctx, ReapOptions{Labels: labels, Grace: grace, All: true})
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{exited, expired}, removedIDs(rep))
 	left, err = b.listLabelled(ctx, labels)
@@ -93,11 +94,76 @@ func TestOrphanReasonSparesRecentlyFinished(t *testing.T) {
 	assert.NotEmpty(t, b.orphanReason(c, time.Time{}, now, time.Minute), "never inspected: created an hour ago")
 }
 
+// TestReapOnlyOwnAndGoneExecutors checks the multi-tenant rule: by default
+// the reaper removes its own instance's orphans and the containers of
+// executors proven gone (even running ones), and leaves live executors'
+// containers and unlabelled ones alone; All widens it to the host.
+func TestReapOnlyOwnAndGoneExecutors(t *testing.T) {
+	const mine, live, gone = "xmine", "xlive", "xgone"
+	b, labels := newTestBackend(t, WithInstance(mine))
+	ctx := t.Context()
+	with := func(inst string) map[string]string {
+		l := maps.Clone(labels)
+		if inst != "" {
+			l[sandbox.LabelInstance] = inst
+		}
+		return l
+	}
+	old := time.Now().Add(-time.Hour)
+	ownExited, err := plantContainer(ctx, b, with(mine), "", old, "true")
+	require.NoError(t, err)
+	liveExited, err := plantContainer(ctx, b, with(live), "", old, "true")
+	require.NoError(t, err)
+	unlabelled, err := plantContainer(ctx, b, with(""), "", old, "true")
+	require.NoError(t, err)
+	goneRunning, err := plantContainer(ctx, b, with(gone), "", time.Now(), "sleep", "1000")
+	require.NoError(t, err)
+	spared, err := plantContainer(ctx, b, with(gone), "", time.Now(), "sleep", "1000")
+	require.NoError(t, err)
+	for _, id := range []string{ownExited, liveExited, unlabelled} {
+		waitC, errC := b.api.ContainerWait(ctx, id, container.WaitConditionNotRunning)
+		select {
+		case <-waitC:
+		case err := <-errC:
+			require.NoError(t, err)
+		}
+	}
+	var asked []string
+	goneFn := func(id string) (bool, string) {
+		asked = append(asked, id)
+		return id == gone, "test says so"
+	}
+	// Finished containers count as finished an hour after they did.
+	b.now = func() time.Time { return time.Now().Add(time.Hour) }
+
+	rep, err := b.Reap(ctx, ReapOptions{Labels: labels, ExecutorGone: goneFn, Spare: []string{spared}})
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{ownExited, goneRunning}, removedIDs(rep))
+	assert.NotContains(t, asked, mine, "its own instance is never asked about")
+	left, err := b.listLabelled(ctx, labels)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{liveExited, unlabelled, spared}, left)
+
+	// A container created through this backend carries its instance ID, and
+	// a caller's label cannot replace it.
+	h, err := b.Start(ctx, sandbox.Spec{Image: testImage, Cmd: []string{"true"}, Labels: with(live)}, sandbox.DefaultPolicy(), sandbox.Streams{})
+	require.NoError(t, err)
+	require.NoError(t, h.Wait(ctx).Err)
+	info, _, err := b.api.ContainerInspectWithRaw(ctx, h.ID(), false)
+	require.NoError(t, err)
+	assert.Equal(t, mine, info.Config.Labels[sandbox.LabelInstance])
+	require.NoError(t, h.Close(ctx))
+
+	rep, err = b.Reap(ctx, ReapOptions{Labels: labels, All: true, Spare: []string{spared}})
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{liveExited, unlabelled}, removedIDs(rep))
+}
+
 func TestReapNeverTouchesOtherLabels(t *testing.T) {
 	b, labels := newTestBackend(t)
 	_, otherLabels := newTestBackend(t)
 	theirs := exitedOrphan(t, b, otherLabels)
-	rep, err := b.Reap(t.Context(), ReapOptions{Labels: labels, Grace: time.Millisecond})
+	rep, err := b.Reap(t.Context(), ReapOptions{Labels: labels, Grace: time.Millisecond, All: true})
 	require.NoError(t, err)
 	assert.Empty(t, rep.Removed)
 	left, err := b.listLabelled(t.Context(), otherLabels)

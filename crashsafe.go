@@ -1,0 +1,237 @@
+package taskrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/journal"
+)
+
+// Deadlines of the phases after the container, each on a context detached
+// from the caller's cancellation. A run therefore reports RUNNING for at most
+// its timeout, plus the container's stop grace, streamDrainTimeout, the
+// persist and the report deadlines.
+const (
+	// DefaultPersistTimeout bounds storing one run's outputs (logs,
+	// artifacts, session state). A store that hangs past it leaves the run
+	// kept on the host for `taskrun persist`.
+	DefaultPersistTimeout = 5 * time.Minute
+	// DefaultReportTimeout bounds the final report to the control plane.
+	DefaultReportTimeout = time.Minute
+)
+
+// JournalDirName is the journal's directory under the runs root.
+const JournalDirName = "journal"
+
+// ExecutorsDirName is where executor instances keep their lock files, under
+// the runs root.
+const ExecutorsDirName = "executors"
+
+// recordsSlackBytes is the room admission keeps for the run's records
+// (journal, run.json, audit.json, gateway record) beside its spools.
+const recordsSlackBytes = 16 << 20
+
+// rootPather is a RuntimePaths that knows its root (workspace.Paths).
+type rootPather interface{ Root() string }
+
+// OpenRunJournal opens the journal of the runs under root.
+func OpenRunJournal(root string) (*journal.Dir, error) {
+	return journal.Open(filepath.Join(root, JournalDirName))
+}
+
+// runsRoot is the root of the runs' layout, or "" when Paths does not say.
+func runsRoot(p *plan) string {
+	if rp, ok := p.in.Paths.(rootPather); ok {
+		return rp.Root()
+	}
+	return ""
+}
+
+// openJournal resolves the run's journal: input.Journal, or the one under
+// the runs root; nil when there is neither.
+func openJournal(p *plan) (*journal.Dir, error) {
+	if p.in.Journal != nil {
+		return p.in.Journal, nil
+	}
+	root := runsRoot(p)
+	if root == "" {
+		return nil, nil
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, fmt.Errorf("create runs root: %w", err)
+	}
+	return OpenRunJournal(root)
+}
+
+// admit refuses a run the runs root has no room for: its disk cap, both
+// output spools at their cap and its records.
+func admit(p *plan) error {
+	root := runsRoot(p)
+	if root == "" {
+		return nil
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("create runs root: %w", err)
+	}
+	need := p.limits.disk + 2*p.limits.maxOutput + recordsSlackBytes
+	if err := diskcap.Admit(root, need); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
+	}
+	return nil
+}
+
+// beginJournal records the run before anything of it exists on disk. The
+// record is exclusive: a second run with the same ID is refused here,
+// before it can touch the first one's files.
+func beginJournal(p *plan) (*journal.Entry, error) {
+	d, err := openJournal(p)
+	if err != nil || d == nil {
+		return nil, err
+	}
+	return d.Create(journal.Record{
+		RunID: p.ref.RunID, UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID,
+		SessionID: p.in.SessionID, PreviousRunID: p.in.Run.PreviousRunID,
+		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir,
+		Store: journal.RedactURL(p.in.StoreURL), ControlPlane: p.in.ControlPlane,
+		KeepRunDir: p.keepRunDir, SessionExcludes: p.sessionExcludes, MaxOutputBytes: p.limits.maxOutput,
+		Timeout: p.spec.Timeout, Phase: journal.PhasePrepare,
+		Pending: []journal.Pending{journal.PendingRelease, journal.PendingReport},
+	})
+}
+
+// journalUpdate writes a state change; a failed write is logged and the
+// change kept for the next one (the previous record stays intact).
+func journalUpdate(p *plan, wd *workdir, change func(*journal.Record)) {
+	if wd == nil || wd.journal == nil {
+		return
+	}
+	if err := wd.journal.Update(change); err != nil {
+		p.log.Warn("journal the run", "err", err)
+	}
+}
+
+// journalDiskCap records the mounted cap.
+func journalDiskCap(p *plan, wd *workdir) {
+	journalUpdate(p, wd, func(rec *journal.Record) {
+		rec.DiskCap = &journal.DiskCap{Image: diskcap.ImagePath(p.dirs.Dir), Mount: p.dirs.Dir, Mounted: true}
+	})
+}
+
+// journalStarted records the container.
+func journalStarted(p *plan, wd *workdir, containerID string) {
+	journalUpdate(p, wd, func(rec *journal.Record) {
+		rec.Phase = journal.PhaseSupervise
+		rec.ContainerID = containerID
+		rec.Pending = []journal.Pending{journal.PendingContainer, journal.PendingPersist, journal.PendingReport, journal.PendingRelease}
+	})
+}
+
+// journalVerdict records how the run ended, before anything is stored.
+func journalVerdict(p *plan, wd *workdir, v verdict) {
+	journalUpdate(p, wd, func(rec *journal.Record) {
+		rec.Phase = journal.PhaseCollect
+		rec.Status, rec.Reason = v.status, v.reason
+		rec.Pending = []journal.Pending{journal.PendingPersist, journal.PendingReport, journal.PendingRelease}
+	})
+}
+
+// journalCollected records the collect phase's end: on failure the run is
+// kept, holding no mount, for `taskrun persist`.
+func journalCollected(p *plan, wd *workdir, persistErr error) {
+	if persistErr == nil {
+		journalUpdate(p, wd, func(rec *journal.Record) {
+			rec.Phase = journal.PhaseReport
+			rec.Pending = []journal.Pending{journal.PendingReport}
+		})
+		return
+	}
+	journalUpdate(p, wd, func(rec *journal.Record) {
+		rec.Phase = journal.PhaseKept
+		rec.Reason = joinReasons(rec.Reason, persistErr.Error())
+		rec.Pending = []journal.Pending{journal.PendingPersist, journal.PendingReport}
+		if rec.DiskCap != nil {
+			rec.DiskCap.Mounted = false
+		}
+	})
+}
+
+// endJournal removes the record of a finished run, or closes it (keeping
+// it) when the run is kept or its report is still owed.
+func endJournal(p *plan, wd *workdir, keep bool) {
+	if wd == nil || wd.journal == nil {
+		return
+	}
+	var err error
+	if keep {
+		err = wd.journal.Close()
+	} else {
+		err = wd.journal.Remove()
+	}
+	if err != nil {
+		p.log.Warn("end the run's journal record", "err", err)
+	}
+}
+
+// claimJournal takes over the journal record of a run whose executor is
+// gone, if it has one.
+func claimJournal(p *plan) (*journal.Entry, error) {
+	d, err := openJournal(p)
+	if err != nil || d == nil {
+		return nil, err
+	}
+	e, err := d.Claim(p.ref.RunID)
+	if errors.Is(err, journal.ErrNotFound) {
+		return nil, nil
+	}
+	return e, err
+}
+
+// refusedForReuse reports whether err refused a run ID that another run
+// holds: nothing may be reported for it, since the control plane's record
+// is the other run's.
+func refusedForReuse(err error) bool { return errors.Is(err, journal.ErrExists) }
+
+// reportError marks the final PATCH's failure in report's error.
+type reportError struct{ error }
+
+func (e reportError) Unwrap() error { return e.error }
+
+// reportFailed reports whether err holds a failed final report.
+func reportFailed(err error) bool {
+	var re reportError
+	return errors.As(err, &re)
+}
+
+// shutdownContext is ctx without its cancellation, ended grace after ctx is
+// cancelled: the phases after the container keep running when the caller
+// cancels, but no longer than the grace. A grace of zero never ends it.
+func shutdownContext(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	hard, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if grace <= 0 {
+		return hard, cancel
+	}
+	stop := context.AfterFunc(ctx, func() {
+		select {
+		case <-time.After(grace):
+			cancel()
+		case <-hard.Done():
+		}
+	})
+	return hard, func() {
+		stop()
+		cancel()
+	}
+}
+
+// deadline returns d, or def when d is zero.
+func deadline(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
