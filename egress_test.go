@@ -22,6 +22,7 @@ import (
 	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
@@ -71,6 +72,10 @@ func checkRunWithEgressPolicy(t *testing.T, runtime string) {
 	in.HelpersDir = testbin.Dir(t)
 	in.Policy = sandbox.DefaultPolicy()
 	in.Policy.Runtime = runtime
+	// The run has a leased uid of its own: the proxy's socket is its.
+	uids, err := uidpool.New(t.TempDir(), uidpool.Range{First: 290000, Last: 290999})
+	require.NoError(t, err)
+	in.UIDs = uids
 	in.Egress = egress.Policy{
 		Rules: []egress.Rule{{Host: "127.0.0.1", Port: port}, {Host: "api.github.com", Port: 443}},
 		// Read on the host at start; never used here (plain HTTP never carries one).
@@ -155,7 +160,8 @@ func TestRunTaskRefusesUnusableEgressPolicy(t *testing.T) {
 	in.Egress = egress.Policy{Rules: []egress.Rule{{Host: "proxy.golang.org"}}}
 	_, err := taskrun.Execute(context.Background(), in)
 	require.ErrorIs(t, err, taskrun.ErrInvalidInput)
-	assert.Contains(t, err.Error(), "helpers directory")
+	assert.Contains(t, err.Error(), "needs the relay (taskrun-relay) among the helpers")
+	assert.Contains(t, err.Error(), "--helpers-dir self", "the error names the fix")
 
 	in.HelpersDir = testbin.Dir(t)
 	in.Egress = egress.Policy{Rules: []egress.Rule{{Host: "Not A Host"}}}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
@@ -19,7 +20,7 @@ import (
 
 // RelayBinary is the loopback relay's file name in the helpers directory;
 // a run with an egress policy runs its command behind it.
-const RelayBinary = "taskrun-relay"
+const RelayBinary = helpers.RelayName
 
 // egressDir is the directory, relative to the run dir, that holds the
 // egress proxy's socket and CA next to the model gateway's socket.
@@ -47,12 +48,8 @@ func (p *plan) checkEgress() error {
 	if p.policy.NetworkMode != sandbox.NetworkNone {
 		return fmt.Errorf("%w: an egress policy needs network mode %q (the proxy is the only way out), not %q", ErrInvalidInput, sandbox.NetworkNone, p.policy.NetworkMode)
 	}
-	dir := p.helpersDir()
-	if dir == "" {
-		return fmt.Errorf("%w: an egress policy needs the helpers directory (with %s); set --helpers-dir", ErrInvalidInput, RelayBinary)
-	}
-	if info, err := os.Stat(filepath.Join(dir, RelayBinary)); err != nil || !info.Mode().IsRegular() {
-		return fmt.Errorf("%w: an egress policy needs %s in the helpers directory %s: build it with `make build`", ErrInvalidInput, RelayBinary, dir)
+	if _, ok := p.helpers[helpers.RelayName]; !ok {
+		return fmt.Errorf("%w: an egress policy needs the relay (%s) among the helpers: use the taskrun binary itself (--helpers-dir self) or a helpers dir that has it (`make build`)", ErrInvalidInput, RelayBinary)
 	}
 	return nil
 }
@@ -61,7 +58,7 @@ func (p *plan) checkEgress() error {
 // returns nil otherwise, and the run keeps no route out. Its record counts
 // against the run's record budget: once that is spent, later connections
 // are left out and the record ends in a marker line.
-func startEgress(ctx context.Context, p *plan, budget *records.Budget) (*runEgress, error) {
+func startEgress(ctx context.Context, p *plan, agent workspace.Owner, budget *records.Budget) (*runEgress, error) {
 	if p.in.Egress.IsZero() {
 		return nil, nil
 	}
@@ -74,7 +71,7 @@ func startEgress(ctx context.Context, p *plan, budget *records.Budget) (*runEgre
 		Policy:     p.in.Egress,
 		Record:     budget.Writer("egress record", record),
 		Logger:     p.log,
-		AgentUID:   workspace.SandboxOwner.UID,
+		AgentUID:   agent.UID,
 	})
 	if err != nil {
 		record.Close()

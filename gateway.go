@@ -24,19 +24,19 @@ type runGateway struct {
 	record *os.File
 }
 
-// startGateway starts the run's model gateway when a model is configured; it
-// returns nil otherwise. The gateway appends every exchange to the run's
+// startGateway starts the run's model gateway, for the agent's uid, when a
+// model is configured; it returns nil otherwise. The gateway appends every exchange to the run's
 // trace file, which the agent appends to as well; the file is created here,
 // before the agent runs, and held open, so the agent cannot redirect it.
 //
 // What the gateway writes to both counts against the run's record budget:
 // once it is spent, the gateway's lines are refused (and it writes only
 // bodiless ones, which fit or not) and each file ends in a marker line.
-func startGateway(ctx context.Context, p *plan, budget *records.Budget) (*runGateway, error) {
+func startGateway(ctx context.Context, p *plan, agent workspace.Owner, budget *records.Budget) (*runGateway, error) {
 	if p.in.Model.IsZero() {
 		return nil, nil
 	}
-	trace, err := workspace.CreateSandboxFile(p.dirs.Global, p.tracePath, workspace.SandboxOwner)
+	trace, err := workspace.CreateSandboxFile(p.dirs.Global, p.tracePath, agent)
 	if err != nil {
 		return nil, fmt.Errorf("create trace: %w", err)
 	}
@@ -51,7 +51,7 @@ func startGateway(ctx context.Context, p *plan, budget *records.Budget) (*runGat
 		// The protected record first: a full run dir must not cost it.
 		Trace:    io.MultiWriter(budget.Writer("gateway record", record), budget.Writer("trace", trace)),
 		Logger:   p.log,
-		AgentUID: workspace.SandboxOwner.UID,
+		AgentUID: agent.UID,
 	})
 	if err != nil {
 		trace.Close()

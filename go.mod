@@ -12,8 +12,10 @@ require (
 	github.com/docker/go-connections v0.8.2
 	github.com/docker/go-units v0.5.0
 	github.com/klauspost/compress v1.20.3
+	github.com/moby/profiles/seccomp v0.1.0
 	github.com/moby/term v0.5.2
 	github.com/openai/openai-go/v3 v3.99.0
+	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/spf13/pflag v1.0.10
 	github.com/stretchr/testify v1.12.1
 	github.com/testcontainers/testcontainers-go v0.45.0

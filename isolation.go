@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/audit"
-	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/probe"
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -20,7 +20,7 @@ import (
 // The in-sandbox self-check.
 const (
 	// ProbeBinary is the self-check's file name in the helpers directory.
-	ProbeBinary = "taskrun-probe"
+	ProbeBinary = helpers.ProbeName
 	// ProbeRefusedExitCode is the self-check's exit status when the sandbox
 	// contradicts the policy; the agent never started.
 	ProbeRefusedExitCode = 86
@@ -45,29 +45,31 @@ type isolation struct {
 	egress *audit.EgressRecord
 }
 
-// newIsolation prepares the checks of a run under p.
-func newIsolation(p *plan) *isolation {
+// newIsolation prepares the checks of a run of p under policy (p's policy
+// with the run's own user). The audit pins every helper mount to its host
+// file.
+func newIsolation(p *plan, policy sandbox.Policy) *isolation {
 	return &isolation{
 		nonce:  strings.ToLower(rand.Text()),
-		expect: expectation(p.policy),
+		expect: expectation(policy),
 		opts: audit.Options{
-			Mounts:        audit.MountPolicy{RunDir: p.dirs.Dir, HelpersDir: p.helpersDir()},
-			RequireGVisor: p.policy.Runtime == sandbox.RuntimeGVisor,
+			Mounts:        audit.MountPolicy{RunDir: p.dirs.Dir, HelperFiles: p.helpers.Sources()},
+			RequireGVisor: policy.Runtime == sandbox.RuntimeGVisor,
 		},
 	}
 }
 
-// apply adds the self-check to spec: the static probe from helpersDir,
-// mounted read-only, wraps the container's command, so the agent starts only
-// after the probe reported. It returns the stderr writer that extracts the
-// report.
-func (iso *isolation) apply(spec *sandbox.Spec, helpersDir string, stderr io.Writer) (io.Writer, error) {
+// apply adds the self-check to spec: the helper files, each mounted
+// read-only at its own path, and the probe wrapping the container's command,
+// so the agent starts only after the probe reported. It returns the stderr
+// writer that extracts the report.
+func (iso *isolation) apply(spec *sandbox.Spec, files helpers.Files, stderr io.Writer) (io.Writer, error) {
 	expect, err := json.Marshal(iso.expect)
 	if err != nil {
 		return nil, err
 	}
-	spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: helpersDir, Target: model.ContainerHelpersDir, ReadOnly: true})
-	spec.Wrapper = []string{model.ContainerHelpersDir + "/" + ProbeBinary, "--nonce", iso.nonce, "--expect", string(expect), "--"}
+	spec.Mounts = append(spec.Mounts, files.Mounts()...)
+	spec.Wrapper = []string{helpers.ProbePath, "--nonce", iso.nonce, "--expect", string(expect), "--"}
 	iso.interceptor = probe.NewInterceptor(stderr, iso.nonce)
 	return iso.interceptor, nil
 }

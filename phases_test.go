@@ -21,6 +21,7 @@ import (
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/gateway"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/probe"
@@ -311,10 +312,12 @@ func confinedReport() probe.Report {
 }
 
 // helpersDir is a helpers directory holding a (stand-in) self-check.
-func helpersDir(t *testing.T) string {
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, taskrun.ProbeBinary), []byte("stand-in"), 0o755))
-	return dir
+// standInHelpers are helper files whose self-check is a stand-in: the fake
+// backend runs the program installed at its in-container path instead.
+func standInHelpers(t *testing.T) helpers.Files {
+	probe := filepath.Join(t.TempDir(), taskrun.ProbeBinary)
+	require.NoError(t, os.WriteFile(probe, []byte("stand-in"), 0o755))
+	return helpers.Files{helpers.ProbeName: probe}
 }
 
 // The self-check wraps the agent and its report lands in the isolation
@@ -324,7 +327,7 @@ func TestPhasesSelfCheck(t *testing.T) {
 		u := newUnit(t)
 		u.b.Install(model.ContainerHelpersDir+"/"+taskrun.ProbeBinary, probeProgram(confinedReport()))
 		in := u.input("probe1", nil)
-		in.HelpersDir = helpersDir(t)
+		in.Helpers = standInHelpers(t)
 		out, err := taskrun.Execute(context.Background(), in)
 		require.NoError(t, err)
 		assert.Equal(t, "agent ran\n", out.Result.OutputStr)
@@ -335,7 +338,7 @@ func TestPhasesSelfCheck(t *testing.T) {
 		assert.Equal(t, 10001, record.Probe.UID)
 		spec := u.b.Started()[0]
 		assert.Equal(t, model.ContainerHelpersDir+"/"+taskrun.ProbeBinary, spec.Wrapper[0])
-		assert.Contains(t, spec.Mounts, sandbox.Mount{Source: in.HelpersDir, Target: model.ContainerHelpersDir, ReadOnly: true})
+		assert.Contains(t, spec.Mounts, sandbox.Mount{Source: in.Helpers[helpers.ProbeName], Target: helpers.ProbePath, ReadOnly: true}, "the helper file alone, not its directory")
 	})
 	t.Run("refuses", func(t *testing.T) {
 		u := newUnit(t)
@@ -343,7 +346,7 @@ func TestPhasesSelfCheck(t *testing.T) {
 		rep.UID, rep.GID = 0, 0
 		u.b.Install(model.ContainerHelpersDir+"/"+taskrun.ProbeBinary, probeProgram(rep))
 		in := u.input("probe2", nil)
-		in.HelpersDir = helpersDir(t)
+		in.Helpers = standInHelpers(t)
 		out, err := taskrun.Execute(context.Background(), in)
 		require.ErrorIs(t, err, taskrun.ErrIsolation)
 		assert.Equal(t, model.StatusFailed, out.Status)
@@ -356,7 +359,7 @@ func TestPhasesSelfCheck(t *testing.T) {
 		u := newUnit(t)
 		u.b.Install(model.ContainerHelpersDir+"/"+taskrun.ProbeBinary, func(context.Context, *sandboxfake.Process) int { return 0 })
 		in := u.input("probe3", nil)
-		in.HelpersDir = helpersDir(t)
+		in.Helpers = standInHelpers(t)
 		_, err := taskrun.Execute(context.Background(), in)
 		require.ErrorIs(t, err, taskrun.ErrIsolation)
 		assert.Contains(t, err.Error(), "sent no report")

@@ -7,11 +7,11 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/records"
@@ -54,6 +54,9 @@ type plan struct {
 	gatewayRecordPath string
 	sessionExcludes   []string
 	keepRunDir        bool
+	// helpers are the helper files mounted into the container; nil when
+	// the run has no self-check.
+	helpers helpers.Files
 }
 
 // limits are the run's resolved caps; 0 means none.
@@ -122,11 +125,35 @@ func newPlan(in RunTaskInput) (*plan, error) {
 	if p.gatewayRecordPath, err = persist.GatewayRecordPath(in.SessionID, ref.RunID); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidInput, err)
 	}
+	if p.helpers, err = resolveHelpers(in); err != nil {
+		return nil, err
+	}
 	p.spec = p.baseSpec()
 	if err := p.checkEgress(); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// resolveHelpers returns the run's helper files. A helpers directory without
+// a usable self-check is an error: the self-check is never skipped silently.
+func resolveHelpers(in RunTaskInput) (helpers.Files, error) {
+	switch {
+	case len(in.Helpers) > 0 && in.HelpersDir != "":
+		return nil, fmt.Errorf("%w: set Helpers or HelpersDir, not both", ErrInvalidInput)
+	case len(in.Helpers) > 0:
+		if _, ok := in.Helpers[helpers.ProbeName]; !ok {
+			return nil, fmt.Errorf("%w: the helpers have no %s", ErrIsolation, helpers.ProbeName)
+		}
+		return in.Helpers, nil
+	case in.HelpersDir != "":
+		files, err := helpers.FromDir(in.HelpersDir)
+		if err != nil {
+			return nil, fmt.Errorf("%w: self-check: %w", ErrIsolation, err)
+		}
+		return files, nil
+	}
+	return nil, nil
 }
 
 // resolveCap maps a cap as given (0 for the default, negative for none) to
@@ -193,12 +220,9 @@ func (p *plan) containerSpec() sandbox.Spec {
 	return s
 }
 
-// preflight refuses a run whose self-check or image is missing before
-// anything is written.
+// preflight refuses a run whose image is missing before anything is
+// written.
 func (p *plan) preflight(ctx context.Context) error {
-	if _, err := p.probePath(); err != nil {
-		return err
-	}
 	if c, ok := p.in.Sandbox.(sandbox.ImageChecker); ok {
 		return c.CheckImage(ctx, p.spec.Image)
 	}
@@ -246,31 +270,4 @@ func validateInput(in RunTaskInput) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// helpersDir is the helpers directory as mounted, or "" for none.
-func (p *plan) helpersDir() string {
-	if p.in.HelpersDir == "" {
-		return ""
-	}
-	return filepath.Clean(p.in.HelpersDir)
-}
-
-// probePath is the host path of the self-check binary, or "" when the run
-// has no helpers directory. A helpers directory without a usable probe is an
-// error: the self-check is never skipped silently.
-func (p *plan) probePath() (string, error) {
-	dir := p.helpersDir()
-	if dir == "" {
-		return "", nil
-	}
-	path := filepath.Join(dir, ProbeBinary)
-	info, err := os.Stat(path)
-	if err == nil && !info.Mode().IsRegular() {
-		err = errors.New("not a regular file")
-	}
-	if err != nil {
-		return "", fmt.Errorf("%w: self-check %s: %w; build it with `make build`, or run without a helpers directory", ErrIsolation, path, err)
-	}
-	return path, nil
 }

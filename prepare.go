@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/records"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -35,6 +39,60 @@ type workdir struct {
 	// isolationRoom is the part of records set aside for the isolation
 	// record, so that a flood of output cannot cost the run its record.
 	isolationRoom int64
+	// lease is the host uid/gid the run holds from RunTaskInput.UIDs until
+	// release; nil without a pool.
+	lease *uidpool.Lease
+	// owner is the uid/gid the agent runs as and that owns the directories
+	// it writes: the lease, or else the policy's numeric user.
+	owner workspace.Owner
+}
+
+// policy is the run's policy with the agent's own user.
+func (wd *workdir) policy(p *plan) sandbox.Policy {
+	pol := p.policy
+	if wd.lease != nil {
+		pol.User = wd.lease.User()
+	}
+	return pol
+}
+
+// leaseUID takes the run's own host uid/gid from the pool, when there is
+// one, and settles who owns the run's directories.
+func (wd *workdir) leaseUID(ctx context.Context, p *plan) error {
+	wd.owner = policyOwner(p.policy.User)
+	if p.in.UIDs == nil {
+		return nil
+	}
+	lease, err := p.in.UIDs.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("lease a host uid: %w", err)
+	}
+	wd.lease = lease
+	wd.owner = workspace.Owner{UID: lease.UID, GID: lease.GID}
+	p.log.Debug("host uid leased", "uid", lease.UID)
+	return nil
+}
+
+// releaseUID gives the run's uid back; the container must be gone.
+func (wd *workdir) releaseUID(p *plan) {
+	if wd.lease == nil {
+		return
+	}
+	if err := wd.lease.Release(); err != nil {
+		p.log.Warn("release host uid", "uid", wd.lease.UID, "err", err)
+	}
+}
+
+// policyOwner is the numeric "UID:GID" of a policy's user, or
+// workspace.SandboxOwner when it is not numeric.
+func policyOwner(user string) workspace.Owner {
+	u, g, ok := strings.Cut(user, ":")
+	uid, err1 := strconv.Atoi(u)
+	gid, err2 := strconv.Atoi(g)
+	if !ok || err1 != nil || err2 != nil {
+		return workspace.SandboxOwner
+	}
+	return workspace.Owner{UID: uid, GID: gid}
 }
 
 // prepare materializes the run directory: dirs under the disk cap, the
@@ -43,6 +101,9 @@ type workdir struct {
 func prepare(ctx context.Context, p *plan) (*workdir, error) {
 	wd := &workdir{started: time.Now(), records: records.NewBudget(p.limits.records)}
 	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
+	if err := wd.leaseUID(ctx, p); err != nil {
+		return wd, err
+	}
 	if err := wd.createRunDirs(ctx, p); err != nil {
 		return wd, err
 	}
@@ -52,10 +113,10 @@ func prepare(ctx context.Context, p *plan) (*workdir, error) {
 	if prev := p.in.Run.PreviousRunID; prev != "" {
 		// The previous run's home already holds the persistent files and the
 		// workspace as that run left them.
-		if err := restoreSession(ctx, p, prev); err != nil {
+		if err := restoreSession(ctx, p, prev, wd.owner); err != nil {
 			return wd, err
 		}
-	} else if err := materializeHome(ctx, p); err != nil {
+	} else if err := materializeHome(ctx, p, wd.owner); err != nil {
 		return wd, err
 	}
 	snapshotChanges(ctx, p)
@@ -89,16 +150,16 @@ func (wd *workdir) createRunDirs(ctx context.Context, p *plan) error {
 			return fmt.Errorf("cap run directory: %w", err)
 		}
 	}
-	if err := workspace.CreateRunDirs(p.dirs, workspace.SandboxOwner); err != nil {
+	if err := workspace.CreateRunDirs(p.dirs, wd.owner); err != nil {
 		return fmt.Errorf("create run directory: %w", err)
 	}
 	return nil
 }
 
 // materializeHome copies the user's persistent files, then the task's
-// workspace, into home.
-func materializeHome(ctx context.Context, p *plan) error {
-	opts := workspace.CopyOptions{Owner: &workspace.SandboxOwner}
+// workspace, into home, owned by owner.
+func materializeHome(ctx context.Context, p *plan, owner workspace.Owner) error {
+	opts := workspace.CopyOptions{Owner: &owner}
 	if dir := p.in.Paths.PersistentUserDir(p.ref.UserID); dirExists(dir) {
 		if _, err := workspace.CopyTree(ctx, dir, p.dirs.Home, opts); err != nil {
 			return fmt.Errorf("copy persistent user files: %w", err)
@@ -112,15 +173,16 @@ func materializeHome(ctx context.Context, p *plan) error {
 	return nil
 }
 
-// restoreSession unpacks the previous run's session state into home. A
-// rejected archive entry fails the run: a partial restore is never used.
-func restoreSession(ctx context.Context, p *plan, prevRunID string) error {
+// restoreSession unpacks the previous run's session state into home, owned
+// by owner. A rejected archive entry fails the run: a partial restore is
+// never used.
+func restoreSession(ctx context.Context, p *plan, prevRunID string, owner workspace.Owner) error {
 	rc, err := p.in.Persist.OpenRunFile(ctx, p.ref.WithRun(prevRunID), SessionStateName)
 	if err != nil {
 		return fmt.Errorf("fetch session state of run %s: %w", prevRunID, err)
 	}
 	defer rc.Close()
-	opts := workspace.UnpackOptions{Owner: &workspace.SandboxOwner}
+	opts := workspace.UnpackOptions{Owner: &owner}
 	if _, err := workspace.UnpackHome(ctx, rc, p.dirs.Home, opts); err != nil {
 		return fmt.Errorf("restore session state of run %s: %w", prevRunID, err)
 	}

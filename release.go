@@ -11,8 +11,12 @@ import (
 // capped filesystem is unmounted, and the run and executor directories are
 // removed unless KeepRunDir, which keeps a plain copy of what the run
 // allocated (diskcap.Keep) and no mount. On a persist failure all of it stays: it is the
-// local copy for RetryPersist.
+// local copy for RetryPersist. The run's host uid is given back in every
+// case: the container is gone.
 func release(p *plan, wd *workdir, persistErr error) {
+	if wd != nil {
+		defer wd.releaseUID(p)
+	}
 	if wd == nil || !wd.owned {
 		return // another run's directory, or none: never touch it
 	}

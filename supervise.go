@@ -59,7 +59,7 @@ type execution struct {
 // error is the run's failure, if any; the execution is filled as far as the
 // run got.
 func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err error) {
-	gw, err := startGateway(ctx, p, wd.records)
+	gw, err := startGateway(ctx, p, wd.owner, wd.records)
 	if err != nil {
 		return ex, err
 	}
@@ -70,7 +70,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		}
 	}()
 
-	eg, err := startEgress(ctx, p, wd.records)
+	eg, err := startEgress(ctx, p, wd.owner, wd.records)
 	if err != nil {
 		return ex, err
 	}
@@ -91,19 +91,16 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 
 	spec := p.containerSpec()
 	spec.Env = append(spec.Env, gw.env()...)
-	iso := newIsolation(p)
+	policy := wd.policy(p)
+	iso := newIsolation(p, policy)
 	var stderrSink io.Writer = stderr
-	probe, err := p.probePath()
-	if err != nil {
-		return ex, err
-	}
-	if probe != "" {
-		if stderrSink, err = iso.apply(&spec, filepath.Dir(probe), stderr); err != nil {
+	if len(p.helpers) > 0 {
+		if stderrSink, err = iso.apply(&spec, p.helpers, stderr); err != nil {
 			return ex, fmt.Errorf("self-check: %w", err)
 		}
 	}
 	eg.apply(&spec)
-	h, err := p.in.Sandbox.Start(ctx, spec, p.policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
+	h, err := p.in.Sandbox.Start(ctx, spec, policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
 	if err != nil {
 		return ex, fmt.Errorf("start sandbox: %w", err)
 	}

@@ -17,11 +17,13 @@ import (
 	"github.com/taskrun/taskrun/agentmd"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -94,10 +96,23 @@ type RunTaskInput struct {
 	Env []string
 	// Policy confines the container; sandbox.DefaultPolicy() when zero.
 	Policy sandbox.Policy
-	// HelpersDir holds the executor's static in-container helpers. When it
-	// has taskrun-probe, every run starts with the in-sandbox self-check,
-	// mounted read-only; a contradiction with Policy refuses the run.
+	// Helpers are the in-container helper files (package helpers), such as
+	// helpers.FromExecutable: the taskrun binary itself, which acts as the
+	// self-check and the relay. With Helpers or HelpersDir every run starts
+	// with the in-sandbox self-check; a contradiction with Policy refuses
+	// the run. Exactly the helper files are mounted, read-only, file by file
+	// under /.taskrun/bin. Set at most one of Helpers and HelpersDir; with
+	// neither the run has no self-check.
+	Helpers helpers.Files
+	// HelpersDir holds separately built static helpers: taskrun-probe
+	// (required) and taskrun-relay; only those files are mounted.
 	HelpersDir string
+	// UIDs, when set, leases each run a host uid/gid of its own: the
+	// container runs as it (replacing Policy.User), the run directory is
+	// owned by it, and it is released once the container is gone. Runs then
+	// never share per-user kernel limits (inotify instances, processes).
+	// Without it every run is Policy.User.
+	UIDs *uidpool.Pool
 	// Labels are added to the run's container next to the dev.taskrun.*
 	// labels, e.g. a test framework's session labels so its reaper finds it.
 	Labels map[string]string

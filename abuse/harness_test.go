@@ -204,14 +204,21 @@ var runtimes = []struct{ name, runtime string }{
 // requireRuntime skips the test when the engine lacks the runtime.
 func (h *harness) requireRuntime(t *testing.T, runtime string) {
 	t.Helper()
+	if !h.hasRuntime(t, runtime) {
+		t.Skipf("runtime %s is not registered with the engine", runtime)
+	}
+}
+
+// hasRuntime reports whether the engine has the runtime ("" is the default).
+func (h *harness) hasRuntime(t *testing.T, runtime string) bool {
+	t.Helper()
 	if runtime == "" {
-		return
+		return true
 	}
 	info, err := h.cli.Info(context.Background())
 	require.NoError(t, err)
-	if _, ok := info.Runtimes[runtime]; !ok {
-		t.Skipf("runtime %s is not registered with the engine", runtime)
-	}
+	_, ok := info.Runtimes[runtime]
+	return ok
 }
 
 // requireRoot skips a test that reads the engine's files on the host.

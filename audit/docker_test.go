@@ -2,6 +2,7 @@ package audit
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,7 +18,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	mobyseccomp "github.com/moby/profiles/seccomp"
+
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 const testImage = "taskrun/testbox:local"
@@ -61,7 +65,7 @@ func baseline(t *testing.T, runID string) fixture {
 		hc: &container.HostConfig{
 			NetworkMode:    "none",
 			CapDrop:        []string{"ALL"},
-			SecurityOpt:    []string{"no-new-privileges"},
+			SecurityOpt:    []string{"no-new-privileges", seccomp.SecurityOpt()},
 			ReadonlyRootfs: true,
 			IpcMode:        "private",
 			RestartPolicy:  container.RestartPolicy{Name: container.RestartPolicyDisabled},
@@ -110,8 +114,15 @@ func TestDockerFixturesFlagExactlyTheirRule(t *testing.T) {
 		// which TR:proc-masking reports on its own.
 		{"privileged", func(f *fixture) { f.hc.Privileged = true }, []string{"5.5", "TR:proc-masking"}},
 		{"cap-add SYS_ADMIN", func(f *fixture) { f.hc.CapAdd = []string{"SYS_ADMIN"} }, []string{"5.4"}},
-		{"no no-new-privileges", func(f *fixture) { f.hc.SecurityOpt = nil }, []string{"5.26"}},
-		{"seccomp unconfined", func(f *fixture) { f.hc.SecurityOpt = append(f.hc.SecurityOpt, "seccomp=unconfined") }, []string{"5.22"}},
+		{"no no-new-privileges", func(f *fixture) { f.hc.SecurityOpt = f.hc.SecurityOpt[1:] }, []string{"5.26"}},
+		// Unconfined is no profile at all, and so not taskrun's either.
+		{"seccomp unconfined", func(f *fixture) { f.hc.SecurityOpt[1] = "seccomp=unconfined" }, []string{"5.22", "TR:seccomp-profile"}},
+		{"daemon default seccomp profile", func(f *fixture) { f.hc.SecurityOpt = f.hc.SecurityOpt[:1] }, []string{"TR:seccomp-profile"}},
+		{"Docker's default seccomp profile inline", func(f *fixture) {
+			profile, err := json.Marshal(mobyseccomp.DefaultProfile())
+			require.NoError(t, err)
+			f.hc.SecurityOpt[1] = "seccomp=" + string(profile)
+		}, []string{"TR:seccomp-profile"}},
 		{"writable rootfs", func(f *fixture) { f.hc.ReadonlyRootfs = false }, []string{"5.13"}},
 		{"memory 0", func(f *fixture) { f.hc.Memory, f.hc.MemorySwap = 0, 0 }, []string{"5.11"}},
 		{"swap unlimited", func(f *fixture) { f.hc.MemorySwap = -1 }, []string{"TR:no-swap"}},

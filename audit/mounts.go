@@ -110,6 +110,15 @@ func (c checkCtx) helperAllowed(m Mount) (bool, string) {
 	if dir := c.opts.Mounts.HelpersDir; dir != "" && !under(path.Clean("/"+m.Source), path.Clean(dir)) {
 		return false, fmt.Sprintf("helper %s from %s is not from the helpers dir %s", dst, m.Source, dir)
 	}
+	if pins := c.opts.Mounts.HelperFiles; len(pins) > 0 {
+		want, ok := pins[dst]
+		if !ok {
+			return false, fmt.Sprintf("helper %s is not one of the run's helper files", dst)
+		}
+		if path.Clean("/"+m.Source) != path.Clean(want) {
+			return false, fmt.Sprintf("helper %s from %s, want %s", dst, m.Source, want)
+		}
+	}
 	return true, ""
 }
 

@@ -3,6 +3,7 @@ package audit
 import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 // The labels the audit reads, defined in package sandbox.
@@ -21,8 +22,8 @@ const (
 	RunDirTarget = model.ContainerRunDir
 	// HelperTarget is the directory under which read-only helper binaries
 	// (such as taskrun-probe) may be bind-mounted. Their host sources must
-	// not lie in a sensitive tree such as /usr (rule 5.6): keep them in a
-	// dedicated directory such as /var/lib/taskrun/bin.
+	// not lie in a sensitive tree such as /usr (rule 5.6): taskrun mounts a
+	// private copy of itself, or files of a dedicated helpers directory.
 	HelperTarget = model.ContainerHelpersDir
 )
 
@@ -44,6 +45,21 @@ type Options struct {
 	// RequiredUlimits are the ulimit names rule 5.19 requires.
 	// Empty means nofile and core.
 	RequiredUlimits []string `json:"required_ulimits,omitempty"`
+	// SeccompProfile is the seccomp profile rule TR:seccomp-profile requires.
+	// Empty means taskrun's own profile (package sandbox/seccomp).
+	SeccompProfile SeccompProfile `json:"seccomp_profile"`
+}
+
+// SeccompProfile names a seccomp profile: a name for people and the digest
+// ("sha256:<hex>") of its JSON document, which is what the rule compares.
+type SeccompProfile struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
+}
+
+// TaskrunSeccompProfile names the profile every taskrun run container gets.
+func TaskrunSeccompProfile() SeccompProfile {
+	return SeccompProfile{Name: seccomp.Name, SHA256: seccomp.SHA256()}
 }
 
 // MountPolicy says which mounts a run container may have: the run's own dir
@@ -67,14 +83,20 @@ type MountPolicy struct {
 	// as a helper source (rule 5.6 still rejects sensitive trees); helpers
 	// must be read-only either way.
 	HelpersDir string `json:"helpers_dir,omitempty"`
+	// HelperFiles, when set, pins the helper mounts exactly: each bind mount
+	// under HelperTarget must be one of its keys (in-container paths) with
+	// the host file of that key as its source.
+	HelperFiles map[string]string `json:"helper_files,omitempty"`
 }
 
 // DefaultOptions returns the design's policy: network none, helpers allowed,
-// no gVisor requirement, nofile and core ulimits required.
+// no gVisor requirement, nofile and core ulimits required, taskrun's seccomp
+// profile.
 func DefaultOptions() Options {
 	return Options{
 		AllowedNetworkModes: []string{"none"},
 		RequiredUlimits:     []string{"nofile", "core"},
+		SeccompProfile:      TaskrunSeccompProfile(),
 	}
 }
 
@@ -85,6 +107,9 @@ func (o Options) withDefaults() Options {
 	}
 	if len(o.RequiredUlimits) == 0 {
 		o.RequiredUlimits = d.RequiredUlimits
+	}
+	if o.SeccompProfile.SHA256 == "" {
+		o.SeccompProfile = d.SeccompProfile
 	}
 	return o
 }

@@ -38,7 +38,8 @@ type Record struct {
 }
 
 // NewRecord checks p and builds the run's isolation record. probeReport and
-// contradictions may be nil.
+// contradictions may be nil. The record stores opts with every default filled
+// in, so it names the seccomp profile the run was checked against.
 func NewRecord(runID string, p Posture, host HostFacts, opts Options, probeReport *probe.Report, contradictions []string, now time.Time) Record {
 	return Record{
 		Version:             RecordVersion,
@@ -47,7 +48,7 @@ func NewRecord(runID string, p Posture, host HostFacts, opts Options, probeRepor
 		ImageDigest:         p.Image,
 		Runtime:             p.Runtime,
 		Host:                host,
-		Options:             opts,
+		Options:             opts.withDefaults(),
 		Posture:             p,
 		Probe:               probeReport,
 		ProbeContradictions: contradictions,

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	units "github.com/docker/go-units"
+
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 // rule is one check. Each unsafe setting is attributed to exactly one rule, so
@@ -49,6 +51,7 @@ var rules = []rule{
 	{"PSS:capabilities-drop-all", SourcePSS, "capabilities.drop includes ALL", checkCapDrop},
 	{"5.26", SourceCIS, "no-new-privileges set (PSS allowPrivilegeEscalation=false)", checkNoNewPrivs},
 	{"5.22", SourceCIS, "seccomp profile not unconfined (PSS seccompProfile)", checkSeccomp},
+	{"TR:seccomp-profile", SourceTaskrun, "taskrun's own seccomp profile (no io_uring, AF_VSOCK, userfaultfd, perf, bpf)", checkSeccompProfile},
 	{"5.2", SourceCIS, "AppArmor profile applied", checkAppArmor},
 	{"5.13", SourceCIS, "root filesystem read-only", checkReadonlyRootfs},
 	{"5.11", SourceCIS, "memory limited (Memory > 0)", checkMemory},
@@ -107,18 +110,21 @@ func checkCapDrop(c checkCtx) (Status, string) {
 
 // securityOpt returns the value of a SecurityOpt key, accepting both the
 // "key=value" and the legacy "key:value" forms; a bare "key" yields "true".
-func securityOpt(opts []string, key string) (string, bool) {
+// When the key is given more than once the last one counts, as in the engine.
+func securityOpt(opts []string, key string) (value string, found bool) {
 	for _, o := range opts {
 		if o == key {
-			return "true", true
+			value, found = "true", true
+			continue
 		}
 		for _, sep := range []string{"=", ":"} {
 			if v, ok := strings.CutPrefix(o, key+sep); ok {
-				return v, true
+				value, found = v, true
+				break
 			}
 		}
 	}
-	return "", false
+	return value, found
 }
 
 func checkNoNewPrivs(c checkCtx) (Status, string) {
@@ -143,6 +149,26 @@ func checkSeccomp(c checkCtx) (Status, string) {
 		return fail("no seccomp profile set and the daemon reports no seccomp support")
 	}
 	return pass("daemon default seccomp profile applies")
+}
+
+// checkSeccompProfile requires the profile named in the options, inline. An
+// unconfined container also fails 5.22; the daemon's default profile passes
+// 5.22 but fails here: it allows io_uring and, on older engines, AF_VSOCK.
+func checkSeccompProfile(c checkCtx) (Status, string) {
+	want := c.opts.SeccompProfile
+	v, ok := securityOpt(c.p.SecurityOpt, "seccomp")
+	if strings.HasPrefix(v, "{") {
+		v = seccomp.Digest([]byte(v)) // a posture not built by FromInspect
+	}
+	switch {
+	case !ok:
+		return fail("no seccomp profile set, so the daemon's default applies; want %s (%s)", want.Name, want.SHA256)
+	case v == "unconfined":
+		return fail("seccomp is unconfined; want %s (%s)", want.Name, want.SHA256)
+	case v != want.SHA256:
+		return fail("seccomp profile %s is not %s (%s)", v, want.Name, want.SHA256)
+	}
+	return pass("seccomp profile %s (%s)", want.Name, want.SHA256)
 }
 
 func checkAppArmor(c checkCtx) (Status, string) {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -23,7 +24,7 @@ func compliant() Posture {
 		User:            "10001:10001",
 		WorkingDir:      "/taskrun/home",
 		CapDrop:         []string{"ALL"},
-		SecurityOpt:     []string{"no-new-privileges"},
+		SecurityOpt:     []string{"no-new-privileges", "seccomp=" + seccomp.SHA256()},
 		AppArmorProfile: "docker-default",
 		ReadonlyRootfs:  true,
 		Memory:          1 << 30,
@@ -76,10 +77,12 @@ func TestEachBreakFailsExactlyItsRule(t *testing.T) {
 		{"5.5", func(p *Posture) { p.Privileged = true }},
 		{"5.4", func(p *Posture) { p.CapAdd = []string{"SYS_ADMIN"} }},
 		{"PSS:capabilities-drop-all", func(p *Posture) { p.CapDrop = []string{"NET_RAW"} }},
-		{"5.26", func(p *Posture) { p.SecurityOpt = nil }},
-		{"5.26", func(p *Posture) { p.SecurityOpt = []string{"no-new-privileges:false"} }},
-		{"5.22", func(p *Posture) { p.SecurityOpt = append(p.SecurityOpt, "seccomp=unconfined") }},
-		{"5.22", func(p *Posture) { p.SecurityOpt = append(p.SecurityOpt, "seccomp:unconfined") }},
+		{"5.26", func(p *Posture) { p.SecurityOpt = p.SecurityOpt[1:] }},
+		{"5.26", func(p *Posture) { p.SecurityOpt[0] = "no-new-privileges:false" }},
+		{"5.26", func(p *Posture) { p.SecurityOpt = append(p.SecurityOpt, "no-new-privileges=false") }},
+		{"TR:seccomp-profile", func(p *Posture) { p.SecurityOpt = p.SecurityOpt[:1] }},
+		{"TR:seccomp-profile", func(p *Posture) { p.SecurityOpt[1] = "seccomp=" + seccomp.Digest([]byte("{}")) }},
+		{"TR:seccomp-profile", func(p *Posture) { p.SecurityOpt = append(p.SecurityOpt, "seccomp=/etc/docker/seccomp.json") }},
 		{"5.2", func(p *Posture) { p.AppArmorProfile = "unconfined" }},
 		{"5.2", func(p *Posture) { p.SecurityOpt = append(p.SecurityOpt, "apparmor=unconfined") }},
 		{"5.13", func(p *Posture) { p.ReadonlyRootfs = false }},
@@ -166,8 +169,32 @@ func TestAppArmorNotApplicableWithoutHostSupport(t *testing.T) {
 }
 
 func TestSeccompDependsOnHost(t *testing.T) {
-	r := Check(compliant(), HostFacts{AppArmor: true}, Options{})
-	assert.Equal(t, []string{"5.22"}, r.FailedIDs(), "no seccomp on the host and no explicit profile")
+	p := compliant()
+	p.SecurityOpt = p.SecurityOpt[:1]
+	r := Check(p, HostFacts{AppArmor: true}, Options{})
+	assert.Equal(t, []string{"5.22", "TR:seccomp-profile"}, r.FailedIDs(), "no seccomp on the host and no explicit profile")
+	assert.Equal(t, []string{"TR:seccomp-profile"}, Check(p, fullHost, Options{}).FailedIDs(), "the daemon's default profile is not taskrun's")
+}
+
+func TestUnconfinedSeccompFailsBothSeccompRules(t *testing.T) {
+	for _, opt := range []string{"seccomp=unconfined", "seccomp:unconfined"} {
+		p := compliant()
+		p.SecurityOpt = append(p.SecurityOpt, opt)
+		assert.Equal(t, []string{"5.22", "TR:seccomp-profile"}, Check(p, fullHost, Options{}).FailedIDs(), opt)
+	}
+}
+
+func TestSeccompProfileIsComparedByDigest(t *testing.T) {
+	p := compliant()
+	p.SecurityOpt[1] = "seccomp=" + string(seccomp.JSON())
+	assert.Empty(t, Check(p, fullHost, Options{}).FailedIDs(), "an inline profile is digested")
+
+	other := SeccompProfile{Name: "custom", SHA256: seccomp.Digest([]byte("{}"))}
+	p.SecurityOpt[1] = "seccomp=" + other.SHA256
+	assert.Empty(t, Check(p, fullHost, Options{SeccompProfile: other}).FailedIDs(), "the options name the required profile")
+	f := findingByID(t, Check(p, fullHost, Options{}), "TR:seccomp-profile")
+	assert.Equal(t, Fail, f.Status)
+	assert.Contains(t, f.Reason, seccomp.Name)
 }
 
 func TestOptions(t *testing.T) {
@@ -358,4 +385,26 @@ func TestParseHostInfoReadsSecurityOptions(t *testing.T) {
 
 	_, err = ParseHostInfo([]byte(`not json`))
 	require.Error(t, err)
+}
+
+func TestHelperFilesPinEachHelperMount(t *testing.T) {
+	const exe = "/var/lib/taskrun/helpers/0123/taskrun"
+	pins := Options{Mounts: MountPolicy{HelperFiles: map[string]string{
+		"/.taskrun/bin/taskrun-probe": exe,
+		"/.taskrun/bin/taskrun-relay": exe,
+	}}}
+	p := compliant()
+	p.Mounts[1].Source = exe
+	p.Mounts = append(p.Mounts, Mount{Type: "bind", Source: exe, Destination: "/.taskrun/bin/taskrun-relay", Propagation: "rprivate"})
+	assert.Empty(t, Check(p, fullHost, pins).FailedIDs())
+
+	other := compliant()
+	other.Mounts[1].Source = "/var/lib/taskrun/helpers/0123/other"
+	assert.Equal(t, []string{"TR:only-run-mount"}, Check(other, fullHost, pins).FailedIDs(), "a helper from another file")
+
+	extra := compliant()
+	extra.Mounts[1].Source = exe
+	extra.Mounts = append(extra.Mounts, Mount{Type: "bind", Source: "/var/lib/taskrun/bin", Destination: "/.taskrun/bin/tools"})
+	assert.Equal(t, []string{"TR:only-run-mount"}, Check(extra, fullHost, pins).FailedIDs(), "a mount under the helpers path that is no helper")
+	assert.Empty(t, Check(extra, fullHost, Options{}).FailedIDs(), "without pins any read-only helper source passes")
 }

@@ -6,22 +6,24 @@ package sandbox
 // The Docker backend reads it from the engine's inspect document; other
 // backends fill it from what they enforce.
 type Posture struct {
-	ID              string            `json:"id"`
-	Name            string            `json:"name,omitempty"`
-	Image           string            `json:"image,omitempty"`
-	Labels          map[string]string `json:"labels,omitempty"`
-	User            string            `json:"user"`
-	WorkingDir      string            `json:"working_dir,omitempty"`
-	Privileged      bool              `json:"privileged"`
-	CapAdd          []string          `json:"cap_add,omitempty"`
-	CapDrop         []string          `json:"cap_drop,omitempty"`
-	SecurityOpt     []string          `json:"security_opt,omitempty"`
-	AppArmorProfile string            `json:"apparmor_profile,omitempty"`
-	ReadonlyRootfs  bool              `json:"readonly_rootfs"`
-	Memory          int64             `json:"memory"`
-	MemorySwap      int64             `json:"memory_swap"`
-	NanoCPUs        int64             `json:"nano_cpus"`
-	CPUQuota        int64             `json:"cpu_quota,omitempty"`
+	ID         string            `json:"id"`
+	Name       string            `json:"name,omitempty"`
+	Image      string            `json:"image,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	User       string            `json:"user"`
+	WorkingDir string            `json:"working_dir,omitempty"`
+	Privileged bool              `json:"privileged"`
+	CapAdd     []string          `json:"cap_add,omitempty"`
+	CapDrop    []string          `json:"cap_drop,omitempty"`
+	// SecurityOpt lists the security options; an inline seccomp profile
+	// appears as "seccomp=sha256:<hex>", the digest of its JSON.
+	SecurityOpt     []string `json:"security_opt,omitempty"`
+	AppArmorProfile string   `json:"apparmor_profile,omitempty"`
+	ReadonlyRootfs  bool     `json:"readonly_rootfs"`
+	Memory          int64    `json:"memory"`
+	MemorySwap      int64    `json:"memory_swap"`
+	NanoCPUs        int64    `json:"nano_cpus"`
+	CPUQuota        int64    `json:"cpu_quota,omitempty"`
 	// PidsLimit is nil when the inspect document has no limit at all.
 	PidsLimit         *int64            `json:"pids_limit,omitempty"`
 	NetworkMode       string            `json:"network_mode"`

@@ -1,119 +1,13 @@
-// Command taskrun-relay lets an unmodified agent reach the run's model
-// gateway while its container has network mode none: it listens on loopback
-// TCP inside the container (default 127.0.0.1:8411) and forwards every
-// connection to the gateway's unix socket, so OPENAI_BASE_URL=
-// http://127.0.0.1:8411/v1 works.
-//
-//	taskrun-relay [-listen ADDR] [-socket PATH] [-egress-socket PATH] [-egress-listen ADDR] [-- CMD ARGS...]
-//
-// For a run with an egress policy ($TASKRUN_EGRESS_SOCKET set) it also
-// exposes the egress proxy's socket on 127.0.0.1:8412, where HTTP_PROXY
-// and HTTPS_PROXY point.
-//
-// With a command after "--" it starts the relay, runs the command with
-// OPENAI_BASE_URL (http://ADDR/v1) and ANTHROPIC_BASE_URL (http://ADDR)
-// pointing at the relay (and placeholder OPENAI_API_KEY and
-// ANTHROPIC_API_KEY if none is set: the real key stays on the host), and
-// exits with its status.
-// It is built static (CGO_ENABLED=0) so it can be bind-mounted into any image.
+// Command taskrun-relay is the model-gateway and egress relay (package relay)
+// as a program of its own. The taskrun binary carries the same code and runs
+// it when invoked as taskrun-relay, which is how runs get it; build this one
+// static (CGO_ENABLED=0) to mount it from a helpers directory instead.
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
-	"log/slog"
-	"net"
 	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/taskrun/taskrun/relay"
 )
 
-// errBadUsage marks invalid flags.
-var errBadUsage = errors.New("invalid usage")
-
-// options are the relay's flags.
-type options struct {
-	listen  string
-	socket  string
-	egress  *egressOptions
-	command []string
-}
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	opts, err := parseOptions(os.Args[1:], os.Getenv)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "taskrun-relay: %v\n", err)
-		os.Exit(2)
-	}
-	code, err := run(ctx, opts, log)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "taskrun-relay: %v\n", err)
-	}
-	stop()
-	os.Exit(code)
-}
-
-// parseOptions reads flags, environment defaults and the command after "--".
-func parseOptions(args []string, getenv func(string) string) (options, error) {
-	fs := flag.NewFlagSet("taskrun-relay", flag.ContinueOnError)
-	var o options
-	socket := getenv("TASKRUN_MODEL_SOCKET")
-	if socket == "" {
-		socket = "/taskrun/.gateway/model.sock"
-	}
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:8411", "loopback address to listen on")
-	fs.StringVar(&o.socket, "socket", socket, "model gateway unix socket (default $TASKRUN_MODEL_SOCKET)")
-	o.egress = egressFlags(fs, getenv)
-	if err := fs.Parse(args); err != nil {
-		return o, fmt.Errorf("%w: %w", errBadUsage, err)
-	}
-	o.command = fs.Args()
-	if err := checkLoopback(o.listen); err != nil {
-		return o, fmt.Errorf("-listen: %w", err)
-	}
-	if err := o.egress.check(); err != nil {
-		return o, err
-	}
-	return o, nil
-}
-
-// checkLoopback refuses a listen address that is not on loopback.
-func checkLoopback(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("%w: %q: %w", errBadUsage, addr, err)
-	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("%w: %q is not a loopback address: use 127.0.0.1:PORT", errBadUsage, addr)
-	}
-	return nil
-}
-
-// run serves the relay, alone or around a command, and returns the exit code.
-func run(ctx context.Context, o options, log *slog.Logger) (int, error) {
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return 1, fmt.Errorf("listen: %w", err)
-	}
-	defer ln.Close()
-	stopEgress, err := startEgressRelay(ctx, o.egress, log)
-	if err != nil {
-		return 1, err
-	}
-	defer stopEgress()
-	r := &relay{socket: o.socket, log: log}
-	if len(o.command) == 0 {
-		log.Info("relaying", "listen", ln.Addr().String(), "socket", o.socket)
-		if err := r.serve(ctx, ln); err != nil {
-			return 1, err
-		}
-		return 0, nil
-	}
-	go func() { _ = r.serve(ctx, ln) }()
-	return runCommand(ctx, o.command, ln.Addr().String())
-}
+func main() { os.Exit(relay.Main(os.Args[1:])) }

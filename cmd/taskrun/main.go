@@ -12,6 +12,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/taskrun/taskrun/helpers"
 )
 
 // Exit statuses, as `docker run` uses them.
@@ -28,6 +30,10 @@ const (
 var version = "dev"
 
 func main() {
+	// Run as taskrun-probe or taskrun-relay, the binary is that helper.
+	if code, ok := helpers.Main(os.Args); ok {
+		os.Exit(code)
+	}
 	// The first SIGINT or SIGTERM cancels the command (a run winds down
 	// within --shutdown-grace); a second one exits at once. Every journal
 	// write is atomic, so the journal stays whole either way.

@@ -19,6 +19,7 @@ import (
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/gateway"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
@@ -27,6 +28,7 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/termsafe"
+	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -45,6 +47,8 @@ type runOptions struct {
 	disk       int64
 	maxOutput  int64
 	helpersDir string
+	uidRange   string
+	uids       uidpool.Range
 	reap       bool
 	keep       bool
 	raw        bool
@@ -123,7 +127,8 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.policy.PidsLimit, "pids", o.policy.PidsLimit, "process limit")
 	addSizeFlag(fs, &o.maxOutput, "max-output", "cap on the stdout (and the stderr) kept from the run; the rest is dropped")
 	addSizeFlag(fs, &o.disk, "disk", "cap on what the run may store under /taskrun")
-	fs.StringVar(&o.helpersDir, "helpers-dir", executableDir(), "directory of the static in-sandbox helpers (taskrun-probe); empty disables the self-check")
+	fs.StringVar(&o.helpersDir, "helpers-dir", helpersSelf, `in-sandbox helpers: "self" (this taskrun binary, which must be static), a directory of static taskrun-probe and taskrun-relay, or "" for no self-check`)
+	fs.StringVar(&o.uidRange, "uid-range", uidpool.DefaultRange().String(), `host uids for runs, FIRST-LAST: each live run gets one of its own; "" runs every run as uid 10001`)
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
 	fs.StringArrayVar(&o.excludes, "session-exclude", nil, "glob pattern (relative to home) left out of the session state; repeatable (default: "+strings.Join(workspace.DefaultExcludes, ", ")+")")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directory on the host after a successful run")
@@ -171,6 +176,13 @@ func (o *runOptions) finish(args []string) error {
 	}
 	if o.runID == "" {
 		o.runID = newRunID()
+	}
+	if o.uidRange != "" {
+		r, err := uidpool.ParseRange(o.uidRange)
+		if err != nil {
+			return fmt.Errorf("--uid-range: %w", err)
+		}
+		o.uids = r
 	}
 	return o.serverFlags.check()
 }
@@ -220,6 +232,18 @@ func parseModel(spec string, m *config.ModelEntry) error {
 	}
 	m.Provider, m.Name = provider, name
 	return nil
+}
+
+// helpersSelf is the --helpers-dir value naming the taskrun binary itself.
+const helpersSelf = "self"
+
+// uidLeaseDir is where uid leases live: shared by every executor of the host
+// when run as root, else beside the run directories.
+func uidLeaseDir(root string) string {
+	if os.Geteuid() == 0 {
+		return uidpool.DefaultDir
+	}
+	return filepath.Join(root, "uids")
 }
 
 // readEnv reads the --env-file files in order, then the --env values, a
@@ -315,9 +339,23 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 	if err != nil {
 		return nil, fmt.Errorf("%w: --root: %w", errCannotRun, err)
 	}
-	if o.helpersDir != "" {
-		if o.helpersDir, err = filepath.Abs(o.helpersDir); err != nil {
+	var helperFiles helpers.Files
+	var helpersDir string
+	switch o.helpersDir {
+	case "":
+	case helpersSelf:
+		if helperFiles, err = helpers.FromExecutable(filepath.Join(root, "helpers")); err != nil {
+			return nil, fmt.Errorf("%w: --helpers-dir %s: %w", errCannotRun, helpersSelf, err)
+		}
+	default:
+		if helpersDir, err = filepath.Abs(o.helpersDir); err != nil {
 			return nil, fmt.Errorf("%w: --helpers-dir: %w", errCannotRun, err)
+		}
+	}
+	var uids *uidpool.Pool
+	if o.uidRange != "" {
+		if uids, err = uidpool.New(uidLeaseDir(root), o.uids); err != nil {
+			return nil, fmt.Errorf("%w: --uid-range: %w", errCannotRun, err)
 		}
 	}
 	store, err := persist.Open(ctx, o.store)
@@ -378,7 +416,9 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		KeepRunDir:      o.keep,
 		SessionExcludes: o.excludes,
 		MaxOutputBytes:  o.maxOutput,
-		HelpersDir:      o.helpersDir,
+		Helpers:         helperFiles,
+		HelpersDir:      helpersDir,
+		UIDs:            uids,
 		Stderr:          liveErr,
 		Logger:          log,
 		Executor:        inst.Info(),

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +28,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/uidpool"
 )
 
 const testImage = "taskrun/testbox:local"
@@ -285,7 +287,13 @@ func TestRunAppliesPolicyToLiveContainer(t *testing.T) {
 	var insp container.InspectResponse
 	require.NoError(t, json.Unmarshal(raw, &insp))
 	hc := insp.HostConfig
-	assert.Equal(t, "10001:10001", insp.Config.User)
+	uid, gid, ok := strings.Cut(insp.Config.User, ":")
+	require.True(t, ok, "user %q is uid:gid", insp.Config.User)
+	assert.Equal(t, uid, gid)
+	n, err := strconv.Atoi(uid)
+	require.NoError(t, err)
+	def := uidpool.DefaultRange()
+	assert.True(t, n >= def.First && n <= def.Last, "uid %d is leased from the default --uid-range", n)
 	assert.EqualValues(t, 256<<20, hc.Memory)
 	assert.EqualValues(t, 256<<20, hc.MemorySwap)
 	assert.EqualValues(t, 64, *hc.PidsLimit)

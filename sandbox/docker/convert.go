@@ -12,6 +12,7 @@ import (
 	"github.com/docker/docker/api/types/network"
 
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 // The dev.taskrun.* labels, defined in package sandbox.
@@ -74,7 +75,7 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, created time.Time, slack tim
 		Privileged:      false,
 		PublishAllPorts: false,
 		ReadonlyRootfs:  pol.ReadOnlyRootfs,
-		SecurityOpt:     []string{"no-new-privileges"},
+		SecurityOpt:     []string{"no-new-privileges", seccomp.SecurityOpt()},
 		Tmpfs:           map[string]string{TmpfsPath: tmpfsOptions(pol.TmpfsSizeBytes)},
 		Runtime:         pol.Runtime,
 		Init:            &init,

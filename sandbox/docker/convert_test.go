@@ -11,6 +11,7 @@ import (
 
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 func TestConvert(t *testing.T) {
@@ -77,8 +78,11 @@ func TestConvert(t *testing.T) {
 			assert.Empty(t, cc.Host.CapAdd)
 			assert.False(t, cc.Host.Privileged)
 		}},
-		{"fixed no-new-privileges, default seccomp and AppArmor", nil, func(t *testing.T, cc createConfig) {
-			assert.Equal(t, []string{"no-new-privileges"}, cc.Host.SecurityOpt)
+		{"fixed no-new-privileges, taskrun's seccomp profile, default AppArmor", nil, func(t *testing.T, cc createConfig) {
+			assert.Equal(t, []string{"no-new-privileges", "seccomp=" + string(seccomp.JSON())}, cc.Host.SecurityOpt)
+		}},
+		{"taskrun's seccomp profile under gVisor too", func(_ *sandbox.Spec, p *sandbox.Policy) { p.Runtime = "runsc" }, func(t *testing.T, cc createConfig) {
+			assert.Contains(t, cc.Host.SecurityOpt, seccomp.SecurityOpt())
 		}},
 		{"fixed Init", nil, func(t *testing.T, cc createConfig) {
 			require.NotNil(t, cc.Host.Init)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 // TestInspectLiveContainerPolicy reads a live container's `docker inspect`
@@ -66,7 +67,7 @@ func assertPolicyApplied(t *testing.T, info container.InspectResponse, pol sandb
 	assert.Equal(t, []string{"ALL"}, []string(hc.CapDrop))
 	assert.Empty(t, hc.CapAdd)
 	assert.False(t, hc.Privileged)
-	assert.Equal(t, []string{"no-new-privileges"}, hc.SecurityOpt)
+	assert.Equal(t, []string{"no-new-privileges", seccomp.SecurityOpt()}, hc.SecurityOpt, "the engine keeps the profile byte for byte")
 	for _, opt := range hc.SecurityOpt {
 		assert.NotContains(t, opt, "unconfined")
 	}

@@ -10,11 +10,30 @@ import (
 	"github.com/docker/docker/api/types/system"
 
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 // ErrIncompleteInspect is returned by PostureFromInspect for an inspect document that lacks the
 // HostConfig or Config sections every rule depends on.
 var ErrIncompleteInspect = errors.New("inspect document has no HostConfig or Config")
+
+// securityOptsByDigest replaces an inline seccomp profile (a JSON document of
+// kilobytes) by its digest ("seccomp=sha256:<hex>"), which names it exactly.
+func securityOptsByDigest(opts []string) []string {
+	if opts == nil {
+		return nil
+	}
+	out := make([]string, len(opts))
+	for i, o := range opts {
+		out[i] = o
+		for _, sep := range []string{"=", ":"} {
+			if v, ok := strings.CutPrefix(o, "seccomp"+sep); ok && strings.HasPrefix(strings.TrimSpace(v), "{") {
+				out[i] = "seccomp" + sep + seccomp.Digest([]byte(v))
+			}
+		}
+	}
+	return out
+}
 
 // PostureFromInspect extracts the container's posture from the engine's
 // inspect response; the one place a Docker inspect document becomes facts.
@@ -33,7 +52,7 @@ func PostureFromInspect(resp container.InspectResponse) (sandbox.Posture, error)
 		Privileged:        hc.Privileged,
 		CapAdd:            hc.CapAdd,
 		CapDrop:           hc.CapDrop,
-		SecurityOpt:       hc.SecurityOpt,
+		SecurityOpt:       securityOptsByDigest(hc.SecurityOpt),
 		AppArmorProfile:   resp.AppArmorProfile,
 		ReadonlyRootfs:    hc.ReadonlyRootfs,
 		Memory:            hc.Memory,

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
 // Program is what a fake container runs. ctx ends when the container is
@@ -266,7 +267,7 @@ func (b *Backend) posture(h *handle) sandbox.Posture {
 		User:           pol.User,
 		WorkingDir:     h.spec.WorkingDir,
 		CapDrop:        []string{"ALL"},
-		SecurityOpt:    []string{"no-new-privileges"},
+		SecurityOpt:    []string{"no-new-privileges", "seccomp=" + seccomp.SHA256()},
 		ReadonlyRootfs: pol.ReadOnlyRootfs,
 		Memory:         pol.MemoryBytes,
 		MemorySwap:     pol.MemoryBytes,

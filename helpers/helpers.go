@@ -1,0 +1,215 @@
+// Package helpers is the executor's in-sandbox helpers: the self-check
+// (taskrun-probe, package probe) and the model relay (taskrun-relay, package
+// relay).
+//
+// The taskrun binary carries both and acts as one when it is run under its
+// name (Main), so a lone taskrun binary is all a host needs. Each run mounts
+// exactly the helper files, read-only and file by file, at fixed paths under
+// Dir; nothing else of the host's directories is visible. FromExecutable
+// prepares the running taskrun binary for that: it must be static, and it is
+// copied once into a private cache directory, so the mount never exposes the
+// directory taskrun is installed in (often /usr/local/bin) and an upgrade of
+// the installed binary never changes what live runs see. FromDir uses
+// separately built static helpers instead.
+package helpers
+
+import (
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/probe"
+	"github.com/taskrun/taskrun/relay"
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+// In-container names and paths of the helpers.
+const (
+	// Dir is the read-only directory of the helpers inside the container.
+	Dir = model.ContainerHelpersDir
+	// ProbeName is the self-check's program name.
+	ProbeName = "taskrun-probe"
+	// RelayName is the model relay's program name.
+	RelayName = "taskrun-relay"
+	// ProbePath is where the self-check is inside the container.
+	ProbePath = Dir + "/" + ProbeName
+	// RelayPath is where the relay is inside the container: an agent runs
+	// `/.taskrun/bin/taskrun-relay -- CMD` to reach the model gateway over
+	// loopback TCP.
+	RelayPath = Dir + "/" + RelayName
+)
+
+// Names lists every helper, in mount order.
+var Names = []string{ProbeName, RelayName}
+
+// Main runs the helper that argv[0] names (by its base name) and returns its
+// exit status; ok is false when argv[0] names no helper. The self-check does
+// not return when it starts the command it wraps.
+func Main(argv []string) (code int, ok bool) {
+	if len(argv) == 0 {
+		return 0, false
+	}
+	switch filepath.Base(argv[0]) {
+	case ProbeName:
+		return probe.Main(argv[1:]), true
+	case RelayName:
+		return relay.Main(argv[1:]), true
+	}
+	return 0, false
+}
+
+// ErrNotStatic is wrapped when a helper executable is dynamically linked: it
+// would not run in an image without its loader and libraries.
+var ErrNotStatic = errors.New("not statically linked")
+
+// Files maps each helper's name to the host file mounted for it.
+type Files map[string]string
+
+// Mounts returns the read-only bind mounts of the helpers, one per file, at
+// Dir/<name>, in the order of Names.
+func (f Files) Mounts() []sandbox.Mount {
+	var out []sandbox.Mount
+	for _, name := range Names {
+		if src, ok := f[name]; ok {
+			out = append(out, sandbox.Mount{Source: src, Target: Dir + "/" + name, ReadOnly: true})
+		}
+	}
+	return out
+}
+
+// Sources maps each in-container helper path to its host file, the pin the
+// audit checks helper mounts against.
+func (f Files) Sources() map[string]string {
+	out := make(map[string]string, len(f))
+	for name, src := range f {
+		out[Dir+"/"+name] = src
+	}
+	return out
+}
+
+// FromDir returns the helpers found in dir, a directory of separately built
+// static helpers: taskrun-probe is required, taskrun-relay optional.
+func FromDir(dir string) (Files, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("helpers dir %s: %w", dir, err)
+	}
+	files := Files{}
+	for _, name := range Names {
+		p := filepath.Join(abs, name)
+		info, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) && name != ProbeName {
+			continue
+		}
+		if err == nil && !info.Mode().IsRegular() {
+			err = errors.New("not a regular file")
+		}
+		if err == nil {
+			err = CheckStatic(p)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("helper %s: %w; build the helpers with `CGO_ENABLED=0 make build`, or leave the helpers dir unset to use the taskrun binary itself", p, err)
+		}
+		files[name] = p
+	}
+	return files, nil
+}
+
+// selfExe is the running executable, as the kernel sees it even after the
+// installed file was replaced.
+const selfExe = "/proc/self/exe"
+
+// FromExecutable returns the running taskrun binary as every helper. It
+// checks the binary is static and copies it, once per content, to
+// cacheDir/<sha256>/taskrun (created 0755, the file 0555), which is what the
+// runs mount.
+func FromExecutable(cacheDir string) (Files, error) {
+	return fromExecutable(selfExe, cacheDir)
+}
+
+func fromExecutable(exe, cacheDir string) (Files, error) {
+	if err := CheckStatic(exe); err != nil {
+		name, _ := os.Executable()
+		return nil, fmt.Errorf("taskrun binary %s is the in-sandbox helper and must run in any image: %w; build it with CGO_ENABLED=0 (`make build` does), or pass a helpers dir of static taskrun-probe and taskrun-relay", name, err)
+	}
+	path, err := cacheCopy(exe, cacheDir)
+	if err != nil {
+		return nil, fmt.Errorf("helpers cache %s: %w", cacheDir, err)
+	}
+	files := Files{}
+	for _, name := range Names {
+		files[name] = path
+	}
+	return files, nil
+}
+
+// cacheCopy copies exe to cacheDir/<sha256>/taskrun unless that file is
+// there already with exactly exe's content.
+func cacheCopy(exe, cacheDir string) (string, error) {
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(data)
+	dir := filepath.Join(cacheDir, hex.EncodeToString(sum[:]))
+	dst := filepath.Join(dir, "taskrun")
+	if have, err := os.ReadFile(dst); err == nil && sha256.Sum256(have) == sum {
+		return dst, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(dir, ".taskrun-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(0o555)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return "", err
+	}
+	return dst, nil
+}
+
+// CheckStatic returns an error wrapping ErrNotStatic when the ELF file at
+// path asks for a program interpreter (PT_INTERP): it is dynamically linked.
+func CheckStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("read ELF: %w", err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			interp, _ := io.ReadAll(io.LimitReader(p.Open(), 256))
+			return fmt.Errorf("%w: it needs the loader %s", ErrNotStatic, string(trimNUL(interp)))
+		}
+	}
+	return nil
+}
+
+func trimNUL(b []byte) []byte {
+	if i := slices.Index(b, 0); i >= 0 {
+		return b[:i]
+	}
+	return b
+}

@@ -1,0 +1,102 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// exitUsage is the self-check's exit status for invalid arguments.
+const exitUsage = 2
+
+// Main is the self-check as a program, run as taskrun-probe inside the
+// sandbox (the taskrun binary runs it when invoked by that name, see package
+// helpers; cmd/taskrun-probe builds it alone):
+//
+//	taskrun-probe --nonce N [--expect JSON] [--mode enforce|report] -- CMD ARGS...
+//
+// It observes the sandbox, writes one line "TASKRUN-PROBE N <base64 JSON>" to
+// stderr, compares the observations with --expect and, in enforce mode (the
+// default), exits 86 with the reasons on stderr if anything contradicts the
+// expectation. Otherwise it replaces the process with CMD (looked up in
+// PATH), so the agent starts only after the report is out, and does not
+// return. Without CMD it returns 0 after the report. args are the arguments
+// after the program name.
+func Main(args []string) int {
+	argv, code := runMain(context.Background(), args, os.Stderr)
+	if argv == nil {
+		return code
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "taskrun-probe: command %q not found in PATH: %v\n", argv[0], err)
+		return 127
+	}
+	err = syscall.Exec(path, argv, os.Environ())
+	fmt.Fprintf(os.Stderr, "taskrun-probe: exec %s: %v\n", path, err)
+	return 126
+}
+
+// runMain does everything but the exec: it returns the command to exec, or
+// nil and the exit code.
+func runMain(ctx context.Context, args []string, stderr io.Writer) ([]string, int) {
+	fset := flag.NewFlagSet("taskrun-probe", flag.ContinueOnError)
+	fset.SetOutput(stderr)
+	nonce := fset.String("nonce", "", "per-run nonce echoed in the report line (required)")
+	expect := fset.String("expect", "{}", "JSON probe.Expectation to enforce")
+	mode := fset.String("mode", "enforce", `"enforce" refuses to run CMD on a contradiction; "report" only warns`)
+	if err := fset.Parse(args); err != nil {
+		return nil, exitUsage
+	}
+	if *nonce == "" || (*mode != "enforce" && *mode != "report") {
+		fmt.Fprintln(stderr, "taskrun-probe: usage: taskrun-probe --nonce N [--expect JSON] [--mode enforce|report] -- CMD ARGS...")
+		return nil, exitUsage
+	}
+	exp, err := ParseExpectation([]byte(*expect))
+	if err != nil {
+		fmt.Fprintf(stderr, "taskrun-probe: --expect: %v\n", err)
+		return nil, exitUsage
+	}
+	rep := Collect(ctx, *nonce, Config{})
+	line, err := FormatLine(rep)
+	if err != nil {
+		fmt.Fprintf(stderr, "taskrun-probe: %v\n", err)
+		return nil, exitUsage
+	}
+	if _, err := stderr.Write(line); err != nil {
+		return nil, ExitContradiction
+	}
+	if bad := exp.Contradictions(rep); len(bad) > 0 {
+		if err := reportContradictions(stderr, *mode, bad); err != nil {
+			return nil, ExitContradiction
+		}
+	}
+	if fset.NArg() == 0 {
+		return nil, 0
+	}
+	return fset.Args(), 0
+}
+
+var errRefused = errors.New("sandbox contradicts the expectation")
+
+// reportContradictions prints the reasons; in enforce mode it returns
+// errRefused so the command is never started.
+func reportContradictions(stderr io.Writer, mode string, bad []string) error {
+	verdict := "refusing to start the command"
+	if mode == "report" {
+		verdict = "starting anyway (--mode report)"
+	}
+	fmt.Fprintf(stderr, "taskrun-probe: %v, %s:\n", errRefused, verdict)
+	for _, b := range bad {
+		fmt.Fprintf(stderr, "taskrun-probe:   - %s\n", b)
+	}
+	if mode == "enforce" {
+		return errRefused
+	}
+	return nil
+}
