@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"syscall"
 	"time"
 
 	"gocloud.dev/gcerrors"
+
+	"github.com/taskrun/taskrun/internal/backoff"
 )
 
 // ErrStoreUnavailable marks a failure that looks transient (network error,
@@ -29,22 +30,14 @@ var ErrKeyRejected = errors.New("persist: the store refused this key")
 
 // retryPolicy bounds the store's own retries of whole operations.
 type retryPolicy struct {
-	attempts  int
-	baseDelay time.Duration
-	maxDelay  time.Duration
+	attempts int
+	// backoff spaces the retries: exponential, capped, upper half jittered.
+	backoff backoff.Exponential
 }
 
-var defaultRetry = retryPolicy{attempts: 3, baseDelay: 100 * time.Millisecond, maxDelay: 2 * time.Second}
-
-// delay returns the pause before retry number attempt (1-based): exponential
-// growth capped at maxDelay, with the upper half jittered.
-func (p retryPolicy) delay(attempt int) time.Duration {
-	d := p.baseDelay << (attempt - 1)
-	if d <= 0 || d > p.maxDelay {
-		d = p.maxDelay
-	}
-	half := d / 2
-	return half + rand.N(half+1)
+var defaultRetry = retryPolicy{
+	attempts: 3,
+	backoff:  backoff.Exponential{Initial: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: true},
 }
 
 // sourceError marks a failure reading the caller's upload source: it is never
@@ -138,7 +131,7 @@ func (s *Store) do(ctx context.Context, op, key string, f func(context.Context) 
 		if !transient(ctx, err) || attempt >= s.retry.attempts {
 			break
 		}
-		d := s.retry.delay(attempt)
+		d := s.retry.backoff.Delay(attempt)
 		slog.DebugContext(ctx, "persist: retrying after transient error",
 			"op", op, "key", key, "attempt", attempt, "delay", d, "err", err)
 		t := time.NewTimer(d)

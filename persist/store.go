@@ -46,7 +46,7 @@ type Option func(*Store)
 func WithRetry(attempts int, baseDelay time.Duration) Option {
 	return func(s *Store) {
 		s.retry.attempts = max(attempts, 1)
-		s.retry.baseDelay = max(baseDelay, time.Millisecond)
+		s.retry.backoff.Initial = max(baseDelay, time.Millisecond)
 	}
 }
 

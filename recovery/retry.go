@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/taskrun/taskrun/internal/backoff"
 	"github.com/taskrun/taskrun/journal"
 )
 
@@ -49,14 +50,15 @@ func RetryLoop(ctx context.Context, b Backoff, retry func(context.Context) (stil
 	if after == nil {
 		after = time.After
 	}
-	wait := b.Initial
+	exp := backoff.Exponential{Initial: b.Initial, Max: b.Max}
+	failures := 0
 	for ctx.Err() == nil {
 		next := b.Idle
 		if retry(ctx) > 0 {
-			next = wait
-			wait = min(wait*2, b.Max)
+			failures++
+			next = exp.Delay(failures)
 		} else {
-			wait = b.Initial
+			failures = 0
 		}
 		select {
 		case <-ctx.Done():

@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/taskrun/taskrun/internal/backoff"
 	"github.com/taskrun/taskrun/model"
 )
 
@@ -270,20 +270,8 @@ func (c *Client) retryWait(err error, attempt int) (time.Duration, bool) {
 	} else if !errors.As(err, new(*netError)) {
 		return 0, false
 	}
-	return c.backoff(attempt), true
-}
-
-// backoff returns the jittered wait before retry number attempt (1-based).
-func (c *Client) backoff(attempt int) time.Duration {
-	d := c.retry.InitialBackoff
-	for i := 1; i < attempt && d < c.retry.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, c.retry.MaxBackoff)
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
+	b := backoff.Exponential{Initial: c.retry.InitialBackoff, Max: c.retry.MaxBackoff, Jitter: true}
+	return b.Delay(attempt), true
 }
 
 // netError marks a failure to get any response: connection refused or reset,
