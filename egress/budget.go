@@ -106,9 +106,12 @@ func (c *meteredConn) Write(p []byte) (int, error) {
 		if err != nil {
 			return written, err
 		}
+		// Counted before the write: the upstream may answer (and the entry be
+		// recorded) before Write returns, and it has these bytes by then.
+		c.up.Add(int64(n))
 		sent, err := c.Conn.Write(p[written : written+n])
 		written += sent
-		c.up.Add(int64(sent))
+		c.up.Add(int64(sent - n))
 		c.budget.settle(n, sent)
 		if err != nil {
 			return written, err
