@@ -26,11 +26,12 @@ import (
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
-	"github.com/docker/docker/pkg/stdcopy"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/images"
+	"github.com/taskrun/taskrun/internal/dockertest"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/internal/testbin"
 )
@@ -206,7 +207,7 @@ func runContainer(t *testing.T, cli *client.Client, img, runtime, dir string, bi
 	for _, b := range bins {
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: b, Target: "/usr/local/bin/" + filepath.Base(b), ReadOnly: true})
 	}
-	created, err := cli.ContainerCreate(ctx, &container.Config{
+	return dockertest.Run(ctx, t, cli, &container.Config{
 		Image:      img,
 		User:       "10001:10001",
 		Cmd:        cmd,
@@ -221,26 +222,7 @@ func runContainer(t *testing.T, cli *client.Client, img, runtime, dir string, bi
 		SecurityOpt:    []string{"no-new-privileges"},
 		Tmpfs:          map[string]string{"/tmp": "rw,nosuid,nodev,size=64m"},
 		Mounts:         mounts,
-	}, nil, nil, "")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = cli.ContainerRemove(context.Background(), created.ID, container.RemoveOptions{Force: true})
 	})
-	require.NoError(t, cli.ContainerStart(ctx, created.ID, container.StartOptions{}))
-	waitC, errC := cli.ContainerWait(ctx, created.ID, container.WaitConditionNotRunning)
-	select {
-	case err := <-errC:
-		require.NoError(t, err)
-	case w := <-waitC:
-		require.Nil(t, w.Error)
-	}
-	logs, err := cli.ContainerLogs(ctx, created.ID, container.LogsOptions{ShowStdout: true, ShowStderr: true})
-	require.NoError(t, err)
-	defer logs.Close()
-	var stdout, stderr bytes.Buffer
-	_, err = stdcopy.StdCopy(&stdout, &stderr, logs)
-	require.NoError(t, err)
-	return stdout.String(), stderr.String()
 }
 
 // buildHTTPGet builds the static Go client the container runs.

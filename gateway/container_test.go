@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,12 +15,13 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
-	"github.com/docker/docker/pkg/stdcopy"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/examples"
+	"github.com/taskrun/taskrun/internal/dockertest"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 )
 
@@ -156,7 +156,7 @@ func runContainer(t *testing.T, cli *client.Client, runtime, runDir string, bins
 			mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: bin, Target: target, ReadOnly: true})
 		}
 	}
-	created, err := cli.ContainerCreate(ctx, &container.Config{
+	return dockertest.Run(ctx, t, cli, &container.Config{
 		Image:      testboxImage,
 		User:       "10001:10001",
 		Cmd:        cmd,
@@ -171,26 +171,7 @@ func runContainer(t *testing.T, cli *client.Client, runtime, runDir string, bins
 		SecurityOpt:    []string{"no-new-privileges"},
 		Tmpfs:          map[string]string{"/tmp": "rw,nosuid,nodev,size=16m"},
 		Mounts:         mounts,
-	}, nil, nil, "")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = cli.ContainerRemove(context.Background(), created.ID, container.RemoveOptions{Force: true})
 	})
-	require.NoError(t, cli.ContainerStart(ctx, created.ID, container.StartOptions{}))
-	waitC, errC := cli.ContainerWait(ctx, created.ID, container.WaitConditionNotRunning)
-	select {
-	case err := <-errC:
-		require.NoError(t, err)
-	case w := <-waitC:
-		require.Nil(t, w.Error)
-	}
-	logs, err := cli.ContainerLogs(ctx, created.ID, container.LogsOptions{ShowStdout: true, ShowStderr: true})
-	require.NoError(t, err)
-	defer logs.Close()
-	var stdout, stderr bytes.Buffer
-	_, err = stdcopy.StdCopy(&stdout, &stderr, logs)
-	require.NoError(t, err)
-	return stdout.String(), stderr.String()
 }
 
 // section returns the lines the script printed after "== name".
