@@ -10,11 +10,13 @@ TASKRUN := $(BIN)/taskrun
 # Tests never pull images; testcontainers' reaper image cannot be pulled here.
 export TESTCONTAINERS_RYUK_DISABLED ?= true
 
-# In CI every part is required: tests that need gVisor or the S3 server fail
-# instead of skipping when it is missing.
+# In CI every part is required: tests that need gVisor, the S3 server or
+# Chromium (the web interface's browser tests) fail instead of skipping when
+# it is missing.
 ifeq ($(CI),true)
 export TASKRUN_REQUIRE_S3 := 1
 export TASKRUN_REQUIRE_RUNSC := 1
+export TASKRUN_REQUIRE_CHROMIUM := 1
 endif
 
 # Prepares the machine for the tests; idempotent (see the script's header).
@@ -23,7 +25,7 @@ SETUP := GO=$(GO) scripts/test-setup.sh
 # Prerequisites run in the order written: setup before images before tests.
 .NOTPARALLEL:
 
-.PHONY: all build setup images demo test test-short bench vet fmt clean
+.PHONY: all build setup images demo test test-short bench vet fmt clean ui-shots
 
 all: build
 
@@ -63,6 +65,11 @@ test-short:
 ## bench: side-by-side benchmarks against docker run, cp -a and a raw pipe
 bench: setup images
 	$(GO) run ./bench
+
+## ui-shots: screenshots (PNG) of the web interface's run and isolation pages, from
+## real runs in headless Chromium, into docs/img/ for the README
+ui-shots: setup images
+	TASKRUN_BIN_DIR=$(BIN) TASKRUN_UI_SHOTS=$(CURDIR)/docs/img $(GO) test -count=1 -run '^TestScreenshots$$' ./webui
 
 ## vet: go vet, staticcheck (pinned, installed by the setup script) and gofmt
 vet:
