@@ -31,6 +31,8 @@ cd /taskrun/home
 printf '<script>taskrunPwned("diff")</script>\n<img src=x onerror=taskrunPwned("diff-img")>\n' > '<img src=x onerror=taskrunPwned("name")>.txt'
 printf 'x\n' > "$(printf 'esc\033[31mname.txt')"
 printf '<script>taskrunPwned("artifact")</script>' > '/taskrun/artifacts/<svg onload=taskrunPwned("art")>.html'
+wget -q -O - "http://127.0.0.1:$WEB_PORT/<script>taskrunPwned(\"egress\")</script>"; echo
+wget -q -O - "http://blocked.example/" 2>&1
 mkdir -p /taskrun/global/traces/s1
 printf '{"type":"<script>taskrunPwned(\\"trace\\")</script>","message":"<img src=x onerror=taskrunPwned(1)>\\u001b]0;t\\u0007"}\n' > /taskrun/global/traces/s1/rt_hostile1.jsonl
 exit 3
@@ -211,6 +213,13 @@ func TestHostileRunCannotRunScript(t *testing.T) {
 	assert.NotContains(t, diff, "\x1b")
 	assert.Contains(t, textOf(t, p, "#artifacts"), `<svg onload=taskrunPwned("art")>.html`)
 	assert.Contains(t, textOf(t, p, "#trace"), `<script>taskrunPwned(\"trace\")</script>`)
+
+	egressText := textOf(t, p, "#egress")
+	assert.Contains(t, egressText, "1 refused", "the policy's totals")
+	assert.Contains(t, egressText, "blocked.example:80")
+	assert.Contains(t, egressText, "no rule allows")
+	assert.Positive(t, count(t, p, "#egress tr.dec-allow"), "the allowed request")
+	assert.Positive(t, count(t, p, "#egress tr.dec-deny"), "the refused one")
 
 	// Following every link on the page runs nothing either.
 	links := eval[[]string](t, p, `[...document.querySelectorAll('a[href]')].map(a => a.href)`)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,11 +21,13 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/examples"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/webui"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
@@ -159,6 +162,8 @@ type fixture struct {
 	streams *webui.Streams
 	src     *webui.StoreSource
 	server  *httptest.Server
+	// web is what the hostile run's egress policy lets it reach.
+	web *httptest.Server
 }
 
 var (
@@ -225,7 +230,19 @@ func newFixture(helpers string) (*fixture, error) {
 	if _, err := taskrun.Execute(ctx, demo); err != nil {
 		return f, fmt.Errorf("demo run: %w", err)
 	}
-	hostile := f.input(hostileRun, testImage, helpers, "sh", "-c", hostileScript)
+	f.web = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "hello from the host")
+	}))
+	port := f.web.Listener.Addr().(*net.TCPAddr).Port
+	hostile := f.input(hostileRun, testImage, helpers, "sh", "-c", fmt.Sprintf("WEB_PORT=%d; %s", port, hostileScript))
+	// With an egress policy the run needs a host uid of its own (the
+	// proxy's socket is its).
+	uids, err := uidpool.New(filepath.Join(dir, "uids"), uidpool.Range{First: 377000, Last: 377099})
+	if err != nil {
+		return f, err
+	}
+	hostile.UIDs = uids
+	hostile.Egress = egress.Policy{Rules: []egress.Rule{{Host: "127.0.0.1", Port: port}}}
 	_, _ = taskrun.Execute(ctx, hostile) // it fails on purpose (exit 3)
 	return f, nil
 }
@@ -247,8 +264,10 @@ func closeFixture() error {
 	if fix == nil {
 		return nil
 	}
-	if fix.server != nil {
-		fix.server.Close()
+	for _, s := range []*httptest.Server{fix.server, fix.web} {
+		if s != nil {
+			s.Close()
+		}
 	}
 	ctx := context.Background()
 	var errs []error
