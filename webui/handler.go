@@ -717,9 +717,10 @@ func (h *Handler) rules(w http.ResponseWriter, r *http.Request) {
 
 // hostsPage is the data of the hosts page.
 type hostsPage struct {
-	Title   string
-	Hosts   []Host
-	Missing string
+	Title      string
+	Hosts      []Host
+	Missing    string
+	Unreported bool
 }
 
 func (h *Handler) hosts(w http.ResponseWriter, r *http.Request) {
@@ -734,6 +735,7 @@ func (h *Handler) hosts(w http.ResponseWriter, r *http.Request) {
 	}
 	for i := range pg.Hosts {
 		pg.Hosts[i].ID = termsafe.String(pg.Hosts[i].ID)
+		pg.Unreported = pg.Unreported || !pg.Hosts[i].Reported
 	}
 	h.render(w, http.StatusOK, "hosts.html", pg)
 }

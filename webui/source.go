@@ -95,6 +95,10 @@ type Chunk struct {
 // Host is one worker host as the control plane knows it.
 type Host struct {
 	ID string
+	// Reported is true when the worker's capacity and heartbeat are known
+	// (Slots, FreeSlots, WarmPool, LastHeartbeat); otherwise the host is
+	// known only by the leases it holds.
+	Reported bool
 	// Slots and FreeSlots are the worker's capacity at its last report.
 	Slots, FreeSlots int
 	// Leases are the run IDs it holds leases on.
@@ -103,6 +107,8 @@ type Host struct {
 	WarmPool int
 	// LastHeartbeat is when it last asked for work or renewed a lease.
 	LastHeartbeat time.Time
+	// LeaseExpires is when the latest of its leases expires unless renewed.
+	LeaseExpires time.Time
 	// Labels are what it advertised (runtimes, images, backend).
 	Labels map[string]string
 }

@@ -121,7 +121,11 @@ func (s *StoreSource) OpenObject(ctx context.Context, id string, o Object) (io.R
 	if err != nil {
 		return nil, err
 	}
-	rec := &run.Record
+	return openObject(ctx, s.Store, &run.Record, o)
+}
+
+// openObject opens one of the records rec names in store.
+func openObject(ctx context.Context, store *persist.Store, rec *runindex.Record, o Object) (io.ReadCloser, error) {
 	key := ""
 	switch o {
 	case ObjectLog:
@@ -147,19 +151,19 @@ func (s *StoreSource) OpenObject(ctx context.Context, id string, o Object) (io.R
 	default:
 		return nil, fmt.Errorf("webui: unknown run object %q", o)
 	}
-	if key == "" {
-		return nil, fmt.Errorf("%w: run %s has no %s", ErrNoObject, id, o)
+	if key == "" || store == nil {
+		return nil, fmt.Errorf("%w: run %s has no %s", ErrNoObject, rec.RunID, o)
 	}
 	tenant, err := persist.TenantPrefix(rec.UserID)
 	if err != nil {
 		return nil, err
 	}
 	if !strings.HasPrefix(key, tenant) {
-		return nil, fmt.Errorf("webui: run %s names its %s at %q, outside its tenant", id, o, key)
+		return nil, fmt.Errorf("webui: run %s names its %s at %q, outside its tenant", rec.RunID, o, key)
 	}
-	rc, err := s.Store.Open(ctx, key)
+	rc, err := store.Open(ctx, key)
 	if errors.Is(err, persist.ErrNotFound) {
-		return nil, fmt.Errorf("%w: run %s has no %s", ErrNoObject, id, o)
+		return nil, fmt.Errorf("%w: run %s has no %s", ErrNoObject, rec.RunID, o)
 	}
 	return rc, err
 }
@@ -195,16 +199,21 @@ func (s *StoreSource) OpenArtifact(ctx context.Context, id, path string) (io.Rea
 	if err != nil {
 		return nil, err
 	}
-	arts, err := artifactsOf(run.Record)
+	return openArtifact(ctx, s.Store, run.Record, path)
+}
+
+// openArtifact opens the artifact path of rec, which must list it.
+func openArtifact(ctx context.Context, store *persist.Store, rec runindex.Record, path string) (io.ReadCloser, error) {
+	arts, err := artifactsOf(rec)
 	if err != nil {
 		return nil, err
 	}
 	for _, a := range arts {
-		if a.Path == path {
-			return s.Store.OpenArtifact(ctx, run.Ref(), path)
+		if a.Path == path && store != nil {
+			return store.OpenArtifact(ctx, rec.Ref(), path)
 		}
 	}
-	return nil, fmt.Errorf("%w: run %s has no artifact %q", ErrNotFound, id, path)
+	return nil, fmt.Errorf("%w: run %s has no artifact %q", ErrNotFound, rec.RunID, path)
 }
 
 // Hosts: a blob store knows nothing of worker hosts.
