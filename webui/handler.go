@@ -63,6 +63,10 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxStreams caps concurrent live connections (<= 0: DefaultMaxStreams).
 	MaxStreams int
+	// Tenant, when set, names the tenant a request reads as: it sees only
+	// that tenant's runs (another tenant's run is not found) and only that
+	// tenant's leases on the hosts page. ok false: the request sees no run.
+	Tenant func(r *http.Request) (tenant string, ok bool)
 }
 
 // Handler serves the web interface over a Source.
@@ -73,6 +77,8 @@ type Handler struct {
 	mux   *http.ServeMux
 	pages map[string]*template.Template
 	slots chan struct{}
+	// tenant scopes requests (Options.Tenant).
+	tenant func(*http.Request) (string, bool)
 }
 
 // New returns a Handler reading src.
@@ -87,7 +93,7 @@ func New(src Source, opts Options) (*Handler, error) {
 	if opts.MaxStreams <= 0 {
 		opts.MaxStreams = DefaultMaxStreams
 	}
-	h := &Handler{src: src, base: base, log: opts.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{}, slots: make(chan struct{}, opts.MaxStreams)}
+	h := &Handler{src: src, base: base, log: opts.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{}, slots: make(chan struct{}, opts.MaxStreams), tenant: opts.Tenant}
 	funcs := template.FuncMap{
 		"base": func() string { return base },
 		"t":    termsafe.String,
@@ -270,7 +276,7 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	runs, err := h.src.Runs(r.Context(), f)
+	runs, err := h.source(r).Runs(r.Context(), f)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -339,11 +345,12 @@ func (h *Handler) runEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	src := h.source(r)
 	var last [32]byte
 	tick := time.NewTicker(listPoll)
 	defer tick.Stop()
 	for {
-		runs, err := h.src.Runs(ctx, f)
+		runs, err := src.Runs(ctx, f)
 		if err == nil {
 			var buf bytes.Buffer
 			if err := h.pages["runs.html"].ExecuteTemplate(&buf, "rows", runs); err != nil {
@@ -393,6 +400,12 @@ func (h *Handler) outputEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	ctx := r.Context()
+	src := h.source(r)
+	if _, err := src.Run(ctx, id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	if !h.acquire(w) {
 		return
 	}
@@ -401,12 +414,11 @@ func (h *Handler) outputEvents(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx := r.Context()
 	var text bytes.Buffer
 	esc := termsafe.NewWriter(&text)
 	sent := int64(0)
 	for {
-		c, err := h.src.FollowOutput(ctx, id, off, outputChunk)
+		c, err := src.FollowOutput(ctx, id, off, outputChunk)
 		if err != nil {
 			if ctx.Err() == nil {
 				_ = send("failed", "", err.Error())
@@ -463,7 +475,7 @@ func safeFileName(p string) string {
 // download serves one of a run's records as a download.
 func (h *Handler) download(o Object, name string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		rc, err := h.src.OpenObject(r.Context(), r.PathValue("id"), o)
+		rc, err := h.source(r).OpenObject(r.Context(), r.PathValue("id"), o)
 		if err != nil {
 			h.fail(w, r, err)
 			return
@@ -476,7 +488,7 @@ func (h *Handler) download(o Object, name string) http.HandlerFunc {
 
 func (h *Handler) artifact(w http.ResponseWriter, r *http.Request) {
 	p := r.PathValue("path")
-	rc, err := h.src.OpenArtifact(r.Context(), r.PathValue("id"), p)
+	rc, err := h.source(r).OpenArtifact(r.Context(), r.PathValue("id"), p)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -531,7 +543,7 @@ type runPage struct {
 func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	run, err := h.src.Run(ctx, id)
+	run, err := h.source(r).Run(ctx, id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -669,7 +681,7 @@ type isolationPage struct {
 func (h *Handler) isolation(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	run, err := h.src.Run(ctx, id)
+	run, err := h.source(r).Run(ctx, id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -724,7 +736,7 @@ type hostsPage struct {
 }
 
 func (h *Handler) hosts(w http.ResponseWriter, r *http.Request) {
-	hosts, err := h.src.Hosts(r.Context())
+	hosts, err := h.source(r).Hosts(r.Context())
 	pg := hostsPage{Title: "Hosts", Hosts: hosts}
 	switch {
 	case errors.Is(err, ErrNoHosts):

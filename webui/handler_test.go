@@ -22,24 +22,30 @@ import (
 // artifact whose name and content are markup.
 func storeWithRun(t *testing.T) (*persist.Store, runindex.Record) {
 	t.Helper()
-	ctx := context.Background()
-	st, err := persist.Open(ctx, "mem://")
+	st, err := persist.Open(context.Background(), "mem://")
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
-	ref := persist.RunRef{UserID: "u1", ConversationID: "c1", TaskID: "t1", RunID: "r1"}
+	return st, putRun(t, st, "u1", "r1")
+}
+
+// putRun stores a finished run of user with an output log and an artifact.
+func putRun(t *testing.T, st *persist.Store, user, runID string) runindex.Record {
+	t.Helper()
+	ctx := context.Background()
+	ref := persist.RunRef{UserID: user, ConversationID: "c1", TaskID: "t1", RunID: runID}
 	logInfo, err := st.PutRunFile(ctx, ref, "output.log", strings.NewReader("line one\n\x1b[2Jline two\n"), "text/plain")
 	require.NoError(t, err)
 	art, err := st.PutArtifact(ctx, ref, `dir/<b>x</b>.html`, strings.NewReader("<script>alert(1)</script>"), "text/html")
 	require.NoError(t, err)
 	exit := 0
 	rec := runindex.Record{
-		RunID: "r1", UserID: "u1", ConversationID: "c1", TaskID: "t1", Status: model.StatusSucceeded,
+		RunID: runID, UserID: user, ConversationID: "c1", TaskID: "t1", Status: model.StatusSucceeded,
 		Start: time.Now().Add(-time.Minute).UTC(), End: time.Now().UTC(), ExitCode: &exit,
 		Keys: runindex.Keys{Log: logInfo.Key}, Stored: []persist.ObjectInfo{logInfo, art},
 	}
 	_, err = runindex.Put(ctx, st, &rec)
 	require.NoError(t, err)
-	return st, rec
+	return rec
 }
 
 func get(t *testing.T, url string) (*http.Response, string) {
@@ -112,4 +118,48 @@ func TestOutputEventsOfAStoredRun(t *testing.T) {
 	resp, body = get(t, srv.URL+"/runs/r1/output?from=9")
 	assert.Contains(t, body, `{"o":9,"d":"^[[2Jline two\n"}`)
 	resp.Body.Close()
+}
+
+// With Options.Tenant a request sees only its tenant's runs: another
+// tenant's run is not listed and answers 404 on every path, as a run that
+// does not exist does.
+func TestTenantScope(t *testing.T) {
+	st, _ := storeWithRun(t)
+	putRun(t, st, "u2", "r2")
+	h, err := webui.New(&webui.StoreSource{Store: st}, webui.Options{Tenant: func(r *http.Request) (string, bool) {
+		u := r.Header.Get("X-Test-User")
+		return u, u != ""
+	}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	as := func(user, path string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		require.NoError(t, err)
+		if user != "" {
+			req.Header.Set("X-Test-User", user)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+
+	code, body := as("u1", "/")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `data-run="r1"`)
+	assert.NotContains(t, body, `data-run="r2"`)
+	_, body = as("u1", "/?tenant=u2")
+	assert.NotContains(t, body, `data-run="r2"`, "a filter naming another tenant shows nothing of it")
+	for _, p := range []string{"/runs/r2", "/runs/r2/isolation", "/runs/r2/log", "/runs/r2/output", "/runs/r2/artifacts/dir/%3Cb%3Ex%3C/b%3E.html"} {
+		code, body := as("u1", p)
+		assert.Contains(t, []int{http.StatusNotFound}, code, p)
+		assert.NotContains(t, body, "line one", p)
+	}
+	code, _ = as("u2", "/runs/r2/log")
+	assert.Equal(t, http.StatusOK, code)
+	_, body = as("", "/")
+	assert.NotContains(t, body, `data-run=`, "a request without a tenant sees no run")
 }

@@ -101,8 +101,8 @@ type Host struct {
 	Reported bool
 	// Slots and FreeSlots are the worker's capacity at its last report.
 	Slots, FreeSlots int
-	// Leases are the run IDs it holds leases on.
-	Leases []string
+	// Leases are the runs it holds leases on.
+	Leases []Lease
 	// WarmPool is the number of warm containers it reported, -1 if unknown.
 	WarmPool int
 	// LastHeartbeat is when it last asked for work or renewed a lease.
@@ -111,6 +111,11 @@ type Host struct {
 	LeaseExpires time.Time
 	// Labels are what it advertised (runtimes, images, backend).
 	Labels map[string]string
+}
+
+// Lease is a run a worker holds a lease on.
+type Lease struct {
+	RunID, Tenant string
 }
 
 // Source is what the interface reads. Implementations must be safe for
