@@ -163,3 +163,31 @@ func TestTenantScope(t *testing.T) {
 	_, body = as("", "/")
 	assert.NotContains(t, body, `data-run=`, "a request without a tenant sees no run")
 }
+
+// BasicAsBearer passes a Basic password on as the bearer token, and
+// challenges a request without credentials.
+func TestBasicAsBearer(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(webui.BasicAsBearer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Header.Get("Authorization"))
+	})))
+	t.Cleanup(srv.Close)
+	req, err := http.NewRequest(http.MethodGet, srv.URL+"/ui/", nil)
+	require.NoError(t, err)
+	req.SetBasicAuth("anyone", "tok-123")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+
+	req.Header.Set("Authorization", "Bearer tok-456")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, []string{"Bearer tok-123", "Bearer tok-456"}, got)
+
+	resp, _ = get(t, srv.URL+"/ui/")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	assert.Contains(t, resp.Header.Get("WWW-Authenticate"), "Basic")
+	assert.Len(t, got, 2, "an unauthenticated request never reaches the handler")
+}
