@@ -2,6 +2,7 @@ package webui
 
 import (
 	"net/http"
+	"strings"
 )
 
 // BasicAsBearer lets a browser authenticate with the control plane's bearer
@@ -19,6 +20,21 @@ func BasicAsBearer(next http.Handler) http.Handler {
 			setSecureHeaders(w.Header())
 			w.Header().Set("WWW-Authenticate", `Basic realm="taskrun", charset="UTF-8"`)
 			http.Error(w, "sign in with your taskrun user token as the password", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// BrowserSignIn wraps a control plane's handler so that browsers can sign in
+// to the interface it mounts under prefix (e.g. "/ui/"): requests under
+// prefix go through BasicAsBearer, every other request reaches next
+// unchanged.
+func BrowserSignIn(next http.Handler, prefix string) http.Handler {
+	ui := BasicAsBearer(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, prefix) {
+			ui.ServeHTTP(w, r)
 			return
 		}
 		next.ServeHTTP(w, r)
