@@ -9,7 +9,8 @@ import (
 // tokens: a request with HTTP Basic credentials has its password (the token;
 // the user name is ignored) passed on to next as "Authorization: Bearer",
 // and a request without any Authorization header is answered 401 with a
-// Basic challenge, so the browser asks for the token. next does the actual
+// Basic challenge, so the browser asks for the token; so is every 401 of
+// next (a wrong token), so the browser asks again. next does the actual
 // authentication, exactly as for the API.
 func BasicAsBearer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -18,12 +19,35 @@ func BasicAsBearer(next http.Handler) http.Handler {
 			r.Header.Set("Authorization", "Bearer "+token)
 		} else if r.Header.Get("Authorization") == "" {
 			setSecureHeaders(w.Header())
-			w.Header().Set("WWW-Authenticate", `Basic realm="taskrun", charset="UTF-8"`)
+			w.Header().Set("WWW-Authenticate", basicRealm)
 			http.Error(w, "sign in with your taskrun user token as the password", http.StatusUnauthorized)
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(basicChallenge{w}, r)
 	})
+}
+
+const basicRealm = `Basic realm="taskrun", charset="UTF-8"`
+
+// basicChallenge turns a 401's challenge into a Basic one.
+type basicChallenge struct{ http.ResponseWriter }
+
+func (b basicChallenge) WriteHeader(code int) {
+	if code == http.StatusUnauthorized {
+		b.Header().Set("WWW-Authenticate", basicRealm)
+	}
+	b.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer (flushing
+// server-sent events).
+func (b basicChallenge) Unwrap() http.ResponseWriter { return b.ResponseWriter }
+
+// Flush flushes the underlying writer, for server-sent events.
+func (b basicChallenge) Flush() {
+	if f, ok := b.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
 }
 
 // BrowserSignIn wraps a control plane's handler so that browsers can sign in

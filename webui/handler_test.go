@@ -170,6 +170,10 @@ func TestBasicAsBearer(t *testing.T) {
 	var got []string
 	srv := httptest.NewServer(webui.BasicAsBearer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got = append(got, r.Header.Get("Authorization"))
+		if r.Header.Get("Authorization") == "Bearer wrong" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="api"`)
+			w.WriteHeader(http.StatusUnauthorized)
+		}
 	})))
 	t.Cleanup(srv.Close)
 	req, err := http.NewRequest(http.MethodGet, srv.URL+"/ui/", nil)
@@ -190,4 +194,12 @@ func TestBasicAsBearer(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 	assert.Contains(t, resp.Header.Get("WWW-Authenticate"), "Basic")
 	assert.Len(t, got, 2, "an unauthenticated request never reaches the handler")
+
+	req.Header.Del("Authorization")
+	req.SetBasicAuth("anyone", "wrong")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	assert.Contains(t, resp.Header.Get("WWW-Authenticate"), "Basic", "a wrong token is asked for again")
 }
