@@ -300,15 +300,13 @@ func (h *Handler) release() { <-h.slots }
 
 // sse starts a server-sent event answer.
 func sse(w http.ResponseWriter) (send func(event, id string, data any) error, ok bool) {
-	fl, ok := w.(http.Flusher)
-	if !ok {
-		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
-		return nil, false
-	}
+	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	fl.Flush()
+	if err := rc.Flush(); err != nil {
+		return nil, false // the writer cannot stream
+	}
 	return func(event, id string, data any) error {
 		// JSON has no raw newline, so one data line carries the event.
 		raw, err := json.Marshal(data)
@@ -324,8 +322,7 @@ func sse(w http.ResponseWriter) (send func(event, id string, data any) error, ok
 		if _, err := w.Write(b.Bytes()); err != nil {
 			return err
 		}
-		fl.Flush()
-		return nil
+		return rc.Flush()
 	}, true
 }
 
