@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -155,7 +156,9 @@ func firstString(m map[string]json.RawMessage, keys ...string) string {
 }
 
 // parseTrace renders an agent trace: JSON lines of any shape (the agent
-// writes them), each shown with its time and kind when it has them.
+// writes them), each shown with its time, its kind and a one-line summary of
+// its fields when it has them. Lines the gateway appended (model exchanges)
+// are summarized as such.
 func parseTrace(r io.Reader) ([]timelineEntry, int, error) {
 	var out []timelineEntry
 	omitted, err := readLines(r, func(line []byte) {
@@ -165,14 +168,65 @@ func parseTrace(r io.Reader) ([]timelineEntry, int, error) {
 			return
 		}
 		e := timelineEntry{
-			Time:   safeText([]byte(firstString(m, "ts", "time", "timestamp"))),
+			Time:   shortTime(firstString(m, "ts", "time", "timestamp")),
 			Kind:   safeText([]byte(firstString(m, "type", "kind", "event", "role"))),
 			Detail: prettyJSON(line),
 		}
-		e.Summary = clip(safeText([]byte(firstString(m, "message", "content", "text", "name", "tool", "path"))), 200)
+		_, hasSeq := m["seq"]
+		_, hasAPI := m["api"]
+		switch {
+		case e.Kind == "" && hasSeq && hasAPI:
+			var x gatewayExchange
+			_ = json.Unmarshal(line, &x)
+			e.Kind, e.Summary = "model exchange", exchangeSummary(x)
+		default:
+			e.Summary = firstString(m, "message", "content", "text")
+			if e.Summary == "" {
+				var data map[string]json.RawMessage
+				if json.Unmarshal(m["data"], &data) == nil {
+					e.Summary = fieldsSummary(data)
+				}
+			}
+			e.Summary = clip(safeText([]byte(e.Summary)), 240)
+		}
 		out = append(out, e)
 	})
 	return out, omitted, err
+}
+
+// shortTime shows an RFC 3339 time as its time of day to the millisecond,
+// and anything else as it is (made safe).
+func shortTime(s string) string {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t.UTC().Format("15:04:05.000")
+	}
+	return clip(safeText([]byte(s)), 40)
+}
+
+// fieldsSummary shows an object's fields on one line, key=value, values
+// clipped.
+func fieldsSummary(m map[string]json.RawMessage) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(" · ")
+		}
+		v := string(m[k])
+		var str string
+		if json.Unmarshal(m[k], &str) == nil {
+			v = str
+		}
+		b.WriteString(k + "=" + clip(v, 80))
+		if b.Len() > 240 {
+			break
+		}
+	}
+	return b.String()
 }
 
 // gatewayExchange is a line of the gateway's record of model exchanges.
@@ -200,13 +254,7 @@ func parseGateway(r io.Reader) ([]timelineEntry, int, error) {
 			out = append(out, timelineEntry{Kind: "unreadable", Detail: clip(safeText(line), MaxShownJSONBytes)})
 			return
 		}
-		sum := fmt.Sprintf("#%d %s %s → %d in %d ms", x.Seq, safeText([]byte(x.API)), safeText([]byte(x.Path)), x.Status, x.DurationMS)
-		if x.Stream {
-			sum += " (stream)"
-		}
-		if x.Usage != nil {
-			sum += fmt.Sprintf(", %d prompt + %d completion tokens", x.Usage.PromptTokens, x.Usage.CompletionTokens)
-		}
+		sum := exchangeSummary(x)
 		out = append(out, timelineEntry{
 			Time:    x.Time.UTC().Format("15:04:05.000"),
 			Kind:    "exchange",
@@ -216,6 +264,18 @@ func parseGateway(r io.Reader) ([]timelineEntry, int, error) {
 		})
 	})
 	return out, omitted, err
+}
+
+// exchangeSummary is one model exchange on one line.
+func exchangeSummary(x gatewayExchange) string {
+	sum := fmt.Sprintf("#%d %s %s → %d in %d ms", x.Seq, safeText([]byte(x.API)), safeText([]byte(x.Path)), x.Status, x.DurationMS)
+	if x.Stream {
+		sum += " (stream)"
+	}
+	if x.Usage != nil {
+		sum += fmt.Sprintf(", %d prompt + %d completion tokens", x.Usage.PromptTokens, x.Usage.CompletionTokens)
+	}
+	return clip(sum, 400)
 }
 
 // egressRow is one connection of the egress record, made displayable.
