@@ -10,11 +10,12 @@ TASKRUN := $(BIN)/taskrun
 # Tests never pull images; testcontainers' reaper image cannot be pulled here.
 export TESTCONTAINERS_RYUK_DISABLED ?= true
 
-# In CI every part is required: tests that need gVisor, the S3 server or
-# Chromium (the web interface's browser tests) fail instead of skipping when
-# it is missing.
+# In CI every part is required: tests that need gVisor, the S3 server,
+# PostgreSQL or Chromium (the web interface's browser tests) fail instead of
+# skipping when it is missing.
 ifeq ($(CI),true)
 export TASKRUN_REQUIRE_S3 := 1
+export TASKRUN_REQUIRE_POSTGRES := 1
 export TASKRUN_REQUIRE_RUNSC := 1
 export TASKRUN_REQUIRE_CHROMIUM := 1
 endif

@@ -7,6 +7,7 @@ import (
 	"github.com/docker/go-units"
 	"github.com/spf13/pflag"
 
+	"github.com/taskrun/taskrun/controlplane/client"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 )
@@ -124,3 +125,23 @@ func (s sizeFlag) String() string {
 }
 
 func (sizeFlag) Type() string { return "size" }
+
+// userAPIFlags are --server and --token for commands that use the control
+// plane's user API (submit, and runs and logs with --server).
+type userAPIFlags struct {
+	server, token string
+}
+
+func (u *userAPIFlags) define(fs *pflag.FlagSet, serverUsage string) {
+	fs.StringVar(&u.server, "server", "", serverUsage)
+	fs.StringVar(&u.token, "token", "", "user token for the control plane (default $"+envToken+"; prefer the variable: a flag shows in ps)")
+}
+
+// client returns the user API client; the token defaults to $TASKRUN_TOKEN.
+func (u *userAPIFlags) client() (*client.Client, error) {
+	tok := u.token
+	if tok == "" {
+		tok = os.Getenv(envToken)
+	}
+	return client.New(u.server, tok, nil)
+}
