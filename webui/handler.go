@@ -254,9 +254,9 @@ func filterOf(r *http.Request) (Filter, error) {
 		}
 	}
 	switch f.Status {
-	case "", model.StatusRunning, model.StatusSucceeded, model.StatusFailed, model.StatusCancelled:
+	case "", model.StatusQueued, model.StatusRunning, model.StatusSucceeded, model.StatusFailed, model.StatusCancelled:
 	default:
-		return f, fmt.Errorf("%w: status %q: use RUNNING, SUCCEEDED, FAILED or CANCELLED", model.ErrInvalidID, q.Get("status"))
+		return f, fmt.Errorf("%w: status %q: use QUEUED, RUNNING, SUCCEEDED, FAILED or CANCELLED", model.ErrInvalidID, q.Get("status"))
 	}
 	return f, nil
 }
@@ -281,7 +281,7 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.render(w, http.StatusOK, "runs.html", runsPage{Title: "Runs", Statuses: []string{"RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}, Filter: f, Query: r.URL.RawQuery, Runs: runs})
+	h.render(w, http.StatusOK, "runs.html", runsPage{Title: "Runs", Statuses: []string{"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}, Filter: f, Query: r.URL.RawQuery, Runs: runs})
 }
 
 // acquire takes a live connection slot, or answers 503.

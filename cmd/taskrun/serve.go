@@ -45,9 +45,10 @@ const (
 
 const defaultDB = "sqlite://./.taskrun/controlplane.db"
 
-// serveUI, when set (by the web UI's file), returns the handler serve mounts
-// under /ui/, reading runs through r.
-var serveUI func(r controlplane.RunReader, log *slog.Logger) http.Handler
+// serveUI, when set (by the web UI's file, serveui.go), returns the handler
+// serve mounts under /ui/, reading runs through r and their records from
+// blobs, and the server's handler wrapped so that browsers can sign in to it.
+var serveUI func(r controlplane.RunReader, blobs *persist.Store, log *slog.Logger) (ui http.Handler, wrap func(http.Handler) http.Handler, err error)
 
 type serveOptions struct {
 	listen, db, store        string
@@ -142,8 +143,12 @@ func runServe(ctx context.Context, a *app, o serveOptions) int {
 	defer blobs.Close()
 	cfg := server.Config{Store: store, Blobs: blobs, Tokens: tk, LeaseTTL: o.leaseTTL, Log: a.log,
 		Limits: server.Limits{MaxWorkspaceBytes: o.maxWorkspace, MaxOutputBytes: o.maxOutput}}
+	wrap := func(h http.Handler) http.Handler { return h }
 	if serveUI != nil {
-		cfg.UI = serveUI(store, a.log)
+		if cfg.UI, wrap, err = serveUI(store, blobs, a.log); err != nil {
+			fmt.Fprintln(a.stderr, "taskrun serve: web interface:", err)
+			return exitCannotRun
+		}
 	}
 	srv, err := server.New(cfg)
 	if err != nil {
@@ -155,7 +160,7 @@ func runServe(ctx context.Context, a *app, o serveOptions) int {
 		fmt.Fprintln(a.stderr, "taskrun serve: --listen:", err)
 		return exitCannotRun
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	hs := &http.Server{Handler: wrap(srv.Handler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
