@@ -23,7 +23,9 @@ import (
 const serveHelp = `
 Serves the reference control plane: the user API (taskrun submit, runs and
 logs --server), the worker API (taskrun worker leases runs, reports status
-and streams output), /metrics (Prometheus), /healthz and /readyz.
+and streams output), the read-only web interface under /ui/ (sign in with
+any user name and a user token as the password), /metrics (Prometheus),
+/healthz and /readyz.
 
 --db is sqlite:///path/to/file.db (the default; one replica) or a
 postgres:// URL (several replicas may share it). The schema is created or
