@@ -181,14 +181,20 @@ func TestHostileRunCannotRunScript(t *testing.T) {
 
 	control := newPage(t)
 	control.do(t, chromedp.Navigate(f.url("/control")))
-	require.Eventually(t, func() bool { return len(control.Fired()) > 0 }, 30*time.Second, 50*time.Millisecond,
-		"the control payload never reached the binding: the detection does not work")
+	require.Eventually(t, func() bool { return len(control.Fired()) == 2 }, 30*time.Second, 50*time.Millisecond,
+		"the control payloads never both reached the binding (%v): the detection does not work", control.Fired())
 	assert.ElementsMatch(t, []string{"control", "inline"}, control.Fired())
 
-	// The same payload under the interface's headers: the policy blocks it.
+	// The same payloads under the interface's headers: the policy blocks
+	// them. The inline script would have run while the page was parsed; the
+	// image's error handler by the time the image is complete.
 	csp := newPage(t)
 	csp.do(t, chromedp.Navigate(f.url("/control-csp")))
-	time.Sleep(200 * time.Millisecond) // the control's payloads had fired by now
+	require.Eventually(t, func() bool {
+		done, err := chromedp.Run(csp.ctx, chromedp.Evaluate[bool](`document.images.length == 1 && document.images[0].complete`))
+		return err == nil && done
+	}, 30*time.Second, 50*time.Millisecond, "the control image never finished loading")
+	time.Sleep(100 * time.Millisecond) // let the error event's task run
 	assert.Empty(t, csp.Fired(), "the Content-Security-Policy let an inline payload run")
 
 	p := newPage(t)
