@@ -43,6 +43,9 @@ type isolation struct {
 	contradictions []string
 	// egress is the run's egress policy and totals; nil without a policy.
 	egress *audit.EgressRecord
+	// imageDigest names the image the run used (its repo digest, else its
+	// ID); empty keeps the posture's image ID.
+	imageDigest string
 }
 
 // newIsolation prepares the checks of a run of p under policy (p's policy
@@ -152,6 +155,9 @@ func (iso *isolation) record(runID string) []byte {
 	}
 	rec := audit.NewRecord(runID, *iso.posture, iso.host, iso.opts, iso.probeReport, iso.contradictions, time.Now())
 	rec.Egress = iso.egress
+	if iso.imageDigest != "" {
+		rec.ImageDigest = iso.imageDigest
+	}
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return nil // a Record always marshals

@@ -22,6 +22,12 @@ type Outcome struct {
 	Exit sandbox.Result `json:"exit"`
 	// ContainerID is the container that ran the agent.
 	ContainerID string `json:"container_id,omitempty"`
+	// Image is the image reference the run asked for; ImageDigest names
+	// the image it used: the repo digest (name@sha256:...) when the image
+	// came from a registry, else its image ID. ImageDigest is empty when
+	// the image was never resolved.
+	Image       string `json:"image,omitempty"`
+	ImageDigest string `json:"image_digest,omitempty"`
 	// Result is the seed's run result.
 	Result RunResult `json:"result"`
 	// Artifacts are the stored artifacts, in path order.
@@ -134,6 +140,8 @@ func outcome(p *plan, ex execution, v verdict, st stored, persistErr error) *Out
 		Reason:             v.reason,
 		Exit:               ex.Exit,
 		ContainerID:        ex.ContainerID,
+		Image:              p.spec.Image,
+		ImageDigest:        ex.ImageDigest,
 		Artifacts:          st.artifacts,
 		DroppedOutputBytes: ex.DroppedOutputBytes,
 		Stored:             st.objects,

@@ -111,7 +111,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 			p.log.Warn("remove container", "container", h.ID(), "err", err)
 		}
 	}()
-	ex.ContainerID, ex.Runtime = h.ID(), p.policy.Runtime
+	ex.ContainerID, ex.Runtime, ex.ImageDigest = h.ID(), p.policy.Runtime, p.image.Digest()
 	journalStarted(p, wd, h.ID())
 	p.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", p.policy.Runtime)
 
@@ -120,7 +120,8 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	defer stop()
 	auditErr := iso.auditLive(ctx, p.in.Sandbox, h)
 	if iso.posture != nil {
-		ex.ImageDigest, ex.Runtime = iso.posture.Image, iso.posture.Runtime
+		ex.ImageDigest, ex.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
+		iso.imageDigest = ex.ImageDigest
 	}
 	if auditErr != nil {
 		stop()
@@ -151,6 +152,16 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
 	}
 	return ex, errors.Join(auditErr, diskErr, probeErr, egressErr, res.Err)
+}
+
+// imageDigest is the digest a run's records name its image by: the repo
+// digest the image was resolved to, when the container really ran that
+// image (ranID, the image ID the engine reports for it), else ranID.
+func imageDigest(resolved sandbox.Image, ranID string) string {
+	if ranID == "" || resolved.ID == ranID {
+		return resolved.Digest()
+	}
+	return ranID
 }
 
 // watchDisk stops the run through stop when the run dir outgrows its cap. It

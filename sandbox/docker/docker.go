@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -53,6 +54,13 @@ type Backend struct {
 	drainIdle   time.Duration
 	now         func() time.Time
 	instance    string
+
+	// progress, when set, is the terminal pulls are shown on (fd
+	// progressFd); dockerConfig is the docker CLI config directory for
+	// registry credentials ("" for DOCKER_CONFIG or ~/.docker).
+	progress     io.Writer
+	progressFd   uintptr
+	dockerConfig string
 
 	mu   sync.Mutex
 	live map[string]*handle
@@ -228,7 +236,7 @@ func setInstance(labels map[string]string, id string) {
 func (b *Backend) createError(spec sandbox.Spec, err error) error {
 	switch {
 	case isNotFound(err):
-		return fmt.Errorf("create container: %w: %q: %w; build it with `taskrun images build` (or `make images`); images are never pulled",
+		return fmt.Errorf("create container: %w locally: %q: %w; build it with `taskrun images build` (or `make images`) or pull it (taskrun run --pull missing)",
 			sandbox.ErrImageNotFound, spec.Image, err)
 	case isConnectionFailed(err):
 		return fmt.Errorf("create container: %w at %s: %w; start dockerd or set DOCKER_HOST",
@@ -300,4 +308,5 @@ func shortID(id string) string {
 var (
 	_ sandbox.Backend         = (*Backend)(nil)
 	_ sandbox.EngineDescriber = (*Backend)(nil)
+	_ sandbox.ImageResolver   = (*Backend)(nil)
 )
