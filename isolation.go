@@ -144,6 +144,9 @@ func (iso *isolation) readProbe(exit sandbox.Result) error {
 	if len(iso.contradictions) > 0 {
 		return fmt.Errorf("%w: the in-sandbox self-check refused the run: %s", ErrIsolation, strings.Join(iso.contradictions, "; "))
 	}
+	if c := rep.Command; c != nil {
+		return fmt.Errorf("%w: %s: %s; %s (see \"What an agent image needs\" in the README)", sandbox.ErrImageUnusable, c.Command, c.Problem, c.Need)
+	}
 	return nil
 }
 

@@ -85,6 +85,10 @@ func isUnauthorized(err error) bool {
 	return cerrdefs.IsUnauthorized(err) || cerrdefs.IsPermissionDenied(err)
 }
 
+// isInvalidArgument reports whether err is the engine's "invalid
+// parameter" error (for a start: the command could not be executed).
+func isInvalidArgument(err error) bool { return cerrdefs.IsInvalidArgument(err) }
+
 // isConflict reports whether err is the engine's "conflict" error (e.g. a
 // removal already in progress).
 func isConflict(err error) bool { return cerrdefs.IsConflict(err) }

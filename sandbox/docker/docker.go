@@ -44,6 +44,10 @@ const (
 	cleanupTimeout = 30 * time.Second
 )
 
+// imageNeeds is what an image needs to start under the sandbox policy,
+// named when it does not.
+const imageNeeds = "an agent image needs its command to exist and to be readable and executable by any uid (a static or self-contained binary), since runs use a uid of their own and a read-only root filesystem"
+
 // Backend runs sandbox containers on a Docker Engine. It is safe for
 // concurrent use.
 type Backend struct {

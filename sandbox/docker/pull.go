@@ -125,12 +125,16 @@ func (b *Backend) pullError(ref, domain string, authenticated bool, err error) e
 	return fmt.Errorf("%w: pull %s: %w; check that %s is reachable from the Docker engine", sandbox.ErrImagePull, ref, err, domain)
 }
 
-// mentionsUnauthorized and mentionsNotFound recognise the distribution
-// error codes (UNAUTHORIZED, DENIED, MANIFEST_UNKNOWN, NAME_UNKNOWN) that
-// the engine passes on only as text in a pull's progress stream.
+// mentionsUnauthorized and mentionsNotFound recognise the registry's
+// refusals (distribution's UNAUTHORIZED, DENIED, MANIFEST_UNKNOWN,
+// NAME_UNKNOWN, and the engine's own "no basic auth credentials") where the
+// engine passes them on only as text: Docker 20.10 answers a refused pull
+// with a 500 whose message is the registry's, or puts it in the progress
+// stream. The engine's typed errors are checked first.
 func mentionsUnauthorized(msg string) bool {
 	m := strings.ToLower(msg)
-	return strings.Contains(m, "unauthorized") || strings.Contains(m, "authentication required") || strings.Contains(m, "denied:")
+	return strings.Contains(m, "unauthorized") || strings.Contains(m, "authentication required") ||
+		strings.Contains(m, "no basic auth credentials") || strings.Contains(m, "denied:")
 }
 
 func mentionsNotFound(msg string) bool {
