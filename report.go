@@ -96,6 +96,14 @@ func judge(ctx context.Context, p *plan, ex execution, runErr error) verdict {
 	case exit.ExitCode != 0 && ex.ModelUpstream != "":
 		// The agent failed because its model did: say which.
 		v.status, v.reason = model.StatusFailed, fmt.Sprintf("%s (the agent exited with code %d)", ex.ModelUpstream, exit.ExitCode)
+	case exit.ExitCode != 0 && ex.ReadOnlyRootWrite:
+		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d; its stderr reports a write to a read-only file system: "+
+			"the root filesystem is read-only, so an agent image may write only under /taskrun/home ($HOME) and /tmp (see \"What an agent image needs\" in the README)", exit.ExitCode)
+	case (exit.ExitCode == 126 || exit.ExitCode == 127) && len(p.helpers) == 0:
+		// Without the self-check, the init process reports a command it
+		// could not exec with these codes, as a shell does.
+		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d: the command could not be found or executed in the image, or itself exited so; "+
+			"an agent image needs its command readable and executable by any uid (runs use a uid of their own), and the self-check (helpers) names the exact cause (see \"What an agent image needs\" in the README)", exit.ExitCode)
 	case exit.ExitCode != 0:
 		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d", exit.ExitCode)
 	}
