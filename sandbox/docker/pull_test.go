@@ -79,10 +79,16 @@ func TestResolveImagePullsWithDockerConfigCredentials(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, img.Pulled)
 
-	// By digest, after the local copy is gone.
+	// By digest, after the local copy is gone, on a terminal: shown as
+	// docker pull shows it, each layer's line redrawn in place.
 	require.NoError(t, registrytest.RemoveImage(t.Context(), cli, pushed.ID))
-	img, err = b.ResolveImage(t.Context(), pushed.Digest, sandbox.PullMissing)
+	var term bytes.Buffer
+	tb, _ := newTestBackend(t, WithDockerConfig(cfg), WithPullProgress(&term, 0, true))
+	img, err = tb.ResolveImage(t.Context(), pushed.Digest, sandbox.PullMissing)
 	require.NoError(t, err)
+	assert.Contains(t, term.String(), "Pulling from taskrun-test/")
+	assert.Contains(t, term.String(), "Pull complete")
+	assert.Contains(t, term.String(), "\x1b[", "progress lines are redrawn in place")
 	assert.True(t, img.Pulled)
 	assert.Equal(t, pushed.ID, img.ID)
 	assert.Equal(t, pushed.Digest, img.RepoDigest)
