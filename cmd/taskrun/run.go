@@ -90,7 +90,8 @@ control characters and escape sequences in them are shown as text (ESC as ^[);
 --raw passes them through. The stored output log is always byte-exact.
 
 Exit status: the command's own, 124 on timeout, 125 when taskrun could not run
-the container (bad input, no Docker engine, missing image), 130 on interrupt.
+the container (bad input, no Docker engine, a missing, refused or unpullable
+image), 130 on interrupt.
 `
 
 func init() {
