@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
@@ -71,7 +72,7 @@ func assertNothingLeft(t *testing.T, docker *client.Client, root, image string) 
 	entries, _ := os.ReadDir(filepath.Join(root, "users"))
 	assert.Empty(t, entries, "run directories left behind")
 	_, err = docker.ImageInspect(t.Context(), image)
-	assert.True(t, client.IsErrNotFound(err), "image %s is on the host: %v", image, err)
+	assert.True(t, cerrdefs.IsNotFound(err), "image %s is on the host: %v", image, err)
 }
 
 // A real run pulls its image from an authenticated registry by tag and by

@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/build"
 	dockerimage "github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/registry"
@@ -286,7 +287,7 @@ func (r *Registry) BuildAndPush(ctx context.Context, cli *client.Client, base, r
 // already gone is not an error.
 func RemoveImage(ctx context.Context, cli *client.Client, id string) error {
 	_, err := cli.ImageRemove(ctx, id, dockerimage.RemoveOptions{Force: true, PruneChildren: true})
-	if err != nil && !client.IsErrNotFound(err) {
+	if err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("remove image %s: %w", id, err)
 	}
 	return nil

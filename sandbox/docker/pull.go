@@ -213,9 +213,6 @@ func summarisePull(ctx context.Context, log *slog.Logger, ref string, body io.Re
 		if m.Error != nil {
 			return m.Error
 		}
-		if m.ErrorMessage != "" {
-			return &jsonmessage.JSONError{Message: m.ErrorMessage}
-		}
 		switch {
 		case m.ID != "" && m.Progress != nil && m.Progress.Total > 0 && strings.HasPrefix(m.Status, "Downloading"):
 			layers[m.ID] = layers[m.ID] || false

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/client"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -123,5 +124,5 @@ func TestResolveImagePullFailuresSayWhy(t *testing.T) {
 	})
 	// Nothing of the image is left locally after the failed pulls.
 	_, err := cli.ImageInspect(t.Context(), pushed.Ref)
-	require.True(t, client.IsErrNotFound(err), "the failed pulls left %s behind: %v", pushed.Ref, err)
+	require.True(t, cerrdefs.IsNotFound(err), "the failed pulls left %s behind: %v", pushed.Ref, err)
 }
