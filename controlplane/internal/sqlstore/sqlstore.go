@@ -30,7 +30,7 @@ type Dialect struct {
 	// rest of the transaction ("FOR UPDATE OF r"); empty where the whole
 	// database has one writer.
 	LockRows string
-	// SkipLocked is appended to the queue's SELECT so concurrent leases pass
+	// SkipLocked is appended to a SELECT of runs to lock the rows read, passing
 	// over rows another transaction holds ("FOR UPDATE OF r SKIP LOCKED").
 	SkipLocked string
 	// SchemaVersion is the latest migration's version: Ready checks it.
@@ -247,16 +247,19 @@ func (s *Store) ListRuns(ctx context.Context, f controlplane.RunFilter) ([]contr
 	return out, nil
 }
 
-// Lease implements controlplane.Store.
+// Lease implements controlplane.Store. It reads the oldest queued runs
+// without locking them, and takes the first that fits and that no concurrent
+// lease holds (SKIP LOCKED on its row alone), so concurrent callers never
+// wait on each other nor hide from each other the runs they pass over.
 func (s *Store) Lease(ctx context.Context, o controlplane.LeaseOffer) (*controlplane.Run, error) {
 	var got *controlplane.Run
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, s.q("SELECT "+runCols+runFrom+"WHERE r.status = ? ORDER BY r.created_at, r.id LIMIT ? "+s.d.SkipLocked),
+		rows, err := tx.QueryContext(ctx, s.q("SELECT "+runCols+runFrom+"WHERE r.status = ? ORDER BY r.created_at, r.id LIMIT ?"),
 			string(model.StatusQueued), candidates)
 		if err != nil {
 			return fmt.Errorf("%s: read queue: %w", s.d.Name, err)
 		}
-		var pick string
+		var fit []string
 		for rows.Next() {
 			r, err := scanRun(rows)
 			if err != nil {
@@ -264,31 +267,38 @@ func (s *Store) Lease(ctx context.Context, o controlplane.LeaseOffer) (*controlp
 				return fmt.Errorf("%s: read queue: %w", s.d.Name, err)
 			}
 			if o.Fits == nil || o.Fits(r.Run) {
-				pick = r.ID
-				break
+				fit = append(fit, r.ID)
 			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("%s: read queue: %w", s.d.Name, err)
 		}
-		if pick == "" {
+		for _, id := range fit {
+			var locked string
+			err := tx.QueryRowContext(ctx, s.q("SELECT r.id FROM runs r WHERE r.id = ? AND r.status = ? "+s.d.SkipLocked), id, string(model.StatusQueued)).Scan(&locked)
+			if errors.Is(err, sql.ErrNoRows) {
+				continue // leased or cancelled meanwhile, or held by a concurrent lease
+			}
+			if err != nil {
+				return fmt.Errorf("%s: lock run %s: %w", s.d.Name, id, err)
+			}
+			res, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, epoch = epoch + 1, worker_id = ?, leased_at = ?, lease_expires_at = ?,
+lease_state = ?, attempts = attempts + 1, cancel_requested = 0 WHERE id = ? AND status = ?`),
+				string(model.StatusRunning), o.WorkerID, ms(o.Now), ms(o.Now.Add(o.TTL)), leaseHeld, id, string(model.StatusQueued))
+			if err != nil {
+				return fmt.Errorf("%s: lease run %s: %w", s.d.Name, id, err)
+			}
+			if n, _ := res.RowsAffected(); n != 1 {
+				continue
+			}
+			r, err := s.getRow(ctx, tx, id)
+			if err != nil {
+				return err
+			}
+			got = &r.Run
 			return nil
 		}
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, epoch = epoch + 1, worker_id = ?, leased_at = ?, lease_expires_at = ?,
-lease_state = ?, attempts = attempts + 1, cancel_requested = 0 WHERE id = ? AND status = ?`),
-			string(model.StatusRunning), o.WorkerID, ms(o.Now), ms(o.Now.Add(o.TTL)), leaseHeld, pick, string(model.StatusQueued))
-		if err != nil {
-			return fmt.Errorf("%s: lease run %s: %w", s.d.Name, pick, err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return nil // taken meanwhile (cannot happen under the row lock or single writer)
-		}
-		r, err := s.getRow(ctx, tx, pick)
-		if err != nil {
-			return err
-		}
-		got = &r.Run
 		return nil
 	})
 	if err != nil {
