@@ -418,3 +418,28 @@ func testCancel(t *testing.T, s controlplane.Store) {
 	_, err = s.Cancel(ctx, "missing", t0)
 	assert.ErrorIs(t, err, controlplane.ErrNotFound)
 }
+
+// BenchLeaseCycle measures one run's life in the store: submit, lease,
+// report RUNNING, append 4 KiB of output, report SUCCEEDED.
+func BenchLeaseCycle(b *testing.B, s controlplane.Store) {
+	ctx := context.Background()
+	chunk := make([]byte, 4<<10)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		rid := fmt.Sprintf("b%09d", i)
+		Submit(b, s, rid, i, controlplane.TaskSpec{})
+		r, err := s.Lease(ctx, controlplane.LeaseOffer{WorkerID: "w", Now: t0, TTL: time.Hour})
+		if err != nil || r == nil {
+			b.Fatalf("lease: %v %v", r, err)
+		}
+		if _, _, err := s.Patch(ctx, r.ID, r.Epoch, t0, workerclient.PatchTaskRunRequest{Status: model.StatusRunning}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.AppendOutput(ctx, r.ID, r.Epoch, t0, 0, chunk, 0); err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := s.Patch(ctx, r.ID, r.Epoch, t0, workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
