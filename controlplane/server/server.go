@@ -154,7 +154,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /v1/runs/{id}/output", s.requireUser(http.HandlerFunc(s.handleOutput)))
 	mux.Handle("POST /v1/runs/{id}/cancel", s.requireUser(http.HandlerFunc(s.handleCancel)))
 	// Operations.
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{Registry: s.m.reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{Registry: s.m.reg, ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -214,6 +214,24 @@ func (s *Server) SweepOnce(ctx context.Context) ([]controlplane.Expired, error) 
 		s.cfg.Log.Warn("lease expired: worker lost", "run", e.RunID, "outcome", outcome)
 	}
 	return ex, nil
+}
+
+// Read deadlines for request bodies: a client that sends too slowly is cut
+// off instead of holding a connection and a handler forever.
+const (
+	uploadDeadline = 15 * time.Minute // a task with its workspace
+	bodyDeadline   = time.Minute      // every other body
+)
+
+// readDeadline bounds the time left to read r's body; the returned func lifts
+// the bound once the body is read (a deadline left in place would end the
+// request's context when it passes).
+func readDeadline(w http.ResponseWriter, d time.Duration) func() {
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(d)) != nil {
+		return func() {}
+	}
+	return func() { _ = rc.SetReadDeadline(time.Time{}) }
 }
 
 // errorBody is the JSON body of every error answer.

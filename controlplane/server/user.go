@@ -49,6 +49,7 @@ func user(r *http.Request) string {
 
 func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
 	lim := s.cfg.Limits
+	defer readDeadline(w, uploadDeadline)()
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var (
 		req       controlplane.SubmitRequest

@@ -42,6 +42,7 @@ func Run(t *testing.T, open Opener) {
 		{"ExpiredLeaseFailsWorkerLost", testExpireFails},
 		{"ExpiredRetryableRequeuedWithHigherEpoch", testExpireRequeues},
 		{"Cancel", testCancel},
+		{"CancelledRunWhoseWorkerIsLostEndsCancelled", testCancelThenLost},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -442,4 +443,19 @@ func BenchLeaseCycle(b *testing.B, s controlplane.Store) {
 			b.Fatal(err)
 		}
 	}
+}
+
+func testCancelThenLost(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{Retryable: true})
+	require.NotNil(t, lease(t, s, "w1", t0))
+	_, err := s.Cancel(ctx, "r1", t0)
+	require.NoError(t, err)
+	ex, err := s.ExpireLeases(ctx, t0.Add(ttl))
+	require.NoError(t, err)
+	assert.Equal(t, []controlplane.Expired{{RunID: "r1", Status: model.StatusCancelled}}, ex, "not requeued: its owner cancelled it")
+	r, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusCancelled, r.Status)
+	assert.Nil(t, lease(t, s, "w2", t0.Add(ttl)))
 }
