@@ -66,7 +66,7 @@ type env struct {
 	bob    *client.Client
 }
 
-func tokens(t *testing.T) *server.Tokens {
+func tokens(t testing.TB) *server.Tokens {
 	var tk server.Tokens
 	require.NoError(t, tk.AddWorker(workerToken))
 	require.NoError(t, tk.AddUser("alice", userToken))
@@ -74,7 +74,7 @@ func tokens(t *testing.T) *server.Tokens {
 	return &tk
 }
 
-func newEnv(t *testing.T, store controlplane.Store, mod func(*server.Config)) *env {
+func newEnv(t testing.TB, store controlplane.Store, mod func(*server.Config)) *env {
 	t.Helper()
 	ctx := context.Background()
 	if store == nil {

@@ -250,54 +250,22 @@ func (s *Store) ListRuns(ctx context.Context, f controlplane.RunFilter) ([]contr
 // Lease implements controlplane.Store. It reads the oldest queued runs
 // without locking them, and takes the first that fits and that no concurrent
 // lease holds (SKIP LOCKED on its row alone), so concurrent callers never
-// wait on each other nor hide from each other the runs they pass over.
+// wait on each other nor hide from each other the runs they pass over. When
+// concurrent leases took every fitting run it read, it reads the queue again
+// (a few times), so a caller is not told "nothing" while runs wait.
 func (s *Store) Lease(ctx context.Context, o controlplane.LeaseOffer) (*controlplane.Run, error) {
 	var got *controlplane.Run
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, s.q("SELECT "+runCols+runFrom+"WHERE r.status = ? ORDER BY r.created_at, r.id LIMIT ?"),
-			string(model.StatusQueued), candidates)
-		if err != nil {
-			return fmt.Errorf("%s: read queue: %w", s.d.Name, err)
-		}
-		var fit []string
-		for rows.Next() {
-			r, err := scanRun(rows)
-			if err != nil {
-				rows.Close()
-				return fmt.Errorf("%s: read queue: %w", s.d.Name, err)
-			}
-			if o.Fits == nil || o.Fits(r.Run) {
-				fit = append(fit, r.ID)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("%s: read queue: %w", s.d.Name, err)
-		}
-		for _, id := range fit {
-			var locked string
-			err := tx.QueryRowContext(ctx, s.q("SELECT r.id FROM runs r WHERE r.id = ? AND r.status = ? "+s.d.SkipLocked), id, string(model.StatusQueued)).Scan(&locked)
-			if errors.Is(err, sql.ErrNoRows) {
-				continue // leased or cancelled meanwhile, or held by a concurrent lease
-			}
-			if err != nil {
-				return fmt.Errorf("%s: lock run %s: %w", s.d.Name, id, err)
-			}
-			res, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, epoch = epoch + 1, worker_id = ?, leased_at = ?, lease_expires_at = ?,
-lease_state = ?, attempts = attempts + 1, cancel_requested = 0 WHERE id = ? AND status = ?`),
-				string(model.StatusRunning), o.WorkerID, ms(o.Now), ms(o.Now.Add(o.TTL)), leaseHeld, id, string(model.StatusQueued))
-			if err != nil {
-				return fmt.Errorf("%s: lease run %s: %w", s.d.Name, id, err)
-			}
-			if n, _ := res.RowsAffected(); n != 1 {
-				continue
-			}
-			r, err := s.getRow(ctx, tx, id)
-			if err != nil {
+		for range leaseRounds {
+			fit, err := s.fittingQueued(ctx, tx, o.Fits)
+			if err != nil || len(fit) == 0 {
 				return err
 			}
-			got = &r.Run
-			return nil
+			for _, id := range fit {
+				if got, err = s.take(ctx, tx, id, o); err != nil || got != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})
@@ -305,6 +273,61 @@ lease_state = ?, attempts = attempts + 1, cancel_requested = 0 WHERE id = ? AND 
 		return nil, err
 	}
 	return got, nil
+}
+
+// leaseRounds bounds how often one Lease reads the queue.
+const leaseRounds = 4
+
+// fittingQueued returns the IDs of the oldest queued runs that fit, oldest
+// first, without locking them.
+func (s *Store) fittingQueued(ctx context.Context, tx *sql.Tx, fits func(controlplane.Run) bool) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, s.q("SELECT "+runCols+runFrom+"WHERE r.status = ? ORDER BY r.created_at, r.id LIMIT ?"),
+		string(model.StatusQueued), candidates)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read queue: %w", s.d.Name, err)
+	}
+	defer rows.Close()
+	var fit []string
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: read queue: %w", s.d.Name, err)
+		}
+		if fits == nil || fits(r.Run) {
+			fit = append(fit, r.ID)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: read queue: %w", s.d.Name, err)
+	}
+	return fit, nil
+}
+
+// take leases run id to o if it is still queued and no concurrent lease
+// holds it; nil when it is not available.
+func (s *Store) take(ctx context.Context, tx *sql.Tx, id string, o controlplane.LeaseOffer) (*controlplane.Run, error) {
+	var locked string
+	err := tx.QueryRowContext(ctx, s.q("SELECT r.id FROM runs r WHERE r.id = ? AND r.status = ? "+s.d.SkipLocked), id, string(model.StatusQueued)).Scan(&locked)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil // leased or cancelled meanwhile, or held by a concurrent lease
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: lock run %s: %w", s.d.Name, id, err)
+	}
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, epoch = epoch + 1, worker_id = ?, leased_at = ?, lease_expires_at = ?,
+lease_state = ?, attempts = attempts + 1, cancel_requested = 0 WHERE id = ? AND status = ?`),
+		string(model.StatusRunning), o.WorkerID, ms(o.Now), ms(o.Now.Add(o.TTL)), leaseHeld, id, string(model.StatusQueued))
+	if err != nil {
+		return nil, fmt.Errorf("%s: lease run %s: %w", s.d.Name, id, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return nil, nil
+	}
+	r, err := s.getRow(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &r.Run, nil
 }
 
 // fenced checks that epoch speaks for r at now. Released leases are allowed
