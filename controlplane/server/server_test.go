@@ -581,3 +581,48 @@ func TestUIMount(t *testing.T) {
 	code, _ = do(t, "GET", e.url+"/ui/", workerToken, "", nil)
 	assert.Equal(t, http.StatusForbidden, code)
 }
+
+// TestStreamHTTPAnswers: the stream endpoint answers the offset rules with
+// their statuses and always says where the server is (X-Taskrun-Next).
+func TestStreamHTTPAnswers(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	_, err := e.user.Submit(context.Background(), controlplane.SubmitRequest{Prompt: "p"}, nil)
+	require.NoError(t, err)
+	a := e.lease(t, 0)
+	require.NotNil(t, a)
+	post := func(off string, body string, hdr ...string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, e.url+"/v1/task-runs/"+a.Run.ID+"/stream", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+workerToken)
+		req.Header.Set(workerclient.HeaderFence, fmt.Sprint(a.Lease.Epoch))
+		if off != "" {
+			req.Header.Set(workerclient.HeaderOffset, off)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get(workerclient.HeaderNext)
+	}
+	code, next := post("0", "abc")
+	assert.Equal(t, http.StatusNoContent, code)
+	assert.Equal(t, "3", next)
+	code, next = post("5", "x")
+	assert.Equal(t, http.StatusConflict, code, "gap")
+	assert.Equal(t, "3", next)
+	code, _ = post("1", "Zc")
+	assert.Equal(t, http.StatusConflict, code, "overlap with different bytes")
+	code, _ = post("-1", "x")
+	assert.Equal(t, http.StatusBadRequest, code)
+	code, _ = post("", "", workerclient.HeaderEnd, "true", workerclient.HeaderTotal, "2")
+	assert.Equal(t, http.StatusConflict, code, "wrong total")
+	code, next = post("", "", workerclient.HeaderEnd, "true", workerclient.HeaderTotal, "3")
+	assert.Equal(t, http.StatusNoContent, code)
+	assert.Equal(t, "3", next)
+	code, _ = post("3", "more")
+	assert.Equal(t, http.StatusConflict, code, "past the end")
+	code, _ = post("0", string(make([]byte, workerclient.MaxPostBytes+1)))
+	assert.Equal(t, http.StatusRequestEntityTooLarge, code)
+}
