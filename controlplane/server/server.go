@@ -38,6 +38,9 @@ type Limits struct {
 	MaxFollowers       int
 	// MaxListLimit caps ?limit= on GET /v1/runs.
 	MaxListLimit int
+	// MaxQueuedPerUser caps a user's runs waiting in the queue: one more
+	// submission is answered 429.
+	MaxQueuedPerUser int
 }
 
 // DefaultLimits are the limits of a zero Config.
@@ -49,6 +52,7 @@ var DefaultLimits = Limits{
 	MaxFollowersPerRun: 8,
 	MaxFollowers:       1024,
 	MaxListLimit:       controlplane.MaxListLimit,
+	MaxQueuedPerUser:   1000,
 }
 
 // Config configures a Server.
@@ -121,7 +125,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	l, d := &cfg.Limits, DefaultLimits
 	for _, f := range []struct{ p, d *int }{{&l.MaxPromptBytes, &d.MaxPromptBytes}, {&l.MaxFollowersPerRun, &d.MaxFollowersPerRun},
-		{&l.MaxFollowers, &d.MaxFollowers}, {&l.MaxListLimit, &d.MaxListLimit}} {
+		{&l.MaxFollowers, &d.MaxFollowers}, {&l.MaxListLimit, &d.MaxListLimit}, {&l.MaxQueuedPerUser, &d.MaxQueuedPerUser}} {
 		if *f.p <= 0 {
 			*f.p = *f.d
 		}

@@ -418,7 +418,7 @@ func TestTokensCheck(t *testing.T) {
 // TestUserAPIBounds: what a client sends is bounded.
 func TestUserAPIBounds(t *testing.T) {
 	e := newEnv(t, nil, func(c *server.Config) {
-		c.Limits = server.Limits{MaxPromptBytes: 1000, MaxTaskBytes: 4000, MaxWorkspaceBytes: 2000, MaxFollowersPerRun: 2}
+		c.Limits = server.Limits{MaxPromptBytes: 1000, MaxTaskBytes: 4000, MaxWorkspaceBytes: 2000, MaxFollowersPerRun: 2, MaxQueuedPerUser: 2}
 	})
 	ctx := context.Background()
 	_, err := e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: strings.Repeat("a", 1001)}, nil)
@@ -455,10 +455,20 @@ func TestUserAPIBounds(t *testing.T) {
 	_, err = e.user.Output(ctx, sub.RunID, -1, false)
 	assertClientStatus(t, err, http.StatusBadRequest)
 
-	// A worker's stream is capped per run.
-	a := e.lease(t, 0)
-	require.NotNil(t, a)
-	_ = a
+	// A user's queue is bounded; another user's is their own.
+	e.clock.Add(time.Second) // runs are leased oldest first: sub, then p2, then bob's
+	_, err = e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p2"}, nil)
+	require.NoError(t, err)
+	_, err = e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p3"}, nil)
+	assertClientStatus(t, err, http.StatusTooManyRequests)
+	e.clock.Add(time.Second)
+	_, err = e.bob.Submit(ctx, controlplane.SubmitRequest{Prompt: "p"}, nil)
+	require.NoError(t, err)
+	got := e.lease(t, 0)
+	require.NotNil(t, got)
+	require.Equal(t, sub.RunID, got.Run.ID)
+	_, err = e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p3"}, nil)
+	require.NoError(t, err, "room again once a run left the queue")
 }
 
 func assertClientStatus(t *testing.T, err error, code int) {

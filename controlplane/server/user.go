@@ -102,6 +102,16 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	counts, err := s.cfg.Store.CountByStatus(r.Context(), user(r))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	if counts[model.StatusQueued] >= lim.MaxQueuedPerUser {
+		w.Header().Set("Retry-After", "30")
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("you have %d runs queued, the most this control plane holds per user: wait for some to start", counts[model.StatusQueued]))
+		return
+	}
 	t := controlplane.NewTask{
 		Task:          model.Task{ID: newID("t"), UserID: user(r), ConversationID: req.ConversationID, Prompt: req.Prompt},
 		RunID:         newID("r"),

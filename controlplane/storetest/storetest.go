@@ -111,9 +111,15 @@ func testCreateGetList(t *testing.T, s controlplane.Store) {
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, "r1", list[0].ID)
-	counts, err := s.CountByStatus(ctx)
+	counts, err := s.CountByStatus(ctx, "")
 	require.NoError(t, err)
 	assert.Equal(t, map[model.RunStatus]int{model.StatusRunning: 1, model.StatusQueued: 1}, counts)
+	counts, err = s.CountByStatus(ctx, "u1")
+	require.NoError(t, err)
+	assert.Equal(t, map[model.RunStatus]int{model.StatusRunning: 1, model.StatusQueued: 1}, counts)
+	counts, err = s.CountByStatus(ctx, "other")
+	require.NoError(t, err)
+	assert.Empty(t, counts)
 }
 
 func testLeaseOrder(t *testing.T, s controlplane.Store) {

@@ -647,8 +647,12 @@ stream_next = 0, stream_ended = 0, container = '', output = '', output_truncated
 }
 
 // CountByStatus implements controlplane.Store.
-func (s *Store) CountByStatus(ctx context.Context) (map[model.RunStatus]int, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT status, COUNT(*) FROM runs GROUP BY status`)
+func (s *Store) CountByStatus(ctx context.Context, userID string) (map[model.RunStatus]int, error) {
+	query, args := `SELECT status, COUNT(*) FROM runs GROUP BY status`, []any{}
+	if userID != "" {
+		query, args = s.q(`SELECT r.status, COUNT(*) FROM runs r JOIN tasks t ON t.id = r.task_id WHERE t.user_id = ? GROUP BY r.status`), []any{userID}
+	}
+	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: count runs: %w", s.d.Name, err)
 	}
