@@ -46,8 +46,11 @@ type serverFlags struct {
 	tokenFromEnv bool
 }
 
+// serverUsage describes --server, the same in every command.
+const serverUsage = "control plane base URL: run and persist report status there (without it, to the terminal); submit, runs and logs use its user API"
+
 func (s *serverFlags) define(fs *pflag.FlagSet) {
-	fs.StringVar(&s.server, "server", "", "control plane base URL; without it, status goes to the terminal")
+	fs.StringVar(&s.server, "server", "", serverUsage)
 	addTokenFlag(fs, &s.token)
 }
 
@@ -132,9 +135,9 @@ type userAPIFlags struct {
 	server, token string
 }
 
-func (u *userAPIFlags) define(fs *pflag.FlagSet, serverUsage string) {
+func (u *userAPIFlags) define(fs *pflag.FlagSet) {
 	fs.StringVar(&u.server, "server", "", serverUsage)
-	fs.StringVar(&u.token, "token", "", "user token for the control plane (default $"+envToken+"; prefer the variable: a flag shows in ps)")
+	addTokenFlag(fs, &u.token)
 }
 
 // client returns the user API client; the token defaults to $TASKRUN_TOKEN.

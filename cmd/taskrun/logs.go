@@ -46,7 +46,7 @@ func init() {
 				api            userAPIFlags
 			)
 			run.define(fs)
-			api.define(fs, "read the run from this control plane (taskrun serve) instead of the store")
+			api.define(fs)
 			addRootFlag(fs, &root, defaultRoot)
 			fs.BoolVar(&stderr, "stderr", false, "print the stderr log instead of the output log")
 			fs.BoolVarP(&follow, "follow", "f", false, "keep printing a live run's output until it ends")

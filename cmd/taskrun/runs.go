@@ -37,7 +37,7 @@ func init() {
 				api                       userAPIFlags
 			)
 			addStoreFlag(fs, &store)
-			api.define(fs, "list your runs on this control plane (taskrun serve) instead of the store's")
+			api.define(fs)
 			fs.StringVar(&user, "user", "", "user (tenant) ID")
 			fs.StringVar(&task, "task", "", "task ID")
 			fs.StringVar(&status, "status", "", "only runs with this status: RUNNING, SUCCEEDED, FAILED or CANCELLED")

@@ -21,7 +21,8 @@ const submitHelp = `
 Submits a task to a control plane (taskrun serve) and prints the new run's
 ID. A worker leases the run and executes it. --workspace DIR is packed (as
 taskrun packs a run's home: regular files, bounded) and uploaded with the
-task. With --wait, the run's output is followed until it ends, then its
+task. Without --conversation the task joins conversation "api"; without
+--session its agent session is named after the task. With --wait, the run's output is followed until it ends, then its
 status is printed and taskrun exits 0 only if the run succeeded.
 `
 
@@ -39,15 +40,15 @@ func init() {
 				wait              bool
 				memory            int64
 			)
-			api.define(fs, "control plane base URL (required)")
+			api.define(fs)
 			fs.StringVar(&req.Prompt, "prompt", "", "the instruction for the agent")
 			fs.StringVar(&promptFile, "prompt-file", "", "read the prompt from this file (- for stdin)")
 			fs.StringVar(&wsDir, "workspace", "", "directory to upload as the run's starting workspace")
 			fs.StringVar(&req.Model, "model", "", "model entry (e.g. scripted, openai:gpt-4.1); default: the worker's")
 			fs.StringVar(&req.Image, "image", "", "agent image; default: the worker's")
 			fs.StringVar(&req.Runtime, "runtime", "", "OCI runtime (runc, runsc); default: the worker's")
-			fs.StringVar(&req.ConversationID, "conversation", "", "conversation ID (default api)")
-			fs.StringVar(&req.SessionID, "session", "", "agent session ID (default: the task's ID)")
+			fs.StringVar(&req.ConversationID, "conversation", "", "conversation ID")
+			fs.StringVar(&req.SessionID, "session", "", "agent session ID")
 			fs.StringVar(&req.PreviousRunID, "resume", "", "ID of an earlier run of yours whose session this run resumes")
 			fs.DurationVar(&timeout, "timeout", 0, "run timeout (default: the worker's)")
 			addSizeFlag(fs, &memory, "memory", "memory limit (default: the worker's)")
