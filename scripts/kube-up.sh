@@ -90,8 +90,26 @@ mkdir -p "$STATE" "$PKI" "$PIDS" "$LOGS" "$CTRD_DIR" "$KUBELET_ROOT" "$CNI_CONF_
 chmod 700 "$STATE"
 echo "$KUBE_BIN/kubectl" >"$STATE/kube-bin"
 
-# From here on a failure tears down what was started.
-trap 'say "failed; logs in $LOGS"; tail -n 20 "$LOGS"/*.log >&2 2>/dev/null || true; [ -n "${KEEP_ON_FAILURE:-}" ] || scripts/kube-down.sh' ERR
+# From here on a failure shows the components' last log lines and tears
+# down what was started (TASKRUN_KUBE_KEEP_ON_FAILURE=1 keeps it to look at).
+fail() {
+	trap - ERR
+	say "$*"
+	local f
+	for f in "$LOGS"/*.log; do
+		[ -s "$f" ] || continue
+		echo "--- last lines of $f" >&2
+		tail -n 15 "$f" >&2
+	done
+	if [ "${TASKRUN_KUBE_KEEP_ON_FAILURE:-}" = 1 ]; then
+		say "kept $STATE (TASKRUN_KUBE_KEEP_ON_FAILURE=1): scripts/kube-down.sh removes it"
+	else
+		flock -u 8
+		scripts/kube-down.sh || true
+	fi
+	exit 1
+}
+trap 'fail "failed at line $LINENO: $BASH_COMMAND"' ERR
 
 # --- TLS: one CA for every certificate, client and serving ---------------------
 cert() { # cert NAME SUBJECT [SANS]: a key and a certificate signed by the CA
@@ -178,8 +196,6 @@ wait_for() {
 	return 1
 }
 
-alive() { pid_of "$1" >/dev/null || { say "$1 exited"; return 1; }; }
-
 # --- etcd ------------------------------------------------------------------------
 start etcd etcd --name taskrun --data-dir "$STATE/etcd" \
 	--listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
@@ -216,7 +232,6 @@ state = "$CTRD_DIR/state"
 disabled_plugins = [
   "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.runtime.v1.linux",
 ]
 [grpc]
   address = "$CTRD_SOCK"
@@ -265,15 +280,13 @@ CFG
 }
 build_pause_image
 
-wait_for "containerd's socket" 30 ctr_ version
-alive containerd
+wait_for "containerd's socket" 30 ctr_ version || fail "containerd does not answer"
 ctr_ images import --snapshotter native "$STATE/images/pause.tar" >/dev/null
 rm -f "$STATE/images/pause.tar"
 
 # --- kube-apiserver ----------------------------------------------------------------
 etcd_ok() { [ "$(curl -fsS "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null)" != "" ]; }
-wait_for etcd 30 etcd_ok
-alive etcd
+wait_for etcd 30 etcd_ok || fail "etcd does not answer"
 start kube-apiserver "$KUBE_BIN/kube-apiserver" \
 	--etcd-servers "http://127.0.0.1:$ETCD_PORT" \
 	--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
@@ -290,7 +303,7 @@ start kube-apiserver "$KUBE_BIN/kube-apiserver" \
 	--profiling=false --cert-dir "$STATE/apiserver-certs"
 mv "$STATE/admin.kubeconfig.tmp" "$KUBECONFIG_PATH"
 readyz() { kubectl_ get --raw /readyz; }
-wait_for "kube-apiserver" 120 readyz || { alive kube-apiserver; false; }
+wait_for "kube-apiserver" 180 readyz || fail "kube-apiserver is not ready"
 
 # --- kube-controller-manager, kube-scheduler ---------------------------------------
 start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
@@ -363,7 +376,7 @@ done
 node_ready() {
 	[ "$(kubectl_ get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
-wait_for "node $NODE_NAME to be Ready" 120 node_ready || { alive kubelet; alive containerd; false; }
+wait_for "node $NODE_NAME to be Ready" 180 node_ready || fail "node $NODE_NAME is not Ready"
 kubectl_ apply -f - >/dev/null <<NS
 apiVersion: v1
 kind: Namespace
@@ -374,7 +387,8 @@ metadata:
     pod-security.kubernetes.io/enforce-version: latest
 NS
 default_sa() { kubectl_ -n "$RUNS_NAMESPACE" get serviceaccount default; }
-wait_for "the default service account of $RUNS_NAMESPACE" 60 default_sa
+wait_for "the default service account of $RUNS_NAMESPACE" 60 default_sa ||
+	fail "kube-controller-manager did not create the default service account of $RUNS_NAMESPACE"
 kubectl_ apply -f - >/dev/null <<POD
 apiVersion: v1
 kind: Pod
@@ -404,7 +418,7 @@ check_running() {
 }
 wait_for "a restricted Pod to run" 90 check_running || {
 	kubectl_ -n "$RUNS_NAMESPACE" describe pod kube-up-check >&2 || true
-	false
+	fail "the restricted Pod kube-up-check does not run"
 }
 kubectl_ -n "$RUNS_NAMESPACE" delete pod kube-up-check --wait=true --timeout=60s >/dev/null
 
