@@ -65,7 +65,7 @@ tasks() { ctr_ tasks ls -q 2>/dev/null; }
 
 # 1. Pods first, while the kubelet can still stop them through the runtime
 #    (network teardown included).
-if pid_of kube-apiserver >/dev/null && pid_of kubelet >/dev/null && [ -x "$KUBE_BIN/kubectl" ]; then
+if pid_of kube-apiserver >/dev/null && pid_of kubelet >/dev/null; then
 	kubectl_ delete pods --all --all-namespaces --grace-period=1 --wait=true --timeout=60s >/dev/null 2>&1 || true
 	for ((i = 0; i < 60; i++)); do
 		[ -z "$(tasks)" ] && break
@@ -91,7 +91,7 @@ for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
 done
 # Shims of this containerd (found by its socket, which only they name).
 for p in /proc/[0-9]*; do
-	cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+	cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
 	case $cmd in
 	*containerd-shim*"-address $CTRD_SOCK "*) kill -KILL "${p#/proc/}" 2>/dev/null || true ;;
 	esac

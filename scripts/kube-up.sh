@@ -87,7 +87,7 @@ fi
 start_time=$(date +%s)
 NODE_IP=$(node_ip)
 mkdir -p "$STATE" "$PKI" "$PIDS" "$LOGS" "$CTRD_DIR" "$KUBELET_ROOT" "$CNI_CONF_DIR" "$CNI_IPAM_DIR" "$STATE/etcd" "$STATE/images"
-chmod 700 "$STATE"
+chmod 700 "$STATE" "$STATE/etcd"
 echo "$KUBE_BIN/kubectl" >"$STATE/kube-bin"
 
 # From here on a failure shows the components' last log lines and tears
@@ -180,7 +180,7 @@ start() {
 	local name=$1 exe
 	shift
 	exe=$(readlink -f "$(command -v "$1")")
-	setsid "$exe" "${@:2}" </dev/null >"$LOGS/$name.log" 2>&1 &
+	setsid "$exe" "${@:2}" </dev/null >"$LOGS/$name.log" 2>&1 8>&- &
 	echo "$! $exe" >"$PIDS/$name.pid"
 }
 

@@ -77,6 +77,11 @@ pid_of() {
 	echo "$pid"
 }
 
-kubectl_() { "$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+# kubectl_ runs the kubectl kube-build made (any kubectl on PATH until then).
+kubectl_() {
+	local k=$KUBE_BIN/kubectl
+	[ -x "$k" ] || k=kubectl
+	"$k" --kubeconfig "$KUBECONFIG_PATH" "$@"
+}
 
 ctr_() { ctr --address "$CTRD_SOCK" --namespace k8s.io "$@"; }
