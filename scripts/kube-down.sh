@@ -44,16 +44,17 @@ fi
 
 KUBE_BIN=$(dirname "$(head -n1 "$STATE/kube-bin" 2>/dev/null || echo /nonexistent/x)")
 
-# stop NAME: SIGTERM to the recorded process, SIGKILL after 10s.
+# stop NAME [SECONDS]: SIGTERM to the recorded process, SIGKILL after
+# SECONDS (default 10).
 stop() {
 	local pid i
 	pid=$(pid_of "$1") || return 0
 	kill -TERM "$pid" 2>/dev/null || return 0
-	for ((i = 0; i < 40; i++)); do
+	for ((i = 0; i < ${2:-10} * 4; i++)); do
 		[ -d "/proc/$pid" ] || return 0
 		sleep 0.25
 	done
-	say "$1 ($pid) ignored SIGTERM: killing it"
+	[ "$1" = kube-apiserver ] || say "$1 ($pid) ignored SIGTERM: killing it"
 	kill -KILL "$pid" 2>/dev/null || true
 	for ((i = 0; i < 40; i++)); do
 		[ -d "/proc/$pid" ] || return 0
@@ -87,7 +88,12 @@ fi
 
 # 3. The control plane and the runtime, by the PIDs kube-up recorded.
 for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-	[ "${COMPONENTS[i]}" = kubelet ] || stop "${COMPONENTS[i]}"
+	case ${COMPONENTS[i]} in
+	kubelet) ;;
+	# It drains its watches for a long while; nothing needs them any more.
+	kube-apiserver) stop kube-apiserver 2 ;;
+	*) stop "${COMPONENTS[i]}" ;;
+	esac
 done
 # Shims of this containerd (found by its socket, which only they name).
 for p in /proc/[0-9]*; do
@@ -119,6 +125,21 @@ if [ -f "$STATE/sysctls.saved" ]; then
 	while IFS='=' read -r k v; do
 		[ -n "$k" ] && sysctl -qw "$k=$v" 2>/dev/null || true
 	done <"$STATE/sysctls.saved"
+fi
+# The iptables chains the kubelet made (those absent before it started), and
+# the rules jumping to them.
+if [ -f "$STATE/iptables.before" ]; then
+	iptables_kube_chains | grep -vxFf "$STATE/iptables.before" | while read -r cmd t chain; do
+		"$cmd" -w -t "$t" -S | awk -v ch="$chain" '$1=="-A" && $2!=ch && / -j / { for (i=1;i<=NF;i++) if ($i=="-j" && $(i+1)==ch) { sub(/^-A/, "-D"); print; break } }' |
+			while read -r rule; do eval "\"\$cmd\" -w -t \"\$t\" $rule" || true; done
+		"$cmd" -w -t "$t" -F "$chain" 2>/dev/null || true
+		"$cmd" -w -t "$t" -X "$chain" 2>/dev/null || say "warning: could not delete $cmd -t $t chain $chain"
+	done
+fi
+if [ -f "$STATE/host-dirs.created" ]; then
+	while read -r d; do
+		case $d in /var/lib/kubelet | /var/lib/cni) rm -rf "$d" ;; esac
+	done <"$STATE/host-dirs.created"
 fi
 for l in /var/log/containers/*.log; do
 	[ -L "$l" ] || continue

@@ -315,7 +315,10 @@ start kube-scheduler "$KUBE_BIN/kube-scheduler" \
 	--kubeconfig "$STATE/scheduler.kubeconfig" --leader-elect=false --secure-port 0 --profiling=false
 
 # --- kubelet -------------------------------------------------------------------------
-# Its sysctls are host-wide: remember the values kube-down puts back.
+# Its sysctls and iptables chains are host-wide: remember what was there, for
+# kube-down to put back.
+iptables_kube_chains >"$STATE/iptables.before"
+for d in "${HOST_DIRS[@]}"; do [ -e "$d" ] || echo "$d"; done >"$STATE/host-dirs.created"
 for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s")"; done >"$STATE/sysctls.saved"
 # The pods' cgroups live under a cgroup of their own in every v1 hierarchy.
 for h in /sys/fs/cgroup/*/; do

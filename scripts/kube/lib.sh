@@ -38,12 +38,29 @@ APISERVER_PORT=16443
 KUBELET_PORT=10350
 KUBELET_HEALTHZ_PORT=10348
 
+# Host directories the kubelet and the CNI plugins use whatever the state
+# directory (the device-plugin socket, CNI's result cache): kube-down removes
+# those kube-up found absent.
+HOST_DIRS=(/var/lib/kubelet /var/lib/cni)
+
 # Processes in start order; kube-down stops them in reverse.
 COMPONENTS=(etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet)
 
 # Host sysctls the kubelet sets at start; kube-up saves their values and
 # kube-down restores them.
 KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
+
+# iptables_kube_chains prints "COMMAND TABLE CHAIN" for each KUBE-* chain in
+# the host's iptables and ip6tables (the kubelet makes a few at start).
+iptables_kube_chains() {
+	local cmd t
+	for cmd in iptables ip6tables; do
+		command -v "$cmd" >/dev/null 2>&1 || continue
+		for t in filter nat mangle; do
+			"$cmd" -w -t "$t" -S 2>/dev/null | awk -v c="$cmd" -v t="$t" '$1=="-N" && $2 ~ /^KUBE-/ {print c, t, $2}'
+		done
+	done
+}
 
 say() { printf '%s: %s\n' "$(basename "$0" .sh)" "$*" >&2; }
 die() {
