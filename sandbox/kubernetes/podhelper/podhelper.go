@@ -106,8 +106,11 @@ func Main(args []string) int {
 	return 0
 }
 
-// fill copies the running program to bin and extracts the fill stream on r
-// into data.
+// Fill copies the running program to bin and extracts the fill stream on r
+// into data: what the fill container does.
+func Fill(ctx context.Context, r io.Reader, data, bin string) error { return fill(ctx, r, data, bin) }
+
+// fill implements Fill.
 func fill(ctx context.Context, r io.Reader, data, bin string) error {
 	if err := copySelf(filepath.Join(bin, Name)); err != nil {
 		return err
