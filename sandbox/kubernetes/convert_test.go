@@ -342,7 +342,7 @@ func TestPostureFromConvertedPod(t *testing.T) {
 	assert.Nil(t, p.PidsLimit, "a Pod sets no pids limit")
 	assert.Equal(t, NetworkPod, p.NetworkMode)
 	assert.Equal(t, "gvisor", p.Runtime)
-	assert.Equal(t, "Never", p.RestartPolicy)
+	assert.Equal(t, "no", p.RestartPolicy)
 	assert.Equal(t, "Run_42", p.Labels[sandbox.LabelRun])
 	assert.Equal(t, "/runs/r1", p.Labels[sandbox.LabelRunDir])
 	assert.Equal(t, map[string]string{TmpPath: "rw,size=67108864"}, p.Tmpfs)

@@ -26,6 +26,10 @@ const pollInterval = 200 * time.Millisecond
 // failed, an image is missing, the Pod was evicted or refused.
 var ErrPodFailed = errors.New("run pod failed")
 
+// errFillEnded is what a fill stream writer sees when the attach session to
+// the fill container ended before it read the whole stream.
+var errFillEnded = errors.New("the fill container's session ended")
+
 // handle is one run's Pod.
 type handle struct {
 	b       *Backend
@@ -116,13 +120,23 @@ func (h *handle) fill(ctx context.Context) error {
 	var out lockedbuf.Buffer
 	done := make(chan error, 1)
 	go func() {
-		done <- h.b.attach(ctx, h.name, ContainerFill, streamIO{Stdin: pr, Stdout: &out, Stderr: &out})
+		err := h.b.attach(ctx, h.name, ContainerFill, streamIO{Stdin: pr, Stdout: &out, Stderr: &out})
+		// A session that ended before reading everything fails the writer
+		// instead of blocking it.
+		pr.CloseWithError(errors.Join(err, errFillEnded))
+		done <- err
 	}()
 	werr := writeFillStream(ctx, pw, h.spec.Mounts)
 	pw.CloseWithError(werr)
 	if werr != nil {
-		return fmt.Errorf("send mounts to pod %s: %w", h.name, werr)
+		return fmt.Errorf("send mounts to pod %s: %w (%s)", h.name, werr, bytes.TrimSpace([]byte(out.String())))
 	}
+	defer func() {
+		select {
+		case <-done:
+		case <-time.After(cleanupTimeout):
+		}
+	}()
 	for {
 		pod, err := h.b.client.CoreV1().Pods(h.b.namespace).Get(ctx, h.name, metav1.GetOptions{})
 		if err != nil {

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -63,7 +65,7 @@ func PostureFromPod(pod *corev1.Pod) (sandbox.Posture, error) {
 		NetworkMode:   NetworkPod,
 		PidMode:       "private",
 		IpcMode:       "private",
-		RestartPolicy: string(pod.Spec.RestartPolicy),
+		RestartPolicy: restartPolicy(pod.Spec.RestartPolicy),
 		LogDriver:     "kubelet",
 	}
 	if st := containerStatus(pod, ContainerRun); st != nil && st.ContainerID != "" {
@@ -148,6 +150,44 @@ func PostureFromPod(pod *corev1.Pod) (sandbox.Posture, error) {
 		p.MaskedPaths = []string{}
 	}
 	return p, nil
+}
+
+// restartPolicy names a Pod's restart policy as the audit rules do:
+// Never is Docker's "no".
+func restartPolicy(p corev1.RestartPolicy) string {
+	if p == corev1.RestartPolicyNever {
+		return "no"
+	}
+	return string(p)
+}
+
+// Postures reads the posture of the named Pods, or of every managed Pod in
+// the namespace when names is empty (for `taskrun audit`).
+func (b *Backend) Postures(ctx context.Context, names ...string) ([]sandbox.Posture, error) {
+	var pods []corev1.Pod
+	if len(names) == 0 {
+		list, err := b.client.CoreV1().Pods(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: sandbox.LabelManaged + "=true"})
+		if err != nil {
+			return nil, fmt.Errorf("list pods in %s: %w", b.namespace, err)
+		}
+		pods = list.Items
+	}
+	for _, n := range names {
+		pod, err := b.client.CoreV1().Pods(b.namespace).Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("get pod %s: %w", n, err)
+		}
+		pods = append(pods, *pod)
+	}
+	out := make([]sandbox.Posture, 0, len(pods))
+	for i := range pods {
+		p, err := PostureFromPod(&pods[i])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // user is the effective uid:gid, the container's over the Pod's.
