@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/taskrun/taskrun/internal/lockedbuf"
@@ -378,8 +377,5 @@ func (h *handle) release() {
 		<-h.pumpDone
 	}
 }
-
-// isGone reports whether err says the object does not exist.
-func isGone(err error) bool { return apierrors.IsNotFound(err) }
 
 var _ sandbox.Handle = (*handle)(nil)
