@@ -20,11 +20,11 @@ func init() {
 		Help: `
 taskrun images build makes ` + images.AgentRef + ` from the static taskrun-agent
 next to taskrun (or in --bin-dir), ` + images.PodHelperRef + ` (the helper of runs on
-Kubernetes) from the static taskrun binary there, and with --testbox also ` + images.TestboxRef + `
+Kubernetes) from the static taskrun-pod there, and with --testbox also ` + images.TestboxRef + `
 from the host's static busybox. Nothing is pulled from a registry.
 `,
 		Flags: func(fs *pflag.FlagSet) action {
-			binDir := fs.String("bin-dir", executableDir(), "directory holding the static taskrun-agent and taskrun binaries")
+			binDir := fs.String("bin-dir", executableDir(), "directory holding the static taskrun-agent and taskrun-pod binaries")
 			testbox := fs.Bool("testbox", false, "also build "+images.TestboxRef+" from the host's static busybox")
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) != 1 || args[0] != "build" {

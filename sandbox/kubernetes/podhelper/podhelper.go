@@ -1,8 +1,9 @@
 // Package podhelper is the executor's helper inside a run's Pod on
 // Kubernetes: the part of sandbox/kubernetes that runs on the node.
 //
-// It is one program with subcommands, shipped in the taskrun binary (which
-// acts as it when run as taskrun-pod) and in a small helper image:
+// It is one small static program with subcommands, cmd/taskrun-pod, which
+// the helper image taskrun/podhelper:local holds (the taskrun binary also
+// acts as it when run under that name):
 //
 //   - fill DATA BIN, the Pod's init container: copies itself to BIN, where
 //     the run container finds it, and extracts the run's mounts from a fill
