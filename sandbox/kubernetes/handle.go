@@ -41,9 +41,11 @@ type handle struct {
 	runCtx    context.Context
 	cancelRun context.CancelFunc
 	gate      *io.PipeWriter
-	attached  bool
-	pumpDone  chan struct{}
-	pumpErr   error
+	// stderrFilter removes the gate's tokens from the run's stderr.
+	stderrFilter *podhelper.GateFilter
+	attached     bool
+	pumpDone     chan struct{}
+	pumpErr      error
 
 	waitOnce  sync.Once
 	result    sandbox.Result
@@ -87,9 +89,19 @@ func (h *handle) start(ctx context.Context, cv converted) error {
 	pr, pw := io.Pipe()
 	h.gate = pw
 	h.attached = true
+	// The gate repeats its token on stderr until released: the first token
+	// that arrives proves the session receives stderr and stdout (attached
+	// first), so the command, started only now, loses no byte.
+	announced := make(chan struct{})
+	h.stderrFilter = podhelper.NewGateFilter(h.streams.Stderr, func() { close(announced) })
 	go h.pump(pr)
-	// The byte is read by the attach session only once its streams are up:
-	// the output is attached before the command can write.
+	select {
+	case <-announced:
+	case <-h.pumpDone:
+		return fmt.Errorf("attach to pod %s: %w", h.name, h.pumpErr)
+	case <-ctx.Done():
+		return fmt.Errorf("attach to pod %s: %w", h.name, context.Cause(ctx))
+	}
 	released := make(chan error, 1)
 	go func() { _, err := pw.Write([]byte{'g'}); released <- err }()
 	select {
@@ -109,7 +121,9 @@ func (h *handle) start(ctx context.Context, cv converted) error {
 // pump attaches to the run container until it exits.
 func (h *handle) pump(stdin io.Reader) {
 	defer close(h.pumpDone)
-	h.pumpErr = h.b.attach(h.runCtx, h.name, ContainerRun, streamIO{Stdin: stdin, Stdout: h.streams.Stdout, Stderr: h.streams.Stderr})
+	h.pumpErr = errors.Join(
+		h.b.attach(h.runCtx, h.name, ContainerRun, streamIO{Stdin: stdin, Stdout: h.streams.Stdout, Stderr: h.stderrFilter}),
+		h.stderrFilter.Flush())
 }
 
 // fill sends the Spec's mounts to the fill container and waits for it to

@@ -3,6 +3,7 @@ package podhelper
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"sync"
@@ -50,7 +51,15 @@ func TestGateHoldsTheCommandUntilReleased(t *testing.T) {
 	require.NoError(t, err)
 	var out bytes.Buffer
 	cmd.Stdout = &out
+	tokens := make(chan struct{})
+	var once sync.Once
+	cmd.Stderr = NewGateFilter(io.Discard, func() { once.Do(func() { close(tokens) }) })
 	require.NoError(t, cmd.Start())
+	select {
+	case <-tokens:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gate never announced itself on stderr")
+	}
 	// The gate is waiting: nothing ran. (A blocked read cannot be observed
 	// directly; the marker is created only by the command.)
 	time.Sleep(200 * time.Millisecond)

@@ -172,12 +172,42 @@ func writeFile(dst string, mode os.FileMode, r io.Reader) error {
 // forwarded are the signals the gate passes on to its command.
 var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
 
-// gate waits for the executor's byte on stdin, then runs argv as init.
+// GateToken is what the gate writes on stderr, again and again, until the
+// executor releases it. Seeing it proves the executor's attach session
+// receives stderr, and so stdout, which the runtime attaches first; the
+// executor removes every leading token from the stream.
+const GateToken = "\x00taskrun-pod-gate\x00\n"
+
+// gateInterval bounds how often the gate repeats its token.
+const (
+	gateIntervalMin = 10 * time.Millisecond
+	gateIntervalMax = 200 * time.Millisecond
+)
+
+// gate waits for the executor's byte on stdin, announcing itself on stderr
+// meanwhile, then runs argv as init.
 func gate(stdin *os.File, argv []string) int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
-	var b [1]byte
-	if n, _ := stdin.Read(b[:]); n != 1 {
+	released := make(chan bool, 1)
+	go func() {
+		var b [1]byte
+		n, _ := stdin.Read(b[:])
+		released <- n == 1
+	}()
+	ok := false
+	for d := gateIntervalMin; ; d = min(2*d, gateIntervalMax) {
+		if _, err := os.Stderr.WriteString(GateToken); err != nil {
+			break
+		}
+		select {
+		case ok = <-released:
+		case <-time.After(d):
+			continue
+		}
+		break
+	}
+	if !ok {
 		fmt.Fprintln(os.Stderr, "taskrun-pod gate: stdin closed before the executor attached; not starting the command")
 		return GateClosedExitCode
 	}

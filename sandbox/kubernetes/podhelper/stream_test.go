@@ -99,3 +99,25 @@ func TestStreamRefusesBadInput(t *testing.T) {
 	err = NewStreamWriter(&buf).Section(KindDir, "../x", 0, func(io.Writer) error { return nil })
 	assert.Error(t, err)
 }
+
+func TestGateFilterStripsLeadingTokens(t *testing.T) {
+	var out bytes.Buffer
+	seen := 0
+	f := NewGateFilter(&out, func() { seen++ })
+	stream := GateToken + GateToken + GateToken + "err1\n" + GateToken + "tail"
+	// Byte by byte: tokens split across writes are still recognised.
+	for i := range len(stream) {
+		_, err := f.Write([]byte{stream[i]})
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.Flush())
+	assert.Equal(t, 1, seen)
+	assert.Equal(t, "err1\n"+GateToken+"tail", out.String(), "only leading tokens are the gate's")
+
+	out.Reset()
+	f = NewGateFilter(&out, func() {})
+	_, err := f.Write([]byte("\x00taskrun"))
+	require.NoError(t, err)
+	require.NoError(t, f.Flush())
+	assert.Equal(t, "\x00taskrun", out.String(), "a stream ending inside a would-be token keeps its bytes")
+}
