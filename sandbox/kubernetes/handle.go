@@ -35,6 +35,8 @@ type handle struct {
 	name    string
 	spec    sandbox.Spec
 	streams sandbox.Streams
+	stdout  *keepWriter
+	stderr  *keepWriter
 	started time.Time
 
 	// runCtx scopes the attach session and lives until Close.
@@ -62,7 +64,9 @@ func newHandle(b *Backend, name string, spec sandbox.Spec, streams sandbox.Strea
 	if streams.Stderr == nil {
 		streams.Stderr = io.Discard
 	}
-	return &handle{b: b, name: name, spec: spec, streams: streams, runCtx: runCtx, cancelRun: cancel, pumpDone: make(chan struct{})}
+	stdout, stderr := &keepWriter{w: streams.Stdout}, &keepWriter{w: streams.Stderr}
+	return &handle{b: b, name: name, spec: spec, streams: sandbox.Streams{Stdout: stdout, Stderr: stderr},
+		stdout: stdout, stderr: stderr, runCtx: runCtx, cancelRun: cancel, pumpDone: make(chan struct{})}
 }
 
 // start creates the NetworkPolicy and the Pod, fills the mounts, attaches
@@ -276,7 +280,7 @@ func (h *handle) wait(ctx context.Context) sandbox.Result {
 			res.FinishedAt = res.StartedAt
 		}
 	}
-	errs = append(errs, h.copyOut(dctx))
+	errs = append(errs, h.stdout.Err(), h.stderr.Err(), h.copyOut(dctx))
 	res.Err = errors.Join(errs...)
 	return res
 }
@@ -393,3 +397,35 @@ func (h *handle) release() {
 }
 
 var _ sandbox.Handle = (*handle)(nil)
+
+// keepWriter forwards to a Streams writer and, after the writer's first
+// error, keeps accepting (and dropping) output, so a broken writer never
+// breaks the attach session and stalls the container. Wait reports the
+// error.
+type keepWriter struct {
+	w   io.Writer
+	mu  sync.Mutex
+	err error
+}
+
+// Write implements io.Writer.
+func (k *keepWriter) Write(p []byte) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.err == nil {
+		if _, err := k.w.Write(p); err != nil {
+			k.err = err
+		}
+	}
+	return len(p), nil
+}
+
+// Err is the writer's first error, if any.
+func (k *keepWriter) Err() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.err == nil {
+		return nil
+	}
+	return fmt.Errorf("write run output: %w", k.err)
+}
