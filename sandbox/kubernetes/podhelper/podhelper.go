@@ -21,6 +21,8 @@
 //     outputs out and deleted the Pod.
 //   - pack DIR, exec'd in the keeper: writes DIR as a PackHome archive to
 //     stdout.
+//   - hold --control CONTROL SOCKET... and tunnel CONTROL SOCKET: the model
+//     tunnel (tunnel.go).
 package podhelper
 
 import (
@@ -90,7 +92,21 @@ func Main(args []string) int {
 			stop(grace)
 		}
 	case "hold":
-		hold()
+		if len(args) == 1 {
+			hold()
+			break
+		}
+		if len(args) < 3 || args[1] != "--control" {
+			err = errors.New("usage: taskrun-pod hold [--control SOCKET [LISTEN...]]")
+			break
+		}
+		err = holdServing(args[2], args[3:])
+	case "tunnel":
+		if len(args) != 3 {
+			err = errors.New("usage: taskrun-pod tunnel CONTROL SOCKET")
+			break
+		}
+		err = tunnel(os.Stdin, os.Stdout, args[1], args[2])
 	case "pack":
 		if len(args) != 2 {
 			err = errors.New("usage: taskrun-pod pack DIR")
@@ -275,6 +291,13 @@ func hold() {
 	<-sigs
 }
 
+// holdServing serves the tunnel's sockets until SIGTERM or SIGINT.
+func holdServing(control string, sockets []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return Serve(ctx, control, sockets)
+}
+
 // StopCommand is the command that stops the run container with grace.
 func StopCommand(grace time.Duration) []string {
 	return []string{Path, "stop", grace.String()}
@@ -295,5 +318,11 @@ func GateCommand(argv []string) []string {
 	return append([]string{Path, "gate", "--"}, argv...)
 }
 
-// HoldCommand is the keeper's command.
-func HoldCommand() []string { return []string{ImagePath, "hold"} }
+// HoldCommand is the keeper's command; with sockets, it serves them as the
+// model tunnel (tunnel.go).
+func HoldCommand(sockets ...string) []string {
+	if len(sockets) == 0 {
+		return []string{ImagePath, "hold"}
+	}
+	return append([]string{ImagePath, "hold", "--control", ControlSocket}, sockets...)
+}
