@@ -31,6 +31,9 @@ const (
 	VolumeData = "taskrun-data"
 	// VolumeBin holds the helper, copied there by the fill container.
 	VolumeBin = "taskrun-bin"
+	// VolumeTunnel holds the keeper's tunnel control socket; only the
+	// keeper mounts it.
+	VolumeTunnel = "taskrun-tunnel"
 	// VolumeTmp is the size-capped writable /tmp.
 	VolumeTmp = "tmp"
 	// TmpPath is where VolumeTmp is mounted in the run container.
@@ -63,6 +66,9 @@ type podConfig struct {
 	Instance      string
 	Created       time.Time
 	Slack         time.Duration
+	// Sockets are the data volume paths the keeper serves through the
+	// model tunnel.
+	Sockets []string
 }
 
 // Helper containers' resources: small and fixed.
@@ -73,6 +79,7 @@ var (
 	helperMemoryLimit   = resource.MustParse("128Mi")
 	helperStorageLimit  = resource.MustParse("16Mi")
 	binVolumeLimit      = resource.MustParse("256Mi")
+	tunnelVolumeLimit   = resource.MustParse("1Mi")
 )
 
 // converted is what one run creates in the cluster.
@@ -148,7 +155,7 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, cfg podConfig) (converted, e
 					}, mounts...),
 					TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 				},
-				helperContainer(ContainerKeep, cfg, podhelper.HoldCommand(), false),
+				keeperContainer(cfg),
 			},
 			Volumes: []corev1.Volume{
 				{Name: VolumeData, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: quantity(cfg.DiskBytes)}}},
@@ -157,6 +164,10 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, cfg podConfig) (converted, e
 					Medium: corev1.StorageMediumMemory, SizeLimit: quantity(pol.TmpfsSizeBytes)}}},
 			},
 		},
+	}
+	if len(cfg.Sockets) > 0 {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: VolumeTunnel,
+			VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &tunnelVolumeLimit}}})
 	}
 	if cfg.RuntimeClass != "" {
 		rc := cfg.RuntimeClass
@@ -193,6 +204,16 @@ func helperContainer(name string, cfg podConfig, cmd []string, stdin bool) corev
 		},
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 	}
+}
+
+// keeperContainer holds the Pod open and, with sockets, serves them through
+// the model tunnel over a control socket in a volume only it mounts.
+func keeperContainer(cfg podConfig) corev1.Container {
+	c := helperContainer(ContainerKeep, cfg, podhelper.HoldCommand(cfg.Sockets...), false)
+	if len(cfg.Sockets) > 0 {
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeTunnel, MountPath: podhelper.TunnelDir})
+	}
+	return c
 }
 
 // containerSecurity is every container's security context: no privilege

@@ -359,3 +359,18 @@ func TestPostureFromConvertedPod(t *testing.T) {
 	_, err = PostureFromPod(pod)
 	require.ErrorIs(t, err, ErrNoRunContainer)
 }
+
+func TestConvertServesSocketsFromTheKeeperAlone(t *testing.T) {
+	cfg := testConfig()
+	cfg.Sockets = []string{podhelper.DataDir + "/m0/.gateway/gw.sock"}
+	pod := mustConvert(t, testSpec(), sandbox.DefaultPolicy(), cfg).Pod
+	keep := pod.Spec.Containers[1]
+	assert.Equal(t, podhelper.HoldCommand(cfg.Sockets...), keep.Command)
+	assert.Contains(t, keep.VolumeMounts, corev1.VolumeMount{Name: VolumeTunnel, MountPath: podhelper.TunnelDir})
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers[0]) {
+		for _, m := range c.VolumeMounts {
+			assert.NotEqual(t, VolumeTunnel, m.Name, "container %s must not reach the tunnel's control socket", c.Name)
+		}
+	}
+	assert.Empty(t, restrictedViolations(t, pod))
+}

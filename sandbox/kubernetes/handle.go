@@ -71,7 +71,7 @@ func newHandle(b *Backend, name string, spec sandbox.Spec, streams sandbox.Strea
 
 // start creates the NetworkPolicy and the Pod, fills the mounts, attaches
 // to the run container and releases the gate, in that order.
-func (h *handle) start(ctx context.Context, cv converted) error {
+func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) error {
 	ctx, cancel := context.WithTimeout(ctx, h.b.startTimeout)
 	defer cancel()
 	ns := h.b.namespace
@@ -89,6 +89,14 @@ func (h *handle) start(ctx context.Context, cv converted) error {
 	}
 	if err := h.waitRunning(ctx, ContainerRun); err != nil {
 		return err
+	}
+	if len(sockets) > 0 {
+		if err := h.waitRunning(ctx, ContainerKeep); err != nil {
+			return err
+		}
+		if err := h.startTunnels(ctx, sockets); err != nil {
+			return err
+		}
 	}
 	pr, pw := io.Pipe()
 	h.gate = pw

@@ -228,12 +228,20 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 			return nil, fmt.Errorf("sandbox policy: runtime %q has no RuntimeClass on this cluster; configure one (e.g. --runtime-class %s=gvisor)", pol.Runtime, pol.Runtime)
 		}
 	}
-	cv, err := convert(spec, pol, b.podConfig(spec, class, b.now()))
+	sockets, err := findSockets(spec.Mounts)
+	if err != nil {
+		return nil, fmt.Errorf("look for the executor's sockets in the mounts: %w", err)
+	}
+	cfg := b.podConfig(spec, class, b.now())
+	for _, s := range sockets {
+		cfg.Sockets = append(cfg.Sockets, s.Pod)
+	}
+	cv, err := convert(spec, pol, cfg)
 	if err != nil {
 		return nil, err
 	}
 	h := newHandle(b, cv.Pod.Name, spec, streams)
-	if err := h.start(ctx, cv); err != nil {
+	if err := h.start(ctx, cv, sockets); err != nil {
 		h.discard(ctx)
 		return nil, err
 	}

@@ -115,3 +115,21 @@ func hostileArchive(t *testing.T, name string) []byte {
 	require.NoError(t, gz.Close())
 	return buf.Bytes()
 }
+
+func TestFindSocketsServesTheExecutorsSockets(t *testing.T) {
+	dir, err := os.MkdirTemp("", "fs")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	listen := func(rel string) {
+		p := filepath.Join(dir, rel)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		l, err := net.Listen("unix", p)
+		require.NoError(t, err)
+		t.Cleanup(func() { l.Close() })
+	}
+	listen(".gateway/gw.sock")
+	listen("home/a/b/deep.sock") // below the depth the executor uses: the agent's own
+	got, err := findSockets([]sandbox.Mount{{Source: "/nonexistent", Target: "/x"}, {Source: dir, Target: "/taskrun"}, {Source: dir, Target: "/ro", ReadOnly: true}})
+	require.NoError(t, err)
+	assert.Equal(t, []podSocket{{Host: filepath.Join(dir, ".gateway", "gw.sock"), Pod: podhelper.DataDir + "/m1/.gateway/gw.sock"}}, got)
+}
