@@ -73,13 +73,15 @@ type podConfig struct {
 
 // Helper containers' resources: small and fixed.
 var (
-	helperCPURequest    = resource.MustParse("10m")
-	helperCPULimit      = resource.MustParse("500m")
-	helperMemoryRequest = resource.MustParse("16Mi")
-	helperMemoryLimit   = resource.MustParse("128Mi")
-	helperStorageLimit  = resource.MustParse("16Mi")
-	binVolumeLimit      = resource.MustParse("256Mi")
-	tunnelVolumeLimit   = resource.MustParse("1Mi")
+	helperCPURequest     = resource.MustParse("10m")
+	helperCPULimit       = resource.MustParse("500m")
+	helperMemoryRequest  = resource.MustParse("16Mi")
+	helperMemoryLimit    = resource.MustParse("128Mi")
+	helperStorageLimit   = resource.MustParse("16Mi")
+	helperStorageRequest = resource.MustParse("1Mi")
+	storageRequest       = resource.MustParse("64Mi")
+	binVolumeLimit       = resource.MustParse("256Mi")
+	tunnelVolumeLimit    = resource.MustParse("1Mi")
 )
 
 // converted is what one run creates in the cluster.
@@ -194,7 +196,8 @@ func helperContainer(name string, cfg podConfig, cmd []string, stdin bool) corev
 		StdinOnce:       stdin,
 		SecurityContext: containerSecurity(true),
 		Resources: corev1.ResourceRequirements{
-			Requests: corev1.ResourceList{corev1.ResourceCPU: helperCPURequest, corev1.ResourceMemory: helperMemoryRequest},
+			Requests: corev1.ResourceList{corev1.ResourceCPU: helperCPURequest, corev1.ResourceMemory: helperMemoryRequest,
+				corev1.ResourceEphemeralStorage: helperStorageRequest},
 			Limits: corev1.ResourceList{corev1.ResourceCPU: helperCPULimit, corev1.ResourceMemory: helperMemoryLimit,
 				corev1.ResourceEphemeralStorage: helperStorageLimit},
 		},
@@ -255,7 +258,9 @@ func runResources(pol sandbox.Policy, cfg podConfig) corev1.ResourceRequirements
 		reqMem = mem
 	}
 	return corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{corev1.ResourceCPU: reqCPU, corev1.ResourceMemory: reqMem},
+		// An ephemeral-storage request left out would default to the limit
+		// and reserve the whole disk cap on the node for every run.
+		Requests: corev1.ResourceList{corev1.ResourceCPU: reqCPU, corev1.ResourceMemory: reqMem, corev1.ResourceEphemeralStorage: storageRequest},
 		Limits:   corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem, corev1.ResourceEphemeralStorage: storage},
 	}
 }

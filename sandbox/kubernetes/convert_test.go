@@ -115,6 +115,7 @@ func TestConvertPodSpec(t *testing.T) {
 		{"ephemeral-storage limit", run.Resources.Limits.StorageEphemeral().Value(), int64(1<<30 + 64<<20 + 64<<20)},
 		{"cpu request", run.Resources.Requests.Cpu().String(), "50m"},
 		{"memory request", run.Resources.Requests.Memory().String(), "64Mi"},
+		{"ephemeral-storage request", run.Resources.Requests.StorageEphemeral().String(), "64Mi"},
 		{"init containers", len(ps.InitContainers), 1},
 		{"fill", ps.InitContainers[0].Command, podhelper.FillCommand()},
 		{"fill stdin", ps.InitContainers[0].Stdin && ps.InitContainers[0].StdinOnce, true},
