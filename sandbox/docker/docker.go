@@ -65,6 +65,7 @@ type Backend struct {
 	progress     io.Writer
 	progressFd   uintptr
 	dockerConfig string
+	pullTimeout  time.Duration
 
 	mu   sync.Mutex
 	live map[string]*handle

@@ -33,6 +33,13 @@ func WithPullProgress(w io.Writer, fd uintptr, isTerminal bool) Option {
 	}
 }
 
+// DefaultPullTimeout bounds one image pull, so a registry that stops
+// answering cannot hold a run (and its slot) forever.
+const DefaultPullTimeout = 15 * time.Minute
+
+// WithPullTimeout bounds each image pull (DefaultPullTimeout by default).
+func WithPullTimeout(d time.Duration) Option { return func(b *Backend) { b.pullTimeout = d } }
+
 // WithDockerConfig reads registry credentials from the docker CLI config in
 // dir (its config.json, credsStore and credHelpers) instead of the one named
 // by DOCKER_CONFIG or ~/.docker.
@@ -88,6 +95,12 @@ func (b *Backend) pull(ctx context.Context, named reference.Named) error {
 	}
 	b.log.InfoContext(ctx, "pulling image", "image", ref, "registry", domain, "authenticated", auth != "")
 	started := time.Now()
+	timeout := b.pullTimeout
+	if timeout <= 0 {
+		timeout = DefaultPullTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	body, err := b.api.ImagePull(ctx, ref, dockerimage.PullOptions{RegistryAuth: auth})
 	if err == nil {
 		defer body.Close()
@@ -96,6 +109,9 @@ func (b *Backend) pull(ctx context.Context, named reference.Named) error {
 		} else {
 			err = summarisePull(ctx, b.log, ref, body)
 		}
+	}
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%w: pull %s: no answer within %s: %w; check that %s is reachable from the Docker engine", sandbox.ErrImagePull, ref, timeout, err, domain)
 	}
 	if err != nil {
 		return b.pullError(ref, domain, auth != "", err)

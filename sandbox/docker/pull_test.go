@@ -3,12 +3,15 @@ package docker
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	dockerimage "github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -125,4 +128,28 @@ func TestResolveImagePullFailuresSayWhy(t *testing.T) {
 	// Nothing of the image is left locally after the failed pulls.
 	_, err := cli.ImageInspect(t.Context(), pushed.Ref)
 	require.True(t, cerrdefs.IsNotFound(err), "the failed pulls left %s behind: %v", pushed.Ref, err)
+}
+
+// hungRegistryAPI is an engine whose pulls never progress: the registry
+// behind it stopped answering.
+type hungRegistryAPI struct{ dockerAPI }
+
+func (hungRegistryAPI) ImageInspect(context.Context, string) (dockerimage.InspectResponse, error) {
+	return dockerimage.InspectResponse{}, cerrdefs.ErrNotFound
+}
+
+func (hungRegistryAPI) ImagePull(ctx context.Context, _ string, _ dockerimage.PullOptions) (io.ReadCloser, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (hungRegistryAPI) DaemonHost() string { return "unix:///test" }
+
+// A pull is bounded: a registry that stops answering fails the pull, it
+// does not hold the run.
+func TestPullIsBounded(t *testing.T) {
+	b := &Backend{api: hungRegistryAPI{}, log: slog.New(slog.DiscardHandler), pullTimeout: time.Millisecond, dockerConfig: t.TempDir()}
+	_, err := b.ResolveImage(t.Context(), "127.0.0.1:1/team/agent:v1", sandbox.PullMissing)
+	require.ErrorIs(t, err, sandbox.ErrImagePull)
+	require.ErrorContains(t, err, "no answer within 1ms")
 }
