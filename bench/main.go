@@ -86,6 +86,7 @@ func runAll(ctx context.Context, c config) ([]row, error) {
 	var errs []string
 	for _, s := range []section{
 		{"cold run", coldRun},
+		{"kubernetes cold run", kubernetesColdRun},
 		{"first byte", firstByteLatency},
 		{"throughput", throughput},
 		{"concurrency", concurrent},

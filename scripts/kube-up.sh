@@ -20,8 +20,8 @@
 # (scripts/kube-load-image.sh), with imagePullPolicy Never: nothing is pulled.
 #
 # It also creates the namespace taskrun-runs (PodSecurity enforce=restricted),
-# imports the pause image it builds and taskrun/agent:local and
-# taskrun/testbox:local when Docker has them, and waits until the node is Ready
+# imports the pause image it builds and taskrun/agent:local,
+# taskrun/testbox:local and taskrun/podhelper:local when Docker has them, and waits until the node is Ready
 # and a restricted Pod runs. Needs root (mounts, cgroups, network devices).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -369,7 +369,7 @@ start kubelet "$KUBE_BIN/kubelet" --config "$STATE/kubelet.yaml" \
 	--hostname-override "$NODE_NAME" --node-ip "$NODE_IP"
 
 # --- images ----------------------------------------------------------------------------
-for img in taskrun/agent:local taskrun/testbox:local; do
+for img in taskrun/agent:local taskrun/testbox:local taskrun/podhelper:local; do
 	if docker image inspect "$img" >/dev/null 2>&1; then
 		scripts/kube-load-image.sh "$img" >/dev/null
 	fi
