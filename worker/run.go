@@ -160,6 +160,9 @@ func (w *Worker) renew(ctx context.Context, log *slog.Logger, l workerclient.Lea
 		asked := time.Now()
 		resp, err := w.cfg.Client.RenewLease(rctx, l)
 		stop()
+		if g.reported.Load() {
+			return // the terminal PATCH ended the lease: nothing to renew
+		}
 		switch {
 		case err == nil:
 			lastOK = asked
@@ -288,9 +291,11 @@ type gate struct {
 	onRunning func()
 	onSent    func(n int)
 
-	gone    atomic.Bool
-	once    sync.Once
-	running sync.Once
+	gone atomic.Bool
+	// reported is set once the terminal PATCH was accepted: the lease ended.
+	reported atomic.Bool
+	once     sync.Once
+	running  sync.Once
 }
 
 func (g *gate) isLost() bool { return g.gone.Load() }
@@ -320,6 +325,9 @@ func (g *gate) UpdateRunStatus(ctx context.Context, runID string, req *workercli
 		return nil
 	}
 	err := g.filter(g.updater.UpdateRunStatus(ctx, runID, req))
+	if err == nil && req.Status.Terminal() && !g.isLost() {
+		g.reported.Store(true)
+	}
 	if err == nil && req.Status == model.StatusRunning && g.onRunning != nil {
 		g.running.Do(g.onRunning)
 	}
