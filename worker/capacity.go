@@ -98,7 +98,7 @@ func (w *Worker) presentImages(ctx context.Context) []string {
 		switch {
 		case err == nil:
 			out = append(out, img)
-		case !errors.Is(err, sandbox.ErrImageNotFound):
+		case !errors.Is(err, sandbox.ErrImageNotFound) && ctx.Err() == nil:
 			w.log.Warn("check image", "image", img, "err", err)
 		}
 	}

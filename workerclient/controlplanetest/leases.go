@@ -218,6 +218,9 @@ func (cp *ControlPlane) handleLease(w http.ResponseWriter, r *http.Request) {
 	cp.leaseReqs = append(cp.leaseReqs, req)
 	cp.mu.Unlock()
 	for {
+		if r.Context().Err() != nil {
+			return // the worker gave up: hand it nothing it would never see
+		}
 		cp.mu.Lock()
 		now := time.Now()
 		cp.expireLocked(now)
