@@ -45,8 +45,11 @@ type serverFlags struct {
 	tokenFromEnv bool
 }
 
+// serverUsage describes --server wherever it is defined.
+const serverUsage = "control plane base URL; without it, taskrun run reports to the terminal (taskrun worker needs one)"
+
 func (s *serverFlags) define(fs *pflag.FlagSet) {
-	fs.StringVar(&s.server, "server", "", "control plane base URL; without it, status goes to the terminal")
+	fs.StringVar(&s.server, "server", "", serverUsage)
 	addTokenFlag(fs, &s.token)
 }
 

@@ -105,7 +105,7 @@ func init() {
 
 func (o *workerOptions) define(fs *pflag.FlagSet) {
 	o.policy = sandbox.DefaultPolicy()
-	fs.StringVar(&o.server, "server", "", "control plane base URL (required)")
+	fs.StringVar(&o.server, "server", "", serverUsage)
 	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the worker token (default $"+envWorkerToken+")")
 	addStoreFlag(fs, &o.store)
 	addRootFlag(fs, &o.root, defaultRoot)
