@@ -28,9 +28,9 @@ import (
 	"github.com/taskrun/taskrun/workerclient"
 )
 
-// envWorkerToken is the environment variable the worker token is read from
+// workerTokenEnv is the environment variable the worker token is read from
 // when --token-file is not given.
-const envWorkerToken = "TASKRUN_WORKER_TOKEN"
+const workerTokenEnv = "TASKRUN_WORKER_TOKEN"
 
 const workerHelp = `
 Runs this host's executor service: it leases runs from the control plane at
@@ -106,7 +106,7 @@ func init() {
 func (o *workerOptions) define(fs *pflag.FlagSet) {
 	o.policy = sandbox.DefaultPolicy()
 	fs.StringVar(&o.server, "server", "", serverUsage)
-	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the worker token (default $"+envWorkerToken+")")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the worker token (default $"+workerTokenEnv+")")
 	addStoreFlag(fs, &o.store)
 	addRootFlag(fs, &o.root, defaultRoot)
 	fs.IntVar(&o.slots, "slots", 1, "runs executed at once")
@@ -147,10 +147,10 @@ func (o *workerOptions) finish() error {
 		}
 		o.token = strings.TrimSpace(string(data))
 	} else {
-		o.token, o.tokenFromEnv = os.Getenv(envWorkerToken), true
+		o.token, o.tokenFromEnv = os.Getenv(workerTokenEnv), true
 	}
 	if o.token == "" {
-		return fmt.Errorf("no worker token: pass --token-file or set $%s", envWorkerToken)
+		return fmt.Errorf("no worker token: pass --token-file or set $%s", workerTokenEnv)
 	}
 	if o.slots < 1 {
 		return fmt.Errorf("--slots %d: give at least 1", o.slots)
@@ -278,7 +278,7 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 	hostname, _ := os.Hostname()
 	cp := &journal.ControlPlane{URL: journal.RedactURL(o.server)}
 	if o.tokenFromEnv {
-		cp.TokenEnv = envWorkerToken
+		cp.TokenEnv = workerTokenEnv
 	} else if cp.TokenFile, err = filepath.Abs(o.tokenFile); err != nil {
 		return exitUsage, fmt.Errorf("--token-file: %w", err)
 	}
