@@ -179,4 +179,3 @@ func (b *benchTB) close() {
 		b.cleanups[i]()
 	}
 }
-
