@@ -35,6 +35,10 @@ func (w *Worker) start(runsCtx context.Context, a *workerclient.Assignment, sent
 	r := &liveRun{a: a, cancel: cancel, mem: w.runMemory(a.Limits.MemoryBytes),
 		disk: w.runDisk(a.Limits.DiskBytes, a.Limits.MaxOutputBytes)}
 	w.mu.Lock()
+	var misfit error
+	if free := w.cfg.MemoryBytes - w.memUsed; r.mem > free {
+		misfit = fmt.Errorf("it needs %d bytes of memory, this worker has %d left", r.mem, free)
+	}
 	w.live[a.Lease.RunID] = r
 	w.memUsed += r.mem
 	w.diskUsed += r.disk
@@ -44,7 +48,7 @@ func (w *Worker) start(runsCtx context.Context, a *workerclient.Assignment, sent
 	go func() {
 		defer w.wg.Done()
 		defer w.finish(r)
-		w.execute(ctx, cancel, a, sent)
+		w.execute(ctx, cancel, a, sent, misfit)
 	}()
 }
 
@@ -62,7 +66,7 @@ func (w *Worker) finish(r *liveRun) {
 }
 
 // execute runs one leased run to its end, renewing its lease meanwhile.
-func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a *workerclient.Assignment, sent time.Time) {
+func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a *workerclient.Assignment, sent time.Time, misfit error) {
 	log := w.log.With("run", a.Lease.RunID, "epoch", a.Lease.Epoch)
 	fenced := w.cfg.Client.Fenced(a.Lease.Epoch)
 	g := &gate{updater: fenced, stream: fenced.Stream(), lost: func(err error) { w.lose(log, cancel, err) }}
@@ -84,6 +88,9 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 	log.Info("run leased", "task", a.Task.ID, "image", a.Image)
 	in, cleanup, err := w.input(ctx, a, g)
 	defer cleanup()
+	if err == nil {
+		err = misfit
+	}
 	if err != nil {
 		// Nothing was started: say why, as a failed run.
 		log.Warn("cannot place the leased run", "err", err)
