@@ -18,8 +18,8 @@ import (
 // run is leased. A lease that is not renewed within its TTL expires: the run
 // is finalized FAILED "worker lost", or queued again when it is retryable.
 // Every PATCH and stream POST for a leased run must carry the current epoch
-// in workerclient.HeaderFence and arrive before the lease expired; otherwise
-// it is answered 412 and counted (see Stale).
+// in workerclient.HeaderFence (428 without one) and arrive before the lease
+// expired; otherwise it is answered 412 and counted (see Stale).
 
 // Default lease timing of a ControlPlane; see SetLeaseTiming.
 const (
@@ -250,6 +250,11 @@ func (cp *ControlPlane) handleRenew(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	cp.expireLocked(now)
 	s := cp.leaseRuns[id]
+	if r.Header.Get(workerclient.HeaderFence) == "" {
+		cp.mu.Unlock()
+		http.Error(w, "missing "+workerclient.HeaderFence+": send the lease's epoch", http.StatusPreconditionRequired)
+		return
+	}
 	if !cp.fenceOKLocked(r, id, s) {
 		cp.mu.Unlock()
 		http.Error(w, "stale or expired lease", http.StatusPreconditionFailed)
@@ -287,6 +292,10 @@ func (cp *ControlPlane) checkFence(w http.ResponseWriter, r *http.Request, id st
 	s := cp.leaseRuns[id]
 	if s == nil {
 		return true
+	}
+	if r.Header.Get(workerclient.HeaderFence) == "" {
+		http.Error(w, "missing "+workerclient.HeaderFence+": send the lease's epoch", http.StatusPreconditionRequired)
+		return false
 	}
 	epoch, _ := strconv.ParseInt(r.Header.Get(workerclient.HeaderFence), 10, 64)
 	if epoch > 0 && epoch == s.epoch && !s.leased && s.status.Terminal() && s.terminals > 0 {
