@@ -141,6 +141,21 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 	return out
 }
 
+// containerCreates counts, per run, the containers the engine created since
+// since (its own record: docker events).
+func containerCreates(t *testing.T, since time.Time) map[string]int {
+	t.Helper()
+	out, err := exec.Command("docker", "events", "--since", strconv.FormatInt(since.Unix()-1, 10),
+		"--until", strconv.FormatInt(time.Now().Unix()+1, 10), "--filter", "type=container", "--filter", "event=create",
+		"--filter", "label=dev.taskrun.managed", "--format", `{{index .Actor.Attributes "dev.taskrun.run"}}`).Output()
+	require.NoError(t, err)
+	counts := map[string]int{}
+	for _, run := range strings.Fields(string(out)) {
+		counts[run]++
+	}
+	return counts
+}
+
 // e2eRuns is how many runs the fleet test submits: TASKRUN_WORKER_E2E_RUNS,
 // else 30 (100 makes the full version).
 func e2eRuns(t *testing.T) int {
@@ -219,6 +234,7 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 	require.Eventually(t, func() bool { return ended() == n }, 10*time.Minute, 100*time.Millisecond, "every run ends")
 
 	t.Logf("%s: all %d runs ended", time.Since(began), n)
+	creates := containerCreates(t, began)
 	lost := 0
 	for id, retry := range retryable {
 		info := cp.Lease(id)
@@ -249,6 +265,10 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 			}
 		}
 		assert.LessOrEqual(t, len(ids), len(holders), "run %s: containers %v for holders %v", id, ids, holders)
+		assert.LessOrEqual(t, creates[id], len(holders), "run %s: the engine created %d containers for %d leases", id, creates[id], len(holders))
+		if info.Status == model.StatusSucceeded {
+			assert.Positive(t, creates[id], "run %s: the engine saw its container", id)
+		}
 		if !retry {
 			assert.LessOrEqual(t, len(holders), 1, "a run that is not retryable is leased once")
 		}
