@@ -10,10 +10,11 @@ TASKRUN := $(BIN)/taskrun
 # Tests never pull images; testcontainers' reaper image cannot be pulled here.
 export TESTCONTAINERS_RYUK_DISABLED ?= true
 
-# In CI every part is required: tests that need gVisor or the S3 server fail
-# instead of skipping when it is missing.
+# In CI every part is required: tests that need gVisor, the S3 server or
+# PostgreSQL fail instead of skipping when it is missing.
 ifeq ($(CI),true)
 export TASKRUN_REQUIRE_S3 := 1
+export TASKRUN_REQUIRE_POSTGRES := 1
 export TASKRUN_REQUIRE_RUNSC := 1
 endif
 
