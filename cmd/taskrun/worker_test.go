@@ -87,6 +87,11 @@ func freeAddr(t *testing.T) string {
 
 // start starts a worker on root (a fresh one when "").
 func (f *workerFleet) start(root string, slots int) *workerProc {
+	return f.startOn(f.server, root, slots)
+}
+
+// startOn starts a worker leasing from server.
+func (f *workerFleet) startOn(server, root string, slots int) *workerProc {
 	t := f.t
 	if root == "" {
 		root = t.TempDir()
@@ -96,7 +101,7 @@ func (f *workerFleet) start(root string, slots int) *workerProc {
 	p.log, err = os.CreateTemp(t.TempDir(), "worker-*.log")
 	require.NoError(t, err)
 	p.cmd = f.env.command(t, nil, "worker", "--log-format", "json",
-		"--server", f.server, "--token-file", f.tokenFile, "--slots", strconv.Itoa(slots),
+		"--server", server, "--token-file", f.tokenFile, "--slots", strconv.Itoa(slots),
 		"--store", f.env.store, "--root", root, "--image", testImage, "--labels", "runtime=runc,image="+testImage,
 		"--helpers-dir", f.env.helpers, "--drain-grace", "30s", "--lease-wait", "2s",
 		"--metrics-listen", p.metrics, "--disk", "64m", "--max-output", "16m", "--timeout", "2m")
