@@ -2,26 +2,31 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
 	"sync"
-	"testing"
 	"time"
 
+	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/controlplane/client"
+	"github.com/taskrun/taskrun/controlplane/server"
+	"github.com/taskrun/taskrun/controlplane/sqlite"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/worker"
 	"github.com/taskrun/taskrun/workerclient"
-	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
 // workerSlots is how many runs at once both sides of the worker comparison
 // execute.
 const workerSlots = 4
 
-// workerThroughput compares runs per minute through `taskrun worker`'s
-// package (leasing each run over HTTP from a local control plane, fenced
-// PATCHes and stream, lease renewals) with the same runs through RunTask
-// called directly, workerSlots at a time on both sides.
+// workerThroughput compares runs per minute through the control plane and
+// `taskrun worker`'s package (submitted to controlplane/server on SQLite,
+// leased over HTTP, fenced PATCHes and stream, lease renewals) with the same
+// runs through RunTask called directly, workerSlots at a time on both sides.
 func workerThroughput(ctx context.Context, e *env) ([]row, error) {
 	n := e.c.workerRuns
 	root, err := e.tempDir("direct-")
@@ -55,7 +60,7 @@ func workerThroughput(ctx context.Context, e *env) ([]row, error) {
 	}
 	perMin := func(d time.Duration) float64 { return float64(n) / d.Minutes() }
 	return []row{{
-		what:     fmt.Sprintf("%d runs (`echo $TASKRUN_RUN_ID`), %d at a time: through the worker (lease, fenced HTTP reports, renewals) vs RunTask directly", n, workerSlots),
+		what:     fmt.Sprintf("%d runs (`echo $TASKRUN_RUN_ID`), %d at a time: submitted to serve (SQLite) and run by a worker vs RunTask directly", n, workerSlots),
 		taskrun:  fmt.Sprintf("%.0f runs/min (%s)", perMin(through), fmtDuration(through)),
 		baseline: fmt.Sprintf("%.0f runs/min (%s)", perMin(direct), fmtDuration(direct)),
 		ratio:    fmt.Sprintf("%.2fx", through.Seconds()/direct.Seconds()),
@@ -64,20 +69,52 @@ func workerThroughput(ctx context.Context, e *env) ([]row, error) {
 	}}, nil
 }
 
-// throughWorker runs n runs through a worker leasing from a local control
-// plane and returns the wall time until the last one reported.
+// throughWorker runs n runs submitted to the reference control plane
+// (controlplane/server on SQLite, the code `taskrun serve` runs) through a
+// worker leasing from it over loopback HTTP, and returns the wall time from
+// the worker's start until the control plane recorded the last run ended.
 func throughWorker(ctx context.Context, e *env, n int) (time.Duration, error) {
-	tb := &benchTB{}
-	defer tb.close()
-	cp := controlplanetest.New(tb, "bench-token")
+	const workerToken, userToken = "bench-worker-token-0123456789", "bench-user-token-0123456789"
 	root, err := e.tempDir("worker-")
 	if err != nil {
 		return 0, err
 	}
+	db, err := sqlite.Open(ctx, filepath.Join(root, "cp.db"))
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var tokens server.Tokens
+	if err := errors.Join(tokens.AddWorker(workerToken), tokens.AddUser("bench", userToken)); err != nil {
+		return 0, err
+	}
+	discard := slog.New(slog.DiscardHandler)
+	srv, err := server.New(server.Config{Store: db, Blobs: e.store, Tokens: &tokens, Log: discard})
+	if err != nil {
+		return 0, err
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	sctx, stopSweep := context.WithCancel(ctx)
+	defer stopSweep()
+	go srv.Sweep(sctx)
+	users, err := client.New(hs.URL, userToken, nil)
+	if err != nil {
+		return 0, err
+	}
+	ids := make([]string, n)
+	for i := range n {
+		resp, err := users.Submit(ctx, controlplane.SubmitRequest{Prompt: "bench", Command: []string{"sh", "-c", "echo $TASKRUN_RUN_ID"}}, nil)
+		if err != nil {
+			return 0, fmt.Errorf("submit: %w", err)
+		}
+		ids[i] = resp.RunID
+	}
+
 	tmpl := e.input(root, "unused", nil)
 	tmpl.Task, tmpl.Run, tmpl.Updater = nil, nil, nil
 	w, err := worker.New(worker.Config{
-		Client:      workerclient.New(cp.URL(), "bench-token"),
+		Client:      workerclient.New(hs.URL, workerToken),
 		WorkerID:    "bench",
 		Slots:       workerSlots,
 		Root:        root,
@@ -85,97 +122,47 @@ func throughWorker(ctx context.Context, e *env, n int) (time.Duration, error) {
 		Labels:      workerclient.WorkerLabels{Runtimes: []string{"runc"}, Backend: "docker"},
 		MemoryBytes: 64 << 30,
 		LeaseWait:   time.Second,
-		Logger:      slog.New(slog.DiscardHandler),
+		Logger:      discard,
 	})
 	if err != nil {
 		return 0, err
-	}
-	ids := make([]string, n)
-	for i := range n {
-		ids[i] = fmt.Sprintf("worker-%d", i)
-		cp.Enqueue(workerclient.Assignment{
-			Task:      model.Task{ID: "bench", UserID: "bench", ConversationID: "bench"},
-			Run:       model.TaskRun{ID: ids[i], TaskID: "bench"},
-			SessionID: "bench",
-			Command:   []string{"sh", "-c", "echo $TASKRUN_RUN_ID"},
-		})
 	}
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() { done <- w.Run(wctx) }()
-	var wall time.Duration
+	defer func() {
+		stop()
+		<-done
+	}()
 	for {
+		runs, err := users.ListRuns(ctx, "", n+10)
+		if err != nil {
+			return 0, err
+		}
 		ended := 0
-		for _, id := range ids {
-			if cp.Lease(id).Status.Terminal() {
+		for _, r := range runs {
+			if r.Status.Terminal() {
 				ended++
 			}
 		}
-		if ended == n {
-			wall = time.Since(start)
+		if ended >= n {
 			break
 		}
 		if ctx.Err() != nil {
-			stop()
-			<-done
 			return 0, ctx.Err()
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
-	stop()
-	if err := <-done; err != nil {
-		return 0, err
-	}
+	wall := time.Since(start)
 	for _, id := range ids {
-		if info := cp.Lease(id); info.Status != model.StatusSucceeded {
-			return 0, fmt.Errorf("run %s ended %s %q", id, info.Status, info.Reason)
+		r, err := users.GetRun(ctx, id)
+		if err != nil {
+			return 0, err
 		}
-		if data, _, _ := cp.Stream(id); string(data) != id+"\n" {
-			return 0, fmt.Errorf("run %s streamed %q", id, data)
+		if r.Status != model.StatusSucceeded || r.Output != id+"\n" {
+			return 0, fmt.Errorf("run %s ended %s %q with output %q", id, r.Status, r.Error, r.Output)
 		}
-	}
-	if errs := tb.errors(); len(errs) > 0 {
-		return 0, fmt.Errorf("control plane: %v", errs)
 	}
 	return wall, nil
-}
-
-// benchTB lets the bench use the test control plane outside a test: it
-// collects errors and cleanups. Only the methods controlplanetest calls are
-// implemented; the embedded nil testing.TB is never called.
-type benchTB struct {
-	testing.TB
-	mu       sync.Mutex
-	errs     []string
-	cleanups []func()
-}
-
-func (b *benchTB) Helper() {}
-
-func (b *benchTB) Errorf(format string, args ...any) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.errs = append(b.errs, fmt.Sprintf(format, args...))
-}
-
-func (b *benchTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-
-func (b *benchTB) Cleanup(f func()) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.cleanups = append(b.cleanups, f)
-}
-
-func (b *benchTB) errors() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.errs
-}
-
-// close runs the cleanups, last first.
-func (b *benchTB) close() {
-	for i := len(b.cleanups) - 1; i >= 0; i-- {
-		b.cleanups[i]()
-	}
 }
