@@ -20,6 +20,7 @@ import (
 
 func TestMain(m *testing.M) {
 	code := pgtest.Main(m) // stops the PostgreSQL cluster if a test started one
+	closeTestRegistry()
 	testbin.Cleanup()
 	removeTaskrunBin()
 	os.Exit(code)
