@@ -109,6 +109,7 @@ func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc, t
 	ctx := context.Background()
 	n := e2eRuns(t)
 	taskrunBin(t)
+	countCreates := watchCreates(t)
 	began := time.Now()
 	retryable := map[string]bool{}
 	users := make([]*client.Client, len(serves))
@@ -156,7 +157,7 @@ func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc, t
 	require.Eventually(t, func() bool { return ended() == n }, 10*time.Minute, 200*time.Millisecond, "every run ends")
 	t.Logf("%s: all %d runs ended", time.Since(began), n)
 
-	creates := containerCreates(t, began)
+	creates := countCreates()
 	lost := 0
 	for id, retry := range retryable {
 		r := get(id)
@@ -164,6 +165,7 @@ func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc, t
 		case r.Status == model.StatusSucceeded:
 			assert.Equal(t, "run "+id+"\n", r.Output, id)
 			assert.True(t, r.StreamEnded, id)
+			assert.Positive(t, creates[id], "run %s: the engine saw its container", id)
 		case r.Status == model.StatusFailed && r.Error == controlplane.ErrorWorkerLost:
 			lost++
 			assert.False(t, retry && r.Attempts < controlplane.MaxAttempts, "retryable run %s was queued again, not failed", id)

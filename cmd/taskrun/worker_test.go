@@ -146,20 +146,41 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 	return out
 }
 
-// containerCreates counts, per run, the containers the engine created since
-// since (its own record: docker events).
-func containerCreates(t *testing.T, since time.Time) map[string]int {
+// watchCreates follows the engine's container create events from now on
+// (docker events, streamed: the engine keeps only a short backlog) and
+// returns a function that stops following and counts them per run.
+func watchCreates(t *testing.T) func() map[string]int {
 	t.Helper()
-	out, err := exec.Command("docker", "events", "--since", strconv.FormatInt(since.Unix()-1, 10),
-		"--until", strconv.FormatInt(time.Now().Unix()+1, 10), "--filter", "type=container", "--filter", "event=create",
-		"--filter", "label=dev.taskrun.managed", "--format", `{{index .Actor.Attributes "dev.taskrun.run"}}`).Output()
-	require.NoError(t, err)
-	counts := map[string]int{}
-	for _, run := range strings.Fields(string(out)) {
-		counts[run]++
+	var out strings.Builder
+	cmd := exec.Command("docker", "events", "--filter", "type=container", "--filter", "event=create",
+		"--filter", "label=dev.taskrun.managed", "--format", `{{index .Actor.Attributes "dev.taskrun.run"}}`)
+	var mu sync.Mutex
+	cmd.Stdout = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return out.Write(p) })
+	require.NoError(t, cmd.Start())
+	stopped := false
+	stop := func() map[string]int {
+		if !stopped {
+			stopped = true
+			time.Sleep(time.Second) // the last events reach the stream
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		counts := map[string]int{}
+		for _, run := range strings.Fields(out.String()) {
+			counts[run]++
+		}
+		return counts
 	}
-	return counts
+	t.Cleanup(func() { stop() })
+	return stop
 }
+
+// writerFunc is an io.Writer.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // e2eRuns is how many runs the fleet test submits: TASKRUN_WORKER_E2E_RUNS,
 // else 30 (100 makes the full version).
@@ -201,6 +222,7 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 	}
 	fleet := newWorkerFleet(t, env, cp.URL())
 	taskrunBin(t)
+	countCreates := watchCreates(t)
 	began := time.Now()
 	victim := fleet.start("", 2)
 	fleet.start("", 2)
@@ -239,7 +261,7 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 	require.Eventually(t, func() bool { return ended() == n }, 10*time.Minute, 100*time.Millisecond, "every run ends")
 
 	t.Logf("%s: all %d runs ended", time.Since(began), n)
-	creates := containerCreates(t, began)
+	creates := countCreates()
 	lost := 0
 	for id, retry := range retryable {
 		info := cp.Lease(id)
