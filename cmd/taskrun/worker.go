@@ -61,7 +61,9 @@ type workerOptions struct {
 	slots                    int
 	labels                   []string
 	runtimes, images         []string
-	canPull                  bool
+	pullSpec                 string
+	pull                     sandbox.PullPolicy
+	allowedImages            []string
 	drainGrace               time.Duration
 	metricsListen            string
 	leaseWait                time.Duration
@@ -111,7 +113,8 @@ func (o *workerOptions) define(fs *pflag.FlagSet) {
 	addRootFlag(fs, &o.root, defaultRoot)
 	fs.IntVar(&o.slots, "slots", 1, "runs executed at once")
 	fs.StringSliceVar(&o.labels, "labels", nil, "what this worker offers, as KEY=VALUE: runtime=NAME and image=REF (repeatable, comma-separated); default: the --runtime (runc) and the --image")
-	fs.BoolVar(&o.canPull, "can-pull", false, "tell the control plane this worker may pull images it lacks")
+	fs.StringVar(&o.pullSpec, "pull", string(sandbox.PullNever), "pull a run's image from its registry: missing, always or never (the default: only local images; anything else tells the control plane this worker may pull)")
+	fs.StringArrayVar(&o.allowedImages, "allowed-images", nil, "allow only images matching PATTERN (NAME, NAME:TAG or NAME@sha256:HEX, * globs; see README); any other run is refused before its image is pulled; repeatable")
 	fs.DurationVar(&o.drainGrace, "drain-grace", worker.DefaultDrainGrace, "on SIGTERM, how long live runs may go on before they are cancelled")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics, /healthz and /readyz, e.g. 127.0.0.1:9464 (default: none)")
 	fs.DurationVar(&o.leaseWait, "lease-wait", worker.DefaultLeaseWait, "how long the control plane may hold one lease request (at most 30s)")
@@ -159,6 +162,10 @@ func (o *workerOptions) finish() error {
 		return fmt.Errorf("--cpus %v: give a positive number such as 1 or 0.5", o.cpus)
 	}
 	o.policy.NanoCPUs = int64(o.cpus * 1e9)
+	var err error
+	if o.pull, err = sandbox.ParsePullPolicy(o.pullSpec); err != nil {
+		return fmt.Errorf("--pull: %w", err)
+	}
 	if o.timeout <= 0 || o.drainGrace <= 0 || o.shutdownGrace <= 0 {
 		return errors.New("--timeout, --drain-grace and --shutdown-grace must be positive durations such as 30s")
 	}
@@ -306,8 +313,10 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 			StoreURL:        o.store,
 			ControlPlane:    cp,
 			ShutdownGrace:   o.shutdownGrace,
+			Pull:            o.pull,
+			AllowedImages:   o.allowedImages,
 		},
-		Labels:      workerclient.WorkerLabels{Runtimes: o.runtimes, CanPull: o.canPull, Backend: "docker"},
+		Labels:      workerclient.WorkerLabels{Runtimes: o.runtimes, CanPull: o.pull != sandbox.PullNever, Backend: "docker"},
 		Images:      o.images,
 		MemoryBytes: o.memory,
 		Workspaces:  store,
