@@ -200,8 +200,9 @@ type Store interface {
 	// ExpireLeases finalizes or requeues every run whose lease lapsed before
 	// now.
 	ExpireLeases(ctx context.Context, now time.Time) ([]Expired, error)
-	// CountByStatus counts runs per status.
-	CountByStatus(ctx context.Context) (map[model.RunStatus]int, error)
+	// CountByStatus counts runs per status: userID's runs, or all runs when
+	// userID is empty.
+	CountByStatus(ctx context.Context, userID string) (map[model.RunStatus]int, error)
 	// Ready reports whether the database answers and the schema is current.
 	Ready(ctx context.Context) error
 	// Close releases the store.

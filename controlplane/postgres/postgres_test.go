@@ -78,3 +78,15 @@ func TestTwoReplicasNeverShareARun(t *testing.T) {
 	require.NotNil(t, r)
 	assert.Equal(t, int64(2), r.Epoch)
 }
+
+func BenchmarkLeaseCycle(b *testing.B) {
+	s := open2(b, pgtest.Shared(b).NewDatabase(b))
+	defer s.Close()
+	storetest.BenchLeaseCycle(b, s)
+}
+
+func open2(tb testing.TB, dsn string) *postgres.Store {
+	s, err := postgres.Open(context.Background(), dsn)
+	require.NoError(tb, err)
+	return s
+}

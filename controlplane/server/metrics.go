@@ -72,7 +72,7 @@ func (c *runsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- runsDesc }
 func (c *runsCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	counts, err := c.store.CountByStatus(ctx)
+	counts, err := c.store.CountByStatus(ctx, "")
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(runsDesc, err)
 		return

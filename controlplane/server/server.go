@@ -38,6 +38,9 @@ type Limits struct {
 	MaxFollowers       int
 	// MaxListLimit caps ?limit= on GET /v1/runs.
 	MaxListLimit int
+	// MaxQueuedPerUser caps a user's runs waiting in the queue: one more
+	// submission is answered 429.
+	MaxQueuedPerUser int
 }
 
 // DefaultLimits are the limits of a zero Config.
@@ -49,6 +52,7 @@ var DefaultLimits = Limits{
 	MaxFollowersPerRun: 8,
 	MaxFollowers:       1024,
 	MaxListLimit:       controlplane.MaxListLimit,
+	MaxQueuedPerUser:   1000,
 }
 
 // Config configures a Server.
@@ -121,7 +125,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	l, d := &cfg.Limits, DefaultLimits
 	for _, f := range []struct{ p, d *int }{{&l.MaxPromptBytes, &d.MaxPromptBytes}, {&l.MaxFollowersPerRun, &d.MaxFollowersPerRun},
-		{&l.MaxFollowers, &d.MaxFollowers}, {&l.MaxListLimit, &d.MaxListLimit}} {
+		{&l.MaxFollowers, &d.MaxFollowers}, {&l.MaxListLimit, &d.MaxListLimit}, {&l.MaxQueuedPerUser, &d.MaxQueuedPerUser}} {
 		if *f.p <= 0 {
 			*f.p = *f.d
 		}
@@ -154,7 +158,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /v1/runs/{id}/output", s.requireUser(http.HandlerFunc(s.handleOutput)))
 	mux.Handle("POST /v1/runs/{id}/cancel", s.requireUser(http.HandlerFunc(s.handleCancel)))
 	// Operations.
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{Registry: s.m.reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{Registry: s.m.reg, ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -214,6 +218,24 @@ func (s *Server) SweepOnce(ctx context.Context) ([]controlplane.Expired, error) 
 		s.cfg.Log.Warn("lease expired: worker lost", "run", e.RunID, "outcome", outcome)
 	}
 	return ex, nil
+}
+
+// Read deadlines for request bodies: a client that sends too slowly is cut
+// off instead of holding a connection and a handler forever.
+const (
+	uploadDeadline = 15 * time.Minute // a task with its workspace
+	bodyDeadline   = time.Minute      // every other body
+)
+
+// readDeadline bounds the time left to read r's body; the returned func lifts
+// the bound once the body is read (a deadline left in place would end the
+// request's context when it passes).
+func readDeadline(w http.ResponseWriter, d time.Duration) func() {
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(d)) != nil {
+		return func() {}
+	}
+	return func() { _ = rc.SetReadDeadline(time.Time{}) }
 }
 
 // errorBody is the JSON body of every error answer.

@@ -66,7 +66,7 @@ type env struct {
 	bob    *client.Client
 }
 
-func tokens(t *testing.T) *server.Tokens {
+func tokens(t testing.TB) *server.Tokens {
 	var tk server.Tokens
 	require.NoError(t, tk.AddWorker(workerToken))
 	require.NoError(t, tk.AddUser("alice", userToken))
@@ -74,7 +74,7 @@ func tokens(t *testing.T) *server.Tokens {
 	return &tk
 }
 
-func newEnv(t *testing.T, store controlplane.Store, mod func(*server.Config)) *env {
+func newEnv(t testing.TB, store controlplane.Store, mod func(*server.Config)) *env {
 	t.Helper()
 	ctx := context.Background()
 	if store == nil {
@@ -418,7 +418,7 @@ func TestTokensCheck(t *testing.T) {
 // TestUserAPIBounds: what a client sends is bounded.
 func TestUserAPIBounds(t *testing.T) {
 	e := newEnv(t, nil, func(c *server.Config) {
-		c.Limits = server.Limits{MaxPromptBytes: 1000, MaxTaskBytes: 4000, MaxWorkspaceBytes: 2000, MaxFollowersPerRun: 2}
+		c.Limits = server.Limits{MaxPromptBytes: 1000, MaxTaskBytes: 4000, MaxWorkspaceBytes: 2000, MaxFollowersPerRun: 2, MaxQueuedPerUser: 2}
 	})
 	ctx := context.Background()
 	_, err := e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: strings.Repeat("a", 1001)}, nil)
@@ -455,10 +455,20 @@ func TestUserAPIBounds(t *testing.T) {
 	_, err = e.user.Output(ctx, sub.RunID, -1, false)
 	assertClientStatus(t, err, http.StatusBadRequest)
 
-	// A worker's stream is capped per run.
-	a := e.lease(t, 0)
-	require.NotNil(t, a)
-	_ = a
+	// A user's queue is bounded; another user's is their own.
+	e.clock.Add(time.Second) // runs are leased oldest first: sub, then p2, then bob's
+	_, err = e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p2"}, nil)
+	require.NoError(t, err)
+	_, err = e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p3"}, nil)
+	assertClientStatus(t, err, http.StatusTooManyRequests)
+	e.clock.Add(time.Second)
+	_, err = e.bob.Submit(ctx, controlplane.SubmitRequest{Prompt: "p"}, nil)
+	require.NoError(t, err)
+	got := e.lease(t, 0)
+	require.NotNil(t, got)
+	require.Equal(t, sub.RunID, got.Run.ID)
+	_, err = e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p3"}, nil)
+	require.NoError(t, err, "room again once a run left the queue")
 }
 
 func assertClientStatus(t *testing.T, err error, code int) {
@@ -580,4 +590,49 @@ func TestUIMount(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, code)
 	code, _ = do(t, "GET", e.url+"/ui/", workerToken, "", nil)
 	assert.Equal(t, http.StatusForbidden, code)
+}
+
+// TestStreamHTTPAnswers: the stream endpoint answers the offset rules with
+// their statuses and always says where the server is (X-Taskrun-Next).
+func TestStreamHTTPAnswers(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	_, err := e.user.Submit(context.Background(), controlplane.SubmitRequest{Prompt: "p"}, nil)
+	require.NoError(t, err)
+	a := e.lease(t, 0)
+	require.NotNil(t, a)
+	post := func(off string, body string, hdr ...string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, e.url+"/v1/task-runs/"+a.Run.ID+"/stream", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+workerToken)
+		req.Header.Set(workerclient.HeaderFence, fmt.Sprint(a.Lease.Epoch))
+		if off != "" {
+			req.Header.Set(workerclient.HeaderOffset, off)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get(workerclient.HeaderNext)
+	}
+	code, next := post("0", "abc")
+	assert.Equal(t, http.StatusNoContent, code)
+	assert.Equal(t, "3", next)
+	code, next = post("5", "x")
+	assert.Equal(t, http.StatusConflict, code, "gap")
+	assert.Equal(t, "3", next)
+	code, _ = post("1", "Zc")
+	assert.Equal(t, http.StatusConflict, code, "overlap with different bytes")
+	code, _ = post("-1", "x")
+	assert.Equal(t, http.StatusBadRequest, code)
+	code, _ = post("", "", workerclient.HeaderEnd, "true", workerclient.HeaderTotal, "2")
+	assert.Equal(t, http.StatusConflict, code, "wrong total")
+	code, next = post("", "", workerclient.HeaderEnd, "true", workerclient.HeaderTotal, "3")
+	assert.Equal(t, http.StatusNoContent, code)
+	assert.Equal(t, "3", next)
+	code, _ = post("3", "more")
+	assert.Equal(t, http.StatusConflict, code, "past the end")
+	code, _ = post("0", string(make([]byte, workerclient.MaxPostBytes+1)))
+	assert.Equal(t, http.StatusRequestEntityTooLarge, code)
 }

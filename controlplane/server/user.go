@@ -49,6 +49,7 @@ func user(r *http.Request) string {
 
 func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
 	lim := s.cfg.Limits
+	defer readDeadline(w, uploadDeadline)()
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var (
 		req       controlplane.SubmitRequest
@@ -99,6 +100,16 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := s.checkSubmit(r, &req); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	counts, err := s.cfg.Store.CountByStatus(r.Context(), user(r))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	if counts[model.StatusQueued] >= lim.MaxQueuedPerUser {
+		w.Header().Set("Retry-After", "30")
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("you have %d runs queued, the most this control plane holds per user: wait for some to start", counts[model.StatusQueued]))
 		return
 	}
 	t := controlplane.NewTask{

@@ -19,7 +19,10 @@ const maxJSONBody = 1 << 20
 
 func (s *Server) handleLease(w http.ResponseWriter, r *http.Request) {
 	var req workerclient.LeaseRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
+	lift := readDeadline(w, bodyDeadline)
+	err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req)
+	lift()
+	if err != nil {
 		writeError(w, http.StatusBadRequest, "lease request: "+err.Error())
 		return
 	}
@@ -168,7 +171,10 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var p workerclient.PatchTaskRunRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody)).Decode(&p); err != nil {
+	lift := readDeadline(w, bodyDeadline)
+	err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody)).Decode(&p)
+	lift()
+	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			writeError(w, http.StatusRequestEntityTooLarge, "PATCH body over 1 MiB")
@@ -224,7 +230,9 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, workerclient.HeaderOffset+" must be a byte offset")
 			return
 		}
+		lift := readDeadline(w, bodyDeadline)
 		buf, rerr := io.ReadAll(http.MaxBytesReader(w, r.Body, workerclient.MaxPostBytes))
+		lift()
 		if rerr != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(rerr, &tooBig) {

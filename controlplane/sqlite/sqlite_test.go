@@ -36,3 +36,10 @@ func TestReopenIsIdempotent(t *testing.T) {
 	_, err = s.GetRun(ctx, "r1")
 	require.NoError(t, err)
 }
+
+func BenchmarkLeaseCycle(b *testing.B) {
+	s, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "cp.db"))
+	require.NoError(b, err)
+	defer s.Close()
+	storetest.BenchLeaseCycle(b, s)
+}

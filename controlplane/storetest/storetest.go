@@ -42,6 +42,7 @@ func Run(t *testing.T, open Opener) {
 		{"ExpiredLeaseFailsWorkerLost", testExpireFails},
 		{"ExpiredRetryableRequeuedWithHigherEpoch", testExpireRequeues},
 		{"Cancel", testCancel},
+		{"CancelledRunWhoseWorkerIsLostEndsCancelled", testCancelThenLost},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -110,9 +111,15 @@ func testCreateGetList(t *testing.T, s controlplane.Store) {
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, "r1", list[0].ID)
-	counts, err := s.CountByStatus(ctx)
+	counts, err := s.CountByStatus(ctx, "")
 	require.NoError(t, err)
 	assert.Equal(t, map[model.RunStatus]int{model.StatusRunning: 1, model.StatusQueued: 1}, counts)
+	counts, err = s.CountByStatus(ctx, "u1")
+	require.NoError(t, err)
+	assert.Equal(t, map[model.RunStatus]int{model.StatusRunning: 1, model.StatusQueued: 1}, counts)
+	counts, err = s.CountByStatus(ctx, "other")
+	require.NoError(t, err)
+	assert.Empty(t, counts)
 }
 
 func testLeaseOrder(t *testing.T, s controlplane.Store) {
@@ -417,4 +424,44 @@ func testCancel(t *testing.T, s controlplane.Store) {
 	assert.ErrorIs(t, err, controlplane.ErrFinished)
 	_, err = s.Cancel(ctx, "missing", t0)
 	assert.ErrorIs(t, err, controlplane.ErrNotFound)
+}
+
+// BenchLeaseCycle measures one run's life in the store: submit, lease,
+// report RUNNING, append 4 KiB of output, report SUCCEEDED.
+func BenchLeaseCycle(b *testing.B, s controlplane.Store) {
+	ctx := context.Background()
+	chunk := make([]byte, 4<<10)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		rid := fmt.Sprintf("b%09d", i)
+		Submit(b, s, rid, i, controlplane.TaskSpec{})
+		r, err := s.Lease(ctx, controlplane.LeaseOffer{WorkerID: "w", Now: t0, TTL: time.Hour})
+		if err != nil || r == nil {
+			b.Fatalf("lease: %v %v", r, err)
+		}
+		if _, _, err := s.Patch(ctx, r.ID, r.Epoch, t0, workerclient.PatchTaskRunRequest{Status: model.StatusRunning}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.AppendOutput(ctx, r.ID, r.Epoch, t0, 0, chunk, 0); err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := s.Patch(ctx, r.ID, r.Epoch, t0, workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func testCancelThenLost(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{Retryable: true})
+	require.NotNil(t, lease(t, s, "w1", t0))
+	_, err := s.Cancel(ctx, "r1", t0)
+	require.NoError(t, err)
+	ex, err := s.ExpireLeases(ctx, t0.Add(ttl))
+	require.NoError(t, err)
+	assert.Equal(t, []controlplane.Expired{{RunID: "r1", Status: model.StatusCancelled}}, ex, "not requeued: its owner cancelled it")
+	r, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusCancelled, r.Status)
+	assert.Nil(t, lease(t, s, "w2", t0.Add(ttl)))
 }

@@ -68,6 +68,24 @@ func findBin() (string, error) {
 	return "", ErrNoPostgres
 }
 
+// tempBase is where the cluster's directory goes: the usual temporary
+// directory, unless running as root with one the postgres user cannot reach
+// (such as a TMPDIR under /root); then /tmp.
+func tempBase() string {
+	base := os.TempDir()
+	if os.Geteuid() != 0 {
+		return base
+	}
+	for d := base; ; d = filepath.Dir(d) {
+		if st, err := os.Stat(d); err != nil || st.Mode().Perm()&0o001 == 0 {
+			return "/tmp"
+		}
+		if d == filepath.Dir(d) {
+			return base
+		}
+	}
+}
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -83,7 +101,7 @@ func Start(ctx context.Context) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "pgtest-")
+	dir, err := os.MkdirTemp(tempBase(), "pgtest-")
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}

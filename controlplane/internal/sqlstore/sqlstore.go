@@ -30,7 +30,7 @@ type Dialect struct {
 	// rest of the transaction ("FOR UPDATE OF r"); empty where the whole
 	// database has one writer.
 	LockRows string
-	// SkipLocked is appended to the queue's SELECT so concurrent leases pass
+	// SkipLocked is appended to a SELECT of runs to lock the rows read, passing
 	// over rows another transaction holds ("FOR UPDATE OF r SKIP LOCKED").
 	SkipLocked string
 	// SchemaVersion is the latest migration's version: Ready checks it.
@@ -247,54 +247,87 @@ func (s *Store) ListRuns(ctx context.Context, f controlplane.RunFilter) ([]contr
 	return out, nil
 }
 
-// Lease implements controlplane.Store.
+// Lease implements controlplane.Store. It reads the oldest queued runs
+// without locking them, and takes the first that fits and that no concurrent
+// lease holds (SKIP LOCKED on its row alone), so concurrent callers never
+// wait on each other nor hide from each other the runs they pass over. When
+// concurrent leases took every fitting run it read, it reads the queue again
+// (a few times), so a caller is not told "nothing" while runs wait.
 func (s *Store) Lease(ctx context.Context, o controlplane.LeaseOffer) (*controlplane.Run, error) {
 	var got *controlplane.Run
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, s.q("SELECT "+runCols+runFrom+"WHERE r.status = ? ORDER BY r.created_at, r.id LIMIT ? "+s.d.SkipLocked),
-			string(model.StatusQueued), candidates)
-		if err != nil {
-			return fmt.Errorf("%s: read queue: %w", s.d.Name, err)
-		}
-		var pick string
-		for rows.Next() {
-			r, err := scanRun(rows)
-			if err != nil {
-				rows.Close()
-				return fmt.Errorf("%s: read queue: %w", s.d.Name, err)
+		for range leaseRounds {
+			fit, err := s.fittingQueued(ctx, tx, o.Fits)
+			if err != nil || len(fit) == 0 {
+				return err
 			}
-			if o.Fits == nil || o.Fits(r.Run) {
-				pick = r.ID
-				break
+			for _, id := range fit {
+				if got, err = s.take(ctx, tx, id, o); err != nil || got != nil {
+					return err
+				}
 			}
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("%s: read queue: %w", s.d.Name, err)
-		}
-		if pick == "" {
-			return nil
-		}
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, epoch = epoch + 1, worker_id = ?, leased_at = ?, lease_expires_at = ?,
-lease_state = ?, attempts = attempts + 1, cancel_requested = 0 WHERE id = ? AND status = ?`),
-			string(model.StatusRunning), o.WorkerID, ms(o.Now), ms(o.Now.Add(o.TTL)), leaseHeld, pick, string(model.StatusQueued))
-		if err != nil {
-			return fmt.Errorf("%s: lease run %s: %w", s.d.Name, pick, err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return nil // taken meanwhile (cannot happen under the row lock or single writer)
-		}
-		r, err := s.getRow(ctx, tx, pick)
-		if err != nil {
-			return err
-		}
-		got = &r.Run
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return got, nil
+}
+
+// leaseRounds bounds how often one Lease reads the queue.
+const leaseRounds = 4
+
+// fittingQueued returns the IDs of the oldest queued runs that fit, oldest
+// first, without locking them.
+func (s *Store) fittingQueued(ctx context.Context, tx *sql.Tx, fits func(controlplane.Run) bool) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, s.q("SELECT "+runCols+runFrom+"WHERE r.status = ? ORDER BY r.created_at, r.id LIMIT ?"),
+		string(model.StatusQueued), candidates)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read queue: %w", s.d.Name, err)
+	}
+	defer rows.Close()
+	var fit []string
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: read queue: %w", s.d.Name, err)
+		}
+		if fits == nil || fits(r.Run) {
+			fit = append(fit, r.ID)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: read queue: %w", s.d.Name, err)
+	}
+	return fit, nil
+}
+
+// take leases run id to o if it is still queued and no concurrent lease
+// holds it; nil when it is not available.
+func (s *Store) take(ctx context.Context, tx *sql.Tx, id string, o controlplane.LeaseOffer) (*controlplane.Run, error) {
+	var locked string
+	err := tx.QueryRowContext(ctx, s.q("SELECT r.id FROM runs r WHERE r.id = ? AND r.status = ? "+s.d.SkipLocked), id, string(model.StatusQueued)).Scan(&locked)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil // leased or cancelled meanwhile, or held by a concurrent lease
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: lock run %s: %w", s.d.Name, id, err)
+	}
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, epoch = epoch + 1, worker_id = ?, leased_at = ?, lease_expires_at = ?,
+lease_state = ?, attempts = attempts + 1, cancel_requested = 0 WHERE id = ? AND status = ?`),
+		string(model.StatusRunning), o.WorkerID, ms(o.Now), ms(o.Now.Add(o.TTL)), leaseHeld, id, string(model.StatusQueued))
+	if err != nil {
+		return nil, fmt.Errorf("%s: lease run %s: %w", s.d.Name, id, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return nil, nil
+	}
+	r, err := s.getRow(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &r.Run, nil
 }
 
 // fenced checks that epoch speaks for r at now. Released leases are allowed
@@ -614,8 +647,12 @@ stream_next = 0, stream_ended = 0, container = '', output = '', output_truncated
 }
 
 // CountByStatus implements controlplane.Store.
-func (s *Store) CountByStatus(ctx context.Context) (map[model.RunStatus]int, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT status, COUNT(*) FROM runs GROUP BY status`)
+func (s *Store) CountByStatus(ctx context.Context, userID string) (map[model.RunStatus]int, error) {
+	query, args := `SELECT status, COUNT(*) FROM runs GROUP BY status`, []any{}
+	if userID != "" {
+		query, args = s.q(`SELECT r.status, COUNT(*) FROM runs r JOIN tasks t ON t.id = r.task_id WHERE t.user_id = ? GROUP BY r.status`), []any{userID}
+	}
+	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: count runs: %w", s.d.Name, err)
 	}
