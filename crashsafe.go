@@ -78,11 +78,18 @@ func admit(p *plan) error {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return fmt.Errorf("create runs root: %w", err)
 	}
-	need := p.limits.disk + 2*p.limits.maxOutput + recordsSlackBytes
+	need := DiskNeed(p.limits.disk, p.limits.maxOutput)
 	if err := diskcap.Admit(root, need); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
 	}
 	return nil
+}
+
+// DiskNeed is the free space under the runs root a run needs to be
+// admitted: its disk cap, both output spools at their cap and room for its
+// records. diskLimit and maxOutput are the run's effective limits (no cap: 0).
+func DiskNeed(diskLimit, maxOutput int64) int64 {
+	return max(diskLimit, 0) + 2*max(maxOutput, 0) + recordsSlackBytes
 }
 
 // beginJournal records the run before anything of it exists on disk. The

@@ -84,7 +84,7 @@ func judge(ctx context.Context, p *plan, ex execution, runErr error) verdict {
 	exit := ex.Exit
 	switch {
 	case ctx.Err() != nil:
-		v.status, v.reason = model.StatusCancelled, "run cancelled"
+		v.status, v.reason = model.StatusCancelled, cancelReason(ctx)
 	case runErr != nil:
 		v.status, v.reason = model.StatusFailed, runErr.Error()
 	case exit.TimedOut:
@@ -108,6 +108,16 @@ func judge(ctx context.Context, p *plan, ex execution, runErr error) verdict {
 		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d", exit.ExitCode)
 	}
 	return v
+}
+
+// cancelReason is "run cancelled", followed by the cause the caller gave
+// when it cancelled ctx with one (context.WithCancelCause), e.g. "run
+// cancelled: worker shutting down".
+func cancelReason(ctx context.Context) string {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return "run cancelled: " + cause.Error()
+	}
+	return "run cancelled"
 }
 
 // report settles the final status from the verdict and the persist error,

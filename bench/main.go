@@ -10,7 +10,9 @@
 //     against a raw pipe of the same bytes, with the executor's peak RSS
 //     (the executor runs in a child process, measured with getrusage);
 //   - concurrent runs: all must succeed and none may leak a container;
-//   - workspace materialization (workspace.CopyTree) against `cp -a`.
+//   - workspace materialization (workspace.CopyTree) against `cp -a`;
+//   - runs per minute through the worker (leases from a local control plane)
+//     against the same runs through RunTask directly.
 //
 // Run it with `make bench` or `go run ./bench` (the image
 // taskrun/testbox:local must exist: `make images`). Every container it
@@ -40,6 +42,7 @@ type config struct {
 	concurrency int
 	files       int
 	copyRounds  int
+	workerRuns  int
 	benchID     string
 }
 
@@ -54,6 +57,7 @@ func main() {
 	flag.IntVar(&c.concurrency, "concurrent", 32, "runs started at once in the concurrency check")
 	flag.IntVar(&c.files, "files", 10000, "files in the workspace materialization comparison")
 	flag.IntVar(&c.copyRounds, "copy-rounds", 5, "rounds of CopyTree and cp -a each")
+	flag.IntVar(&c.workerRuns, "worker-runs", 24, "runs in the worker throughput comparison")
 	flag.Parse()
 	c.benchID = "bench-" + strings.ToLower(rand.Text()[:10])
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -91,6 +95,7 @@ func runAll(ctx context.Context, c config) ([]row, error) {
 		{"throughput", throughput},
 		{"concurrency", concurrent},
 		{"materialization", materialize},
+		{"worker", workerThroughput},
 	} {
 		fmt.Fprintf(os.Stderr, "bench: %s...\n", s.name)
 		start := time.Now()

@@ -111,6 +111,10 @@ type ControlPlane struct {
 	TokenEnv string `json:"token_env,omitempty"`
 	// TokenFile names the file the token was read from.
 	TokenFile string `json:"token_file,omitempty"`
+	// Fence is the epoch of the lease a worker held on the run (0: the run
+	// was not leased). Recovery reports with it, so that a control plane
+	// that has given the run to another worker since refuses the report.
+	Fence int64 `json:"fence,omitempty"`
 }
 
 // Record is one run's journal entry.

@@ -13,12 +13,13 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/internal/pgtest"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/persist"
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := pgtest.Main(m) // stops the PostgreSQL cluster if a test started one
 	closeTestRegistry()
 	testbin.Cleanup()
 	removeTaskrunBin()

@@ -47,7 +47,7 @@ type serverFlags struct {
 }
 
 // serverUsage describes --server, the same in every command.
-const serverUsage = "control plane base URL: run and persist report status there (without it, to the terminal); submit, runs and logs use its user API"
+const serverUsage = "control plane base URL: run and persist report status there (without it, to the terminal); submit, runs and logs use its user API; worker leases runs from it"
 
 func (s *serverFlags) define(fs *pflag.FlagSet) {
 	fs.StringVar(&s.server, "server", "", serverUsage)

@@ -87,6 +87,9 @@ func (h *hostState) input(ctx context.Context, rec journal.Record) (in taskrun.R
 	}
 	if cp := rec.ControlPlane; cp != nil && cp.URL != "" {
 		in.Updater = workerclient.New(cp.URL, h.tokenFor(cp))
+		if cp.Fence > 0 {
+			in.Updater = staleLeaseDone{workerclient.New(cp.URL, h.tokenFor(cp)).Fenced(cp.Fence), h.log}
+		}
 	}
 	return in, func() { store.Close() }, nil
 }
@@ -209,6 +212,25 @@ func (h *hostState) removeGoneExecutors() {
 			h.log.Warn("remove a gone executor's lock file", "executor", info.ID, "err", err)
 		}
 	}
+}
+
+// staleLeaseDone reports a leased run with its lease's fencing token. A
+// control plane that refuses the token (412) has finalized the run itself
+// ("worker lost") or given it to another worker: there is nothing left to
+// report, so the refusal ends the run's recovery rather than keeping it.
+type staleLeaseDone struct {
+	c   *workerclient.Client
+	log *slog.Logger
+}
+
+// UpdateRunStatus implements taskrun.TaskRunUpdater.
+func (s staleLeaseDone) UpdateRunStatus(ctx context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
+	err := s.c.UpdateRunStatus(ctx, runID, req)
+	if errors.Is(err, workerclient.ErrLeaseLost) {
+		s.log.Info("the control plane no longer holds this worker's lease on the run; not reporting it", "run", runID, "status", req.Status)
+		return nil
+	}
+	return err
 }
 
 // oneLineStr flattens a multi-line message.

@@ -1,5 +1,6 @@
 // Package controlplanetest is a real HTTP control plane for tests: it serves
-// the two endpoints the worker speaks on a loopback port, records every PATCH,
+// the endpoints the worker speaks on a loopback port (PATCH, stream, and the
+// lease endpoints with epochs, long polls and expiry: see leases.go), records every PATCH,
 // reassembles streams by offset (dropping duplicates, failing the test on gaps
 // or on overlaps whose bytes differ), checks the bearer token, and injects
 // faults on demand: error statuses, 429 with Retry-After, connection resets,
@@ -37,6 +38,10 @@ const (
 	PatchEndpoint
 	// StreamEndpoint matches POST /v1/task-runs/{id}/stream.
 	StreamEndpoint
+	// LeaseEndpoint matches POST /v1/leases.
+	LeaseEndpoint
+	// RenewEndpoint matches POST /v1/leases/{id}/renew.
+	RenewEndpoint
 )
 
 // Fault is one injected failure, consumed by the first matching request. A
@@ -84,6 +89,8 @@ type Request struct {
 	Method, RunID string
 	// Endpoint is PatchEndpoint or StreamEndpoint.
 	Endpoint Endpoint
+	// Fence is the request's fencing token (0: none).
+	Fence int64
 	// Offset and Len describe a stream POST's body; End marks the end POST.
 	Offset int64
 	Len    int
@@ -114,6 +121,14 @@ type ControlPlane struct {
 	streams    map[string]*stream
 	violations []error
 	authFails  int
+
+	// The lease side (leases.go).
+	leaseRuns  map[string]*leaseState
+	queue      []string
+	wake       chan struct{}
+	ttl, renew time.Duration
+	leaseReqs  []workerclient.LeaseRequest
+	stale      map[string]int
 }
 
 // New starts a control plane on a loopback port that accepts token as bearer
@@ -125,6 +140,12 @@ func New(tb testing.TB, token string) *ControlPlane {
 		token:   token,
 		patches: map[string][]workerclient.PatchTaskRunRequest{},
 		streams: map[string]*stream{},
+
+		leaseRuns: map[string]*leaseState{},
+		wake:      make(chan struct{}),
+		ttl:       DefaultLeaseTTL,
+		renew:     DefaultLeaseRenew,
+		stale:     map[string]int{},
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -236,6 +257,8 @@ func (cp *ControlPlane) serve(l net.Listener) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("PATCH /v1/task-runs/{id}", cp.handlePatch)
 	mux.HandleFunc("POST /v1/task-runs/{id}/stream", cp.handleStream)
+	mux.HandleFunc("POST /v1/leases", cp.handleLease)
+	mux.HandleFunc("POST /v1/leases/{id}/renew", cp.handleRenew)
 	srv := &http.Server{Handler: cp.middleware(mux), ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	cp.mu.Lock()
@@ -326,9 +349,18 @@ func (cp *ControlPlane) commitThenFail(w http.ResponseWriter, r *http.Request, n
 }
 
 func recordOf(r *http.Request) Request {
+	fence, _ := strconv.ParseInt(r.Header.Get(workerclient.HeaderFence), 10, 64)
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/leases"); ok {
+		id, _ := strings.CutSuffix(strings.TrimPrefix(rest, "/"), "/renew")
+		rec := Request{Time: time.Now(), Method: r.Method, RunID: id, Endpoint: RenewEndpoint, Fence: fence}
+		if id == "" {
+			rec.Endpoint = LeaseEndpoint
+		}
+		return rec
+	}
 	id, _ := strings.CutPrefix(r.URL.Path, "/v1/task-runs/")
 	id, isStream := strings.CutSuffix(id, "/stream")
-	rec := Request{Time: time.Now(), Method: r.Method, RunID: id, Endpoint: PatchEndpoint}
+	rec := Request{Time: time.Now(), Method: r.Method, RunID: id, Endpoint: PatchEndpoint, Fence: fence}
 	if isStream {
 		rec.Endpoint = StreamEndpoint
 		rec.Offset, _ = strconv.ParseInt(r.Header.Get(workerclient.HeaderOffset), 10, 64)
@@ -412,8 +444,12 @@ func (cp *ControlPlane) handlePatch(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad PATCH body: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	if !cp.checkFence(w, r, id) {
+		return
+	}
 	cp.mu.Lock()
 	cp.patches[id] = append(cp.patches[id], req)
+	cp.endLeaseLocked(id, req)
 	cp.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -422,6 +458,9 @@ func (cp *ControlPlane) handleStream(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := workerclient.ValidateTaskRunID(id); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if !cp.checkFence(w, r, id) {
 		return
 	}
 	if r.Header.Get(workerclient.HeaderEnd) == "true" {

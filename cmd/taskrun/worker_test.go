@@ -1,0 +1,371 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	prommodel "github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workerclient/controlplanetest"
+)
+
+// The worker end to end: `taskrun worker` processes built from this package,
+// real containers, and a control plane over HTTP on loopback.
+
+const workerToken = "e2e-worker-token"
+
+// workerProc is one `taskrun worker` process.
+type workerProc struct {
+	cmd     *exec.Cmd
+	root    string
+	metrics string
+	log     *os.File
+	exited  chan struct{}
+	err     error
+}
+
+// workerFleet starts and tracks worker processes against one control plane.
+type workerFleet struct {
+	t         *testing.T
+	env       *crashEnv
+	server    string
+	tokenFile string
+	mu        sync.Mutex
+	procs     []*workerProc
+}
+
+func newWorkerFleet(t *testing.T, env *crashEnv, server string) *workerFleet {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte(workerToken+"\n"), 0o600))
+	f := &workerFleet{t: t, env: env, server: server, tokenFile: tokenFile}
+	t.Cleanup(func() {
+		for _, p := range f.procs {
+			if p.cmd.ProcessState == nil {
+				_ = p.cmd.Process.Kill()
+				<-p.exited
+			}
+			if t.Failed() {
+				data, _ := os.ReadFile(p.log.Name())
+				t.Logf("worker log %s:\n%s", p.root, tail(string(data), 4000))
+			}
+			p.log.Close()
+		}
+	})
+	return f
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
+}
+
+// freeAddr is a loopback address nothing listens on now.
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+// start starts a worker on root (a fresh one when "").
+func (f *workerFleet) start(root string, slots int) *workerProc {
+	return f.startOn(f.server, root, slots)
+}
+
+// startOn starts a worker leasing from server.
+func (f *workerFleet) startOn(server, root string, slots int) *workerProc {
+	t := f.t
+	if root == "" {
+		root = t.TempDir()
+	}
+	p := &workerProc{root: root, metrics: freeAddr(t), exited: make(chan struct{})}
+	var err error
+	p.log, err = os.CreateTemp(t.TempDir(), "worker-*.log")
+	require.NoError(t, err)
+	p.cmd = f.env.command(t, nil, "worker", "--log-format", "json",
+		"--server", server, "--token-file", f.tokenFile, "--slots", strconv.Itoa(slots),
+		"--store", f.env.store, "--root", root, "--image", testImage, "--labels", "runtime=runc,image="+testImage,
+		"--helpers-dir", f.env.helpers, "--drain-grace", "30s", "--lease-wait", "2s",
+		"--metrics-listen", p.metrics, "--disk", "64m", "--max-output", "16m", "--timeout", "2m")
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	require.NoError(t, p.cmd.Start())
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.exited)
+	}()
+	f.mu.Lock()
+	f.procs = append(f.procs, p)
+	f.mu.Unlock()
+	return p
+}
+
+// scrape parses the worker's /metrics.
+func scrape(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(prommodel.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for name, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := name
+			for _, l := range m.GetLabel() {
+				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
+			}
+			switch {
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				out[key+"_count"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+// watchCreates follows the engine's container create events from now on
+// (docker events, streamed: the engine keeps only a short backlog) and
+// returns a function that stops following and counts them per run.
+func watchCreates(t *testing.T) func() map[string]int {
+	t.Helper()
+	var out strings.Builder
+	cmd := exec.Command("docker", "events", "--filter", "type=container", "--filter", "event=create",
+		"--filter", "label=dev.taskrun.managed", "--format", `{{index .Actor.Attributes "dev.taskrun.run"}}`)
+	var mu sync.Mutex
+	cmd.Stdout = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return out.Write(p) })
+	require.NoError(t, cmd.Start())
+	stopped := false
+	stop := func() map[string]int {
+		if !stopped {
+			stopped = true
+			time.Sleep(time.Second) // the last events reach the stream
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		counts := map[string]int{}
+		for _, run := range strings.Fields(out.String()) {
+			counts[run]++
+		}
+		return counts
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+// writerFunc is an io.Writer.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// e2eRuns is how many runs the fleet test submits: TASKRUN_WORKER_E2E_RUNS,
+// else 30 (100 makes the full version).
+func e2eRuns(t *testing.T) int {
+	if v := os.Getenv("TASKRUN_WORKER_E2E_RUNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		return n
+	}
+	return 30
+}
+
+// Three worker processes lease runs from one control plane; one is
+// SIGKILLed midway and restarted on the same runs root. Every run ends
+// exactly once with the right status, none stays RUNNING, no lease ran two
+// containers, the restarted worker recovered what the killed one left, and
+// nothing is left on the host. Then SIGTERM drains every worker: the live
+// run finishes, nothing more is leased, and each exits 0.
+func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
+	env := newCrashEnv(t)
+	cp := controlplanetest.New(t, workerToken)
+	ttl := 4 * time.Second
+	cp.SetLeaseTiming(ttl, time.Second)
+	n := e2eRuns(t)
+	prefix := env.user + "-"
+	retryable := map[string]bool{}
+	for i := range n {
+		id := fmt.Sprintf("%s%03d", prefix, i)
+		retryable[id] = i%3 == 0
+		cp.Enqueue(workerclient.Assignment{
+			Task:      model.Task{ID: "t" + id, UserID: env.user, ConversationID: "c1", Prompt: "say hi"},
+			Run:       model.TaskRun{ID: id, TaskID: "t" + id},
+			SessionID: "s1",
+			Image:     testImage, Runtime: "runc",
+			Command:   []string{"sh", "-c", "echo run $TASKRUN_RUN_ID; sleep 0.5"},
+			Limits:    workerclient.Limits{MemoryBytes: 128 << 20, TimeoutMillis: 60000},
+			Retryable: retryable[id],
+		})
+	}
+	fleet := newWorkerFleet(t, env, cp.URL())
+	taskrunBin(t)
+	countCreates := watchCreates(t)
+	began := time.Now()
+	victim := fleet.start("", 2)
+	fleet.start("", 2)
+	fleet.start("", 2)
+
+	ended := func() (done int) {
+		for id := range retryable {
+			if cp.Lease(id).Status.Terminal() {
+				done++
+			}
+		}
+		return done
+	}
+	// Kill the victim while it holds runs.
+	require.Eventually(t, func() bool {
+		if ended() < n/4 {
+			return false
+		}
+		m := scrape(t, victim.metrics)
+		return m["taskrun_worker_slots_busy"] > 0
+	}, 5*time.Minute, 50*time.Millisecond)
+	t.Logf("%s: %d runs ended; killing a worker", time.Since(began), ended())
+	require.NoError(t, victim.cmd.Process.Signal(syscall.SIGKILL))
+	<-victim.exited
+	victimID := ""
+	for id := range retryable {
+		if info := cp.Lease(id); !info.Status.Terminal() && len(info.Holders) > 0 {
+			victimID = info.Holders[len(info.Holders)-1]
+		}
+	}
+	// Restart it once the control plane has given up on its leases, so
+	// that every one of its runs is settled by the control plane.
+	time.Sleep(ttl + time.Second)
+	restarted := fleet.start(victim.root, 2)
+
+	require.Eventually(t, func() bool { return ended() == n }, 10*time.Minute, 100*time.Millisecond, "every run ends")
+
+	t.Logf("%s: all %d runs ended", time.Since(began), n)
+	creates := countCreates()
+	lost := 0
+	for id, retry := range retryable {
+		info := cp.Lease(id)
+		holders := info.Holders
+		require.NotEmpty(t, holders, id)
+		switch {
+		case info.Status == model.StatusSucceeded:
+			assert.Equal(t, 1, info.Terminals, "run %s reported its end once", id)
+			data, streamEnded, _ := cp.Stream(id)
+			assert.True(t, streamEnded, id)
+			assert.Equal(t, "run "+id+"\n", string(data), id)
+		case info.Status == model.StatusFailed && info.Reason == controlplanetest.ReasonWorkerLost:
+			lost++
+			assert.False(t, retry, "a retryable run %s is queued again, not failed", id)
+			assert.Zero(t, info.Terminals, "nobody reported run %s after its worker was lost", id)
+		default:
+			t.Errorf("run %s ended %s %q", id, info.Status, info.Reason)
+		}
+		if retry && len(holders) > 1 {
+			assert.Greater(t, info.Epoch, int64(1), "a run leased again has a higher epoch")
+		}
+		// Each lease ran at most one container: the accepted PATCHes of a
+		// run name one container per holder.
+		ids := map[string]bool{}
+		for _, p := range cp.Patches(id) {
+			if p.Container != nil && p.Container.ID != "" {
+				ids[p.Container.ID] = true
+			}
+		}
+		assert.LessOrEqual(t, len(ids), len(holders), "run %s: containers %v for holders %v", id, ids, holders)
+		assert.LessOrEqual(t, creates[id], len(holders), "run %s: the engine created %d containers for %d leases", id, creates[id], len(holders))
+		if info.Status == model.StatusSucceeded {
+			assert.Positive(t, creates[id], "run %s: the engine saw its container", id)
+		}
+		if !retry {
+			assert.LessOrEqual(t, len(holders), 1, "a run that is not retryable is leased once")
+		}
+	}
+	t.Logf("%d runs, %d finalized worker lost (worker %s killed)", n, lost, victimID)
+
+	// The fleet's metrics carry the series.
+	m := scrape(t, restarted.metrics)
+	assert.Equal(t, 2.0, m["taskrun_worker_slots_total"])
+	for _, series := range []string{"taskrun_worker_lease_acquisitions_total", "taskrun_worker_lease_renewals_total",
+		"taskrun_worker_cold_start_seconds_count", "taskrun_worker_stream_bytes_total"} {
+		_, ok := m[series]
+		assert.True(t, ok, "series %s", series)
+	}
+
+	// Drain: a live run finishes, nothing more is leased, every worker exits 0.
+	longID := prefix + "long"
+	cp.Enqueue(workerclient.Assignment{
+		Task: model.Task{ID: "tlong", UserID: env.user, ConversationID: "c1"}, Run: model.TaskRun{ID: longID, TaskID: "tlong"},
+		SessionID: "s1", Image: testImage, Command: []string{"sh", "-c", "sleep 3; echo drained"},
+	})
+	require.Eventually(t, func() bool { return len(cp.Patches(longID)) > 0 }, time.Minute, 20*time.Millisecond, "the long run is RUNNING")
+	var live []*workerProc
+	for _, p := range fleet.procs {
+		if p.cmd.ProcessState == nil && p != victim {
+			live = append(live, p)
+			require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+		}
+	}
+	for _, p := range live {
+		require.Eventually(t, func() bool {
+			resp, err := http.Get("http://" + p.metrics + "/readyz")
+			if err != nil {
+				return true // already gone
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusServiceUnavailable
+		}, time.Minute, 10*time.Millisecond, "a draining worker is not ready")
+	}
+	lateID := prefix + "late"
+	cp.Enqueue(workerclient.Assignment{
+		Task: model.Task{ID: "tlate", UserID: env.user, ConversationID: "c1"}, Run: model.TaskRun{ID: lateID, TaskID: "tlate"},
+		SessionID: "s1", Image: testImage, Command: []string{"true"},
+	})
+	for _, p := range live {
+		select {
+		case <-p.exited:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("a draining worker did not exit")
+		}
+		assert.NoError(t, p.err, "a drained worker exits 0")
+	}
+	assert.Equal(t, model.StatusSucceeded, cp.Lease(longID).Status, "the live run finished during the drain")
+	data, _, _ := cp.Stream(longID)
+	assert.Equal(t, "drained\n", string(data))
+	assert.True(t, cp.Lease(lateID).Queued, "no run is leased once draining")
+
+	// Nothing is left on the host.
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label=dev.taskrun.managed", "--format", `{{.Label "dev.taskrun.run"}}`).Output()
+	require.NoError(t, err)
+	for _, run := range strings.Fields(string(out)) {
+		assert.False(t, strings.HasPrefix(run, prefix), "container of run %s left", run)
+	}
+	mounts, err := os.ReadFile("/proc/mounts")
+	require.NoError(t, err)
+	for _, p := range fleet.procs {
+		assert.NotContains(t, string(mounts), p.root+"/", "a mount under a worker's root is left")
+		entries, _ := os.ReadDir(filepath.Join(p.root, "journal"))
+		for _, e := range entries {
+			assert.False(t, strings.HasPrefix(e.Name(), prefix), "journal record %s left under %s", e.Name(), p.root)
+		}
+	}
+}

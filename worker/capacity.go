@@ -1,0 +1,136 @@
+package worker
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// Reasons the worker does not ask for a run (the values of the
+// taskrun_worker_lease_skipped_total metric's reason label).
+const (
+	skipSlots  = "slots"
+	skipMemory = "memory"
+	skipDisk   = "disk"
+	skipImages = "images"
+)
+
+// capacity is what the worker can place now, or the reason it can place
+// nothing (then it does not lease).
+func (w *Worker) capacity(ctx context.Context) (workerclient.Capacity, string) {
+	w.mu.Lock()
+	busy, memUsed, diskUsed := len(w.live), w.memUsed, w.diskUsed
+	w.mu.Unlock()
+	c := workerclient.Capacity{Slots: w.cfg.Slots, FreeSlots: w.cfg.Slots - busy}
+	if c.FreeSlots <= 0 {
+		return c, skipSlots
+	}
+	c.FreeMemoryBytes = w.cfg.MemoryBytes - memUsed
+	if c.FreeMemoryBytes < w.runMemory(0) {
+		return c, skipMemory
+	}
+	free, err := w.cfg.FreeDisk(w.cfg.Root)
+	if err != nil {
+		w.log.Warn("measure free disk", "root", w.cfg.Root, "err", err)
+		return c, skipDisk
+	}
+	// The runs held may still grow to their caps.
+	c.FreeDiskBytes = free - diskUsed
+	if c.FreeDiskBytes < w.runDisk(0, 0) {
+		return c, skipDisk
+	}
+	if len(w.presentImages(ctx)) == 0 && !w.cfg.Labels.CanPull {
+		return c, skipImages
+	}
+	return c, ""
+}
+
+// runMemory is a run's memory limit: limit, or the template's.
+func (w *Worker) runMemory(limit int64) int64 {
+	if limit > 0 {
+		return limit
+	}
+	return w.cfg.Template.Policy.MemoryBytes
+}
+
+// runDisk is the disk a run may take: its disk cap and output spools.
+func (w *Worker) runDisk(diskLimit, maxOutput int64) int64 {
+	if diskLimit == 0 {
+		diskLimit = w.cfg.Template.DiskLimitBytes
+	}
+	if diskLimit == 0 {
+		diskLimit = taskrun.DefaultDiskLimitBytes
+	}
+	if maxOutput == 0 {
+		maxOutput = w.cfg.Template.MaxOutputBytes
+	}
+	if maxOutput == 0 {
+		maxOutput = taskrun.DefaultMaxOutputBytes
+	}
+	return taskrun.DiskNeed(diskLimit, maxOutput)
+}
+
+// labels are the worker's labels with the images present now.
+func (w *Worker) labels(ctx context.Context) workerclient.WorkerLabels {
+	l := w.cfg.Labels
+	l.Images = w.presentImages(ctx)
+	return l
+}
+
+// presentImages are the offered images the engine has locally.
+func (w *Worker) presentImages(ctx context.Context) []string {
+	ic, ok := w.cfg.Template.Sandbox.(sandbox.ImageChecker)
+	if !ok {
+		return w.cfg.Images
+	}
+	var out []string
+	for _, img := range w.cfg.Images {
+		err := ic.CheckImage(ctx, img)
+		switch {
+		case err == nil:
+			out = append(out, img)
+		case !errors.Is(err, sandbox.ErrImageNotFound) && ctx.Err() == nil:
+			w.log.Warn("check image", "image", img, "err", err)
+		}
+	}
+	return out
+}
+
+// statfsFree is the free space of dir's file system for unprivileged use.
+func statfsFree(dir string) (int64, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, err
+	}
+	return diskcap.Free(dir)
+}
+
+// hostMemory is the host's MemTotal from /proc/meminfo.
+func hostMemory() (int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parse MemTotal %q: %w", rest, err)
+		}
+		return kb << 10, nil
+	}
+	return 0, errors.New("no MemTotal in /proc/meminfo")
+}

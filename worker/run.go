@@ -1,0 +1,362 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/journal"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// liveRun is one run the worker holds.
+type liveRun struct {
+	a      *workerclient.Assignment
+	cancel context.CancelCauseFunc
+	mem    int64
+	disk   int64
+}
+
+// start takes a leased run: it reserves its slot, memory and disk and
+// executes it in the background.
+func (w *Worker) start(runsCtx context.Context, a *workerclient.Assignment, sent time.Time) {
+	ctx, cancel := context.WithCancelCause(runsCtx)
+	r := &liveRun{a: a, cancel: cancel, mem: w.runMemory(a.Limits.MemoryBytes),
+		disk: w.runDisk(a.Limits.DiskBytes, a.Limits.MaxOutputBytes)}
+	w.mu.Lock()
+	var misfit error
+	if free := w.cfg.MemoryBytes - w.memUsed; r.mem > free {
+		misfit = fmt.Errorf("it needs %d bytes of memory, this worker has %d left", r.mem, free)
+	}
+	w.live[a.Lease.RunID] = r
+	w.memUsed += r.mem
+	w.diskUsed += r.disk
+	w.metrics.busy.Set(float64(len(w.live)))
+	w.mu.Unlock()
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer w.finish(r)
+		w.execute(ctx, cancel, a, sent, misfit)
+	}()
+}
+
+// finish releases a run's reservation and wakes the lease loop.
+func (w *Worker) finish(r *liveRun) {
+	r.cancel(context.Canceled)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.live, r.a.Lease.RunID)
+	w.memUsed -= r.mem
+	w.diskUsed -= r.disk
+	w.metrics.busy.Set(float64(len(w.live)))
+	close(w.freed)
+	w.freed = make(chan struct{})
+}
+
+// execute runs one leased run to its end, renewing its lease meanwhile.
+func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a *workerclient.Assignment, sent time.Time, misfit error) {
+	log := w.log.With("run", a.Lease.RunID, "epoch", a.Lease.Epoch)
+	fenced := w.cfg.Client.Fenced(a.Lease.Epoch)
+	g := &gate{updater: fenced, stream: fenced.Stream(), lost: func(err error) { w.lose(log, cancel, err) }}
+	g.onRunning = func() { w.metrics.coldStart.Observe(time.Since(sent).Seconds()) }
+	g.onSent = func(n int) { w.metrics.streamBytes.Add(float64(n)) }
+
+	renewDone := make(chan struct{})
+	var renewers sync.WaitGroup
+	renewers.Add(1)
+	go func() {
+		defer renewers.Done()
+		w.renew(ctx, log, a.Lease, sent, g, cancel, renewDone)
+	}()
+	defer func() {
+		close(renewDone)
+		renewers.Wait()
+	}()
+
+	log.Info("run leased", "task", a.Task.ID, "image", a.Image)
+	in, cleanup, err := w.input(ctx, a, g)
+	defer cleanup()
+	if err == nil {
+		err = misfit
+	}
+	if err != nil {
+		// Nothing was started: say why, as a failed run.
+		log.Warn("cannot place the leased run", "err", err)
+		w.refuse(ctx, g, a, err)
+		return
+	}
+	out, err := taskrun.Execute(ctx, in)
+	status := model.StatusFailed
+	if out != nil {
+		status = out.Status
+		if t := out.Result.PromptTokens; t != nil {
+			w.metrics.tokens.WithLabelValues("prompt").Add(float64(*t))
+		}
+		if t := out.Result.CompletionTokens; t != nil {
+			w.metrics.tokens.WithLabelValues("completion").Add(float64(*t))
+		}
+	}
+	if g.isLost() {
+		w.metrics.runs.WithLabelValues("LOST").Inc()
+		log.Warn("run stopped: its lease was lost; nothing was reported after that", "cause", context.Cause(ctx))
+		return
+	}
+	w.metrics.runs.WithLabelValues(string(status)).Inc()
+	w.metrics.duration.Observe(time.Since(sent).Seconds())
+	if err != nil && !errors.Is(err, taskrun.ErrRunFailed) {
+		log.Warn("run ended with an error", "status", status, "err", err)
+	}
+}
+
+// lose stops a run whose lease is lost: the gate already drops its calls.
+func (w *Worker) lose(log *slog.Logger, cancel context.CancelCauseFunc, err error) {
+	w.metrics.leasesLost.Inc()
+	log.Warn("lease lost: stopping the run", "err", err)
+	cancel(err)
+}
+
+// refuse reports a leased run the worker cannot place FAILED, started never.
+func (w *Worker) refuse(ctx context.Context, g *gate, a *workerclient.Assignment, cause error) {
+	msg := "worker cannot place the run: " + cause.Error()
+	now := time.Now().UnixMilli()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), taskrun.DefaultReportTimeout)
+	defer cancel()
+	if err := g.UpdateRunStatus(rctx, a.Lease.RunID, &workerclient.PatchTaskRunRequest{
+		Status: model.StatusFailed, EndedAt: &now, Error: &msg,
+	}); err != nil {
+		w.log.Warn("report a run the worker cannot place", "run", a.Lease.RunID, "err", err)
+	}
+	w.metrics.runs.WithLabelValues(string(model.StatusFailed)).Inc()
+}
+
+// renew keeps the lease until done closes. It stops the run (through the
+// gate) when the lease is refused or not renewed for a whole TTL.
+func (w *Worker) renew(ctx context.Context, log *slog.Logger, l workerclient.Lease, granted time.Time, g *gate, cancel context.CancelCauseFunc, done <-chan struct{}) {
+	ttl := time.Duration(l.TTLMillis) * time.Millisecond
+	every := time.Duration(l.RenewMillis) * time.Millisecond
+	if every <= 0 || every > ttl/2 {
+		every = ttl / 3
+	}
+	// lastOK is on the monotonic clock, counted from before the lease
+	// request was sent: the worker's idea of the expiry is never later
+	// than the control plane's.
+	lastOK := granted
+	cancelled := false
+	for {
+		t := time.NewTimer(every)
+		select {
+		case <-done:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		deadline := lastOK.Add(ttl)
+		rctx, stop := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+		asked := time.Now()
+		resp, err := w.cfg.Client.RenewLease(rctx, l)
+		stop()
+		if g.reported.Load() {
+			return // the terminal PATCH ended the lease: nothing to renew
+		}
+		switch {
+		case err == nil:
+			lastOK = asked
+			w.metrics.renewals.Inc()
+			if resp.Cancel && !cancelled {
+				cancelled = true
+				log.Info("the run was cancelled by its owner")
+				cancel(ErrCancelledByOwner)
+			}
+		case errors.Is(err, workerclient.ErrLeaseLost):
+			w.metrics.renewFailures.Inc()
+			g.lose(err)
+			return
+		case !time.Now().Before(deadline):
+			w.metrics.renewFailures.Inc()
+			g.lose(fmt.Errorf("%w: %w", ErrLeaseExpired, err))
+			return
+		default:
+			w.metrics.renewFailures.Inc()
+			log.Warn("renew the lease", "err", err)
+		}
+	}
+}
+
+// input builds the run's RunTaskInput from the template and the assignment.
+// cleanup removes what it created (the downloaded workspace).
+func (w *Worker) input(ctx context.Context, a *workerclient.Assignment, g *gate) (taskrun.RunTaskInput, func(), error) {
+	in := w.cfg.Template
+	task, run := a.Task, a.Run
+	run.Status = model.StatusRunning
+	in.Task, in.Run, in.SessionID = &task, &run, a.SessionID
+	in.Updater, in.StreamSender = g, g
+	if in.ControlPlane != nil {
+		cp := *in.ControlPlane
+		cp.Fence = a.Lease.Epoch
+		in.ControlPlane = &cp
+	} else {
+		in.ControlPlane = &journal.ControlPlane{Fence: a.Lease.Epoch}
+	}
+	dir := w.workspaceDir(a.Lease.RunID, a.Lease.Epoch)
+	cleanup := func() { w.removeAll(dir) }
+	if a.Image != "" {
+		in.Image = a.Image
+	}
+	if a.Runtime != "" {
+		if len(w.cfg.Labels.Runtimes) > 0 && !slices.Contains(w.cfg.Labels.Runtimes, a.Runtime) {
+			return in, cleanup, fmt.Errorf("runtime %q is not one of this worker's (%v)", a.Runtime, w.cfg.Labels.Runtimes)
+		}
+		in.Policy.Runtime = a.Runtime
+	}
+	if len(a.Command) > 0 {
+		in.Command = a.Command
+	}
+	if len(a.Env) > 0 {
+		if err := config.CheckEnv(a.Env); err != nil {
+			return in, cleanup, err
+		}
+		in.Env = append(slices.Clone(in.Env), a.Env...)
+	}
+	lim := a.Limits
+	if lim.TimeoutMillis > 0 {
+		in.Timeout = time.Duration(lim.TimeoutMillis) * time.Millisecond
+	}
+	if lim.MemoryBytes > 0 {
+		in.Policy.MemoryBytes = lim.MemoryBytes
+	}
+	if lim.CPUs > 0 {
+		in.Policy.NanoCPUs = int64(lim.CPUs * 1e9)
+	}
+	if lim.PIDs > 0 {
+		in.Policy.PidsLimit = lim.PIDs
+	}
+	if lim.DiskBytes > 0 {
+		in.DiskLimitBytes = lim.DiskBytes
+	}
+	if lim.MaxOutputBytes > 0 {
+		in.MaxOutputBytes = lim.MaxOutputBytes
+	}
+	in.Model = config.ModelEntry{}
+	if a.Model != "" {
+		if w.cfg.Models == nil {
+			return in, cleanup, fmt.Errorf("model %q: this worker has no models configured", a.Model)
+		}
+		m, err := w.cfg.Models(a.Model)
+		if err != nil {
+			return in, cleanup, fmt.Errorf("model %q: %w", a.Model, err)
+		}
+		in.Model = m
+	}
+	if lim.MaxTokens > 0 {
+		in.Model.MaxTokens = int(lim.MaxTokens)
+	}
+	if len(a.Egress) > 0 && string(a.Egress) != "null" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return in, cleanup, err
+		}
+		f := filepath.Join(dir, "egress.json")
+		if err := os.WriteFile(f, a.Egress, 0o600); err != nil {
+			return in, cleanup, err
+		}
+		p, err := egress.LoadPolicy(f)
+		if err != nil {
+			return in, cleanup, err
+		}
+		in.Egress = p
+	}
+	if a.Workspace != nil {
+		home, err := w.fetchWorkspace(ctx, a.Workspace, dir)
+		if err != nil {
+			return in, cleanup, fmt.Errorf("workspace %s: %w", a.Workspace.Key, err)
+		}
+		task.WorkspaceDir = home
+	} else {
+		task.WorkspaceDir = ""
+	}
+	return in, cleanup, nil
+}
+
+// gate is a leased run's updater and stream sender: a client fenced with
+// the lease's epoch that, once the lease is lost, drops every call (so
+// nothing is reported after that) and treats a 412 as the loss of the lease.
+type gate struct {
+	updater   *workerclient.Client
+	stream    workerclient.StreamSender
+	lost      func(error)
+	onRunning func()
+	onSent    func(n int)
+
+	gone atomic.Bool
+	// reported is set once the terminal PATCH was accepted: the lease ended.
+	reported atomic.Bool
+	once     sync.Once
+	running  sync.Once
+}
+
+func (g *gate) isLost() bool { return g.gone.Load() }
+
+// lose marks the lease lost, once.
+func (g *gate) lose(err error) {
+	g.once.Do(func() {
+		g.gone.Store(true)
+		g.lost(err)
+	})
+}
+
+// filter turns a refused fence into the loss of the lease. A dropped call
+// returns nil: the run's outcome is no longer this worker's to report, and
+// it must not be kept for a report retry either.
+func (g *gate) filter(err error) error {
+	if errors.Is(err, workerclient.ErrLeaseLost) {
+		g.lose(err)
+		return nil
+	}
+	return err
+}
+
+// UpdateRunStatus implements taskrun.TaskRunUpdater.
+func (g *gate) UpdateRunStatus(ctx context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
+	if g.isLost() {
+		return nil
+	}
+	err := g.filter(g.updater.UpdateRunStatus(ctx, runID, req))
+	if err == nil && req.Status.Terminal() && !g.isLost() {
+		g.reported.Store(true)
+	}
+	if err == nil && req.Status == model.StatusRunning && g.onRunning != nil {
+		g.running.Do(g.onRunning)
+	}
+	return err
+}
+
+// Send implements workerclient.StreamSender.
+func (g *gate) Send(ctx context.Context, runID string, d workerclient.Delta) error {
+	if g.isLost() {
+		return nil
+	}
+	err := g.filter(g.stream.Send(ctx, runID, d))
+	if err == nil && g.onSent != nil {
+		g.onSent(len(d.Data))
+	}
+	return err
+}
+
+// End implements workerclient.StreamSender.
+func (g *gate) End(ctx context.Context, runID string, total int64) error {
+	if g.isLost() {
+		return nil
+	}
+	return g.filter(g.stream.End(ctx, runID, total))
+}

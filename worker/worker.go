@@ -1,0 +1,385 @@
+// Package worker is the long-lived host executor: it leases runs from a
+// control plane (docs/control-plane-api.md, "Leasing") and executes each
+// through taskrun.Execute, up to Config.Slots at once.
+//
+// # Lifecycle
+//
+//	w, err := worker.New(cfg)   // checks cfg; nothing runs yet
+//	go http.Serve(l, w.Handler()) // /metrics, /healthz, /readyz
+//	err = w.Run(ctx)            // until ctx ends, then drains
+//
+// Run first recovers what an earlier worker process on this host left
+// (Config.Recover: journaled runs of dead executors are stored and reported,
+// their containers and mounts reaped), and only then becomes ready and leases.
+// It keeps retrying, in the background, runs whose persisting failed
+// (Config.RetryKept, driven by recovery.RetryLoop).
+//
+// The lease loop asks for a run (a long poll) only while it has a free slot
+// and room to place one: free disk under the runs root, memory not yet
+// granted to the runs it holds, and the images it offers present locally;
+// each request reports that capacity and the worker's labels. A run the
+// control plane hands out that the worker cannot place after all (an image
+// gone meanwhile, a runtime it lacks, a bad workspace) is reported FAILED
+// with the reason, without starting anything.
+//
+// Each run gets a client fenced with its lease's epoch as its updater and
+// stream sender, and a renewal goroutine that renews every renew_ms on the
+// monotonic clock. When a renewal is refused (the lease is lost) or none
+// succeeded for a whole TTL, the run's context is cancelled with the cause and
+// from that moment nothing more is reported or streamed for the run: its
+// container is stopped and its outputs stored, but the control plane already
+// owns the run's fate. A renewal that answers cancel: true cancels the run,
+// which reports CANCELLED.
+//
+// # Drain
+//
+// When ctx ends, Run stops leasing at once (an outstanding long poll is
+// abandoned), lets the live runs finish within Config.DrainGrace, then
+// cancels those still running with the cause ErrShuttingDown: they report
+// CANCELLED with the reason "run cancelled: worker shutting down". Run returns
+// nil once every run has reported (each bounded by the template's
+// ShutdownGrace).
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/internal/backoff"
+	"github.com/taskrun/taskrun/recovery"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// ErrShuttingDown is the cause runs are cancelled with when a drain outlasts
+// Config.DrainGrace.
+var ErrShuttingDown = errors.New("worker shutting down")
+
+// ErrCancelledByOwner is the cause a run is cancelled with when its renewal
+// answers cancel: true.
+var ErrCancelledByOwner = errors.New("cancelled by its owner")
+
+// ErrLeaseExpired is the cause a run is stopped with when no renewal
+// succeeded for a whole TTL on the worker's clock.
+var ErrLeaseExpired = errors.New("lease not renewed within its TTL")
+
+// Defaults of Config.
+const (
+	DefaultLeaseWait  = 20 * time.Second
+	DefaultDrainGrace = 5 * time.Minute
+	// DefaultMaxWorkspaceBytes caps a workspace tar's stored size.
+	DefaultMaxWorkspaceBytes = 1 << 30
+)
+
+// WorkspaceStore opens an object of the shared store by key (persist.Store).
+type WorkspaceStore interface {
+	Open(ctx context.Context, key string) (io.ReadCloser, error)
+}
+
+// Config is a worker's setup. Client, WorkerID, Slots, Root and
+// Template.Sandbox are required.
+type Config struct {
+	// Client speaks to the control plane with the worker token.
+	Client *workerclient.Client
+	// WorkerID names this worker process (host name plus instance ID).
+	WorkerID string
+	// Slots is how many runs may execute at once.
+	Slots int
+	// Root is the runs root: free disk is measured there, and downloaded
+	// workspaces are unpacked under it.
+	Root string
+	// Template is the RunTaskInput every run starts from: Paths, Persist,
+	// ArtifactStorage, Sandbox, Policy, Helpers, UIDs, Executor, StoreURL,
+	// ControlPlane, ShutdownGrace, Logger and the default Image, Timeout,
+	// DiskLimitBytes and MaxOutputBytes. The worker fills in the task, run,
+	// session, updater, stream sender and whatever the assignment sets.
+	Template taskrun.RunTaskInput
+	// Labels are sent with every lease request. Images is replaced by those
+	// of Images that are present locally at the time of the request.
+	Labels workerclient.WorkerLabels
+	// Images are the images the worker offers; Template.Image when empty.
+	Images []string
+	// MemoryBytes is the memory the worker may grant runs in all (the sum of
+	// their limits); the host's MemTotal when zero.
+	MemoryBytes int64
+	// Workspaces is the shared store workspace tars are read from; an
+	// assignment with a workspace fails without it.
+	Workspaces WorkspaceStore
+	// MaxWorkspaceBytes caps a workspace tar; DefaultMaxWorkspaceBytes when 0.
+	MaxWorkspaceBytes int64
+	// Models resolves an assignment's model name to the host's entry (with
+	// its upstream and key); nil accepts only runs without a model.
+	Models func(name string) (config.ModelEntry, error)
+	// LeaseWait is how long one lease call may be held: DefaultLeaseWait.
+	LeaseWait time.Duration
+	// DrainGrace is how long live runs may go on once Run's ctx ended:
+	// DefaultDrainGrace when zero.
+	DrainGrace time.Duration
+	// Recover, when set, is called once before the first lease: it finishes
+	// what earlier executors on this host left. Its error is logged.
+	Recover func(ctx context.Context) error
+	// RetryKept, when set, retries every kept run once and returns how many
+	// are still kept; Run calls it in the background (recovery.RetryLoop).
+	RetryKept func(ctx context.Context) int
+	// RetryBackoff spaces RetryKept; recovery.DefaultBackoff when zero.
+	RetryBackoff recovery.Backoff
+	// Registry receives the worker's metrics; a new registry when nil.
+	Registry *prometheus.Registry
+	// FreeDisk measures the free bytes of a directory; statfs when nil.
+	FreeDisk func(dir string) (int64, error)
+	// Logger receives the worker's log; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Worker leases and executes runs. Create it with New.
+type Worker struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	reg     *prometheus.Registry
+
+	mu       sync.Mutex
+	live     map[string]*liveRun
+	memUsed  int64
+	diskUsed int64
+	freed    chan struct{} // closed and replaced when a run ends
+
+	ready    atomic.Bool
+	draining atomic.Bool
+	wg       sync.WaitGroup
+}
+
+// New checks cfg and returns a worker that has not started.
+func New(cfg Config) (*Worker, error) {
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("worker: Config.Client is required")
+	case cfg.WorkerID == "":
+		return nil, errors.New("worker: Config.WorkerID is required")
+	case cfg.Slots <= 0:
+		return nil, fmt.Errorf("worker: %d slots: give at least 1", cfg.Slots)
+	case cfg.Root == "":
+		return nil, errors.New("worker: Config.Root is required")
+	case cfg.Template.Sandbox == nil:
+		return nil, errors.New("worker: Config.Template.Sandbox is required")
+	}
+	if cfg.Template.Image == "" {
+		cfg.Template.Image = taskrun.DefaultImage
+	}
+	if len(cfg.Images) == 0 {
+		cfg.Images = []string{cfg.Template.Image}
+	}
+	if cfg.Template.Policy.MemoryBytes == 0 {
+		cfg.Template.Policy = sandbox.DefaultPolicy()
+	}
+	if cfg.LeaseWait <= 0 {
+		cfg.LeaseWait = DefaultLeaseWait
+	}
+	if cfg.DrainGrace <= 0 {
+		cfg.DrainGrace = DefaultDrainGrace
+	}
+	if cfg.MaxWorkspaceBytes <= 0 {
+		cfg.MaxWorkspaceBytes = DefaultMaxWorkspaceBytes
+	}
+	if cfg.RetryBackoff == (recovery.Backoff{}) {
+		cfg.RetryBackoff = recovery.DefaultBackoff
+	}
+	if cfg.FreeDisk == nil {
+		cfg.FreeDisk = statfsFree
+	}
+	if cfg.MemoryBytes <= 0 {
+		m, err := hostMemory()
+		if err != nil {
+			return nil, fmt.Errorf("worker: host memory: %w (set Config.MemoryBytes)", err)
+		}
+		cfg.MemoryBytes = m
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.Template.Logger == nil {
+		cfg.Template.Logger = log
+	}
+	w := &Worker{cfg: cfg, log: log, reg: cfg.Registry, live: map[string]*liveRun{}, freed: make(chan struct{})}
+	m, err := newMetrics(cfg.Registry, cfg.Slots)
+	if err != nil {
+		return nil, err
+	}
+	w.metrics = m
+	return w, nil
+}
+
+// Handler serves /metrics (Prometheus text format), /healthz (the process is
+// up) and /readyz (recovery finished and not draining).
+func (w *Worker) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(w.reg, promhttp.HandlerOpts{Registry: w.reg}))
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if !w.Ready() {
+			http.Error(rw, "not ready: recovering or draining", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = rw.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+// Ready reports whether start-up recovery finished and the worker is not
+// draining.
+func (w *Worker) Ready() bool { return w.ready.Load() && !w.draining.Load() }
+
+// Live returns the IDs of the runs the worker holds now.
+func (w *Worker) Live() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]string, 0, len(w.live))
+	for id := range w.live {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// Run recovers, then leases and executes runs until ctx ends, then drains
+// (see the package documentation). It returns nil after a drain.
+func (w *Worker) Run(ctx context.Context) error {
+	// Runs live on a context of their own: ctx ending drains them, it does
+	// not cancel them.
+	runsCtx, cancelRuns := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelRuns(ErrShuttingDown)
+
+	if w.cfg.Recover != nil {
+		if err := w.cfg.Recover(ctx); err != nil {
+			w.log.Warn("start-up recovery", "err", err)
+		}
+	}
+	w.ready.Store(true)
+	w.log.Info("worker ready", "worker", w.cfg.WorkerID, "slots", w.cfg.Slots)
+
+	retryCtx, stopRetry := context.WithCancel(runsCtx)
+	retryDone := make(chan struct{})
+	go func() {
+		defer close(retryDone)
+		if w.cfg.RetryKept != nil {
+			recovery.RetryLoop(retryCtx, w.cfg.RetryBackoff, w.cfg.RetryKept, nil)
+		}
+	}()
+
+	w.leaseLoop(ctx, runsCtx)
+
+	w.draining.Store(true)
+	w.log.Info("draining: no more leases", "live", len(w.Live()), "grace", w.cfg.DrainGrace)
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(w.cfg.DrainGrace):
+		w.log.Warn("drain grace over: cancelling the live runs", "live", len(w.Live()))
+		w.cancelAll(ErrShuttingDown)
+		<-done
+	}
+	stopRetry()
+	<-retryDone
+	w.log.Info("worker stopped")
+	return nil
+}
+
+// leaseLoop leases runs while ctx lasts.
+func (w *Worker) leaseLoop(ctx, runsCtx context.Context) {
+	exp := backoff.Exponential{Initial: 200 * time.Millisecond, Max: 10 * time.Second}
+	failures := 0
+	for ctx.Err() == nil {
+		capacity, why := w.capacity(ctx)
+		if why != "" {
+			w.metrics.leaseSkipped.WithLabelValues(why).Inc()
+			w.waitForRoom(ctx)
+			continue
+		}
+		req := workerclient.LeaseRequest{
+			WorkerID: w.cfg.WorkerID, Capacity: capacity, Labels: w.labels(ctx),
+			WaitMillis: w.cfg.LeaseWait.Milliseconds(),
+		}
+		sent := time.Now()
+		a, err := w.cfg.Client.AcquireLease(ctx, req)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			failures++
+			w.metrics.leaseErrors.Inc()
+			d := exp.Delay(failures)
+			w.log.Warn("lease request failed", "err", err, "retry_in", d)
+			sleep(ctx, d)
+			continue
+		}
+		failures = 0
+		if a == nil {
+			continue
+		}
+		w.metrics.leases.Inc()
+		w.start(runsCtx, a, sent)
+	}
+}
+
+// waitForRoom waits until a run ends, ctx ends, or a while passes (free
+// disk may come back without a run ending).
+func (w *Worker) waitForRoom(ctx context.Context) {
+	w.mu.Lock()
+	freed := w.freed
+	w.mu.Unlock()
+	t := time.NewTimer(2 * time.Second)
+	defer t.Stop()
+	select {
+	case <-freed:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// cancelAll cancels every live run with cause.
+func (w *Worker) cancelAll(cause error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.live {
+		r.cancel(cause)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// workspaceDir is where a run's downloaded workspace is unpacked.
+func (w *Worker) workspaceDir(runID string, epoch int64) string {
+	return filepath.Join(w.cfg.Root, "worker-workspaces", fmt.Sprintf("%s.%d", runID, epoch))
+}
+
+// removeAll removes dir, logging a failure.
+func (w *Worker) removeAll(dir string) {
+	if err := os.RemoveAll(dir); err != nil {
+		w.log.Warn("remove a downloaded workspace", "dir", dir, "err", err)
+	}
+}
