@@ -82,8 +82,19 @@ func Reattach(ctx context.Context, dir string) (release func() error, err error)
 		return nil, fmt.Errorf("diskcap: %w", err)
 	}
 	// noload: never replay the journal of an image whose writer died.
-	if out, err := exec.CommandContext(ctx, "mount", "-t", "ext4", "-o", "loop,ro,noload,nosuid,nodev,noexec", img, dir).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("diskcap: mount kept image %s on %s: %w: %s", img, dir, err, out)
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("diskcap: %w", err)
+	}
+	// Not killed by ctx: see Mount.
+	if out, err := runMount("-t", "ext4", "-o", "loop,ro,noload,nosuid,nodev,noexec", img, dir); err != nil {
+		mountErr := fmt.Errorf("diskcap: mount kept image %s on %s: %w: %s", img, dir, err, out)
+		if mounted, _ := isMountPoint(dir); mounted {
+			// The kernel mounted it all the same: undo that, keep the image.
+			if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+				return nil, errors.Join(mountErr, fmt.Errorf("diskcap: umount %s: %w: %s", dir, err, out))
+			}
+		}
+		return nil, mountErr
 	}
 	return release, nil
 }

@@ -81,13 +81,23 @@ func Mount(ctx context.Context, dir string, size int64) (unmount func() error, e
 	} else if len(entries) > 0 {
 		return nil, ErrNotEmpty
 	}
+	if mounted, err := isMountPoint(dir); err != nil {
+		return nil, fmt.Errorf("diskcap: %w", err)
+	} else if mounted {
+		return nil, fmt.Errorf("diskcap: %w: %s is already a mount point", ErrInUse, dir)
+	}
 	img := imagePath(dir)
 	if err := makeImage(ctx, img, size); err != nil {
 		return nil, err
 	}
-	if out, err := exec.CommandContext(ctx, "mount", "-t", "ext4", "-o", "loop,nosuid,nodev", img, dir).CombinedOutput(); err != nil {
+	if err := ctx.Err(); err != nil {
 		os.Remove(img)
-		return nil, fmt.Errorf("%w: mount -o loop %s: %w: %s", ErrUnsupported, dir, err, out)
+		return nil, fmt.Errorf("diskcap: %w", err)
+	}
+	// mount(8) is never killed by ctx: killed after the kernel mounted, it
+	// would leave a mount that nobody unmounts.
+	if out, err := runMount("-t", "ext4", "-o", "loop,nosuid,nodev", img, dir); err != nil {
+		return nil, undoFailedMount(dir, img, err, out)
 	}
 	var once sync.Once
 	var unmountErr error
@@ -105,6 +115,40 @@ func Mount(ctx context.Context, dir string, size int64) (unmount func() error, e
 		return nil, errors.Join(err, unmount())
 	}
 	return unmount, nil
+}
+
+// runMount runs mount(8) with args; tests replace it.
+var runMount = func(args ...string) ([]byte, error) {
+	return exec.Command("mount", args...).CombinedOutput()
+}
+
+// undoFailedMount cleans up after a mount of img on dir that reported
+// failure (mountErr, with mount(8)'s output): the kernel may have mounted it
+// all the same (mount(8) failing or dying after its mount(2) returned), so a
+// filesystem found on dir is unmounted before the image is deleted. The
+// image is never deleted under a live mount: when the unmount fails, both
+// stay and the error says so. The error wraps ErrUnsupported only when
+// nothing was mounted.
+func undoFailedMount(dir, img string, mountErr error, out []byte) error {
+	cause := fmt.Errorf("%w: mount -o loop %s: %w: %s", ErrUnsupported, dir, mountErr, out)
+	mounted, err := isMountPoint(dir)
+	if err != nil {
+		return errors.Join(cause, fmt.Errorf("diskcap: %w", err))
+	}
+	if mounted {
+		// Something was mounted: the host does support loop mounts.
+		cause = fmt.Errorf("diskcap: mount -o loop %s: %w: %s", dir, mountErr, out)
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			return errors.Join(cause, fmt.Errorf("diskcap: umount %s after a failed mount (its image %s is kept): %w: %s", dir, img, err, out))
+		}
+		if err := awaitLoopDetached(img); err != nil {
+			return errors.Join(cause, err)
+		}
+	}
+	if err := os.Remove(img); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return errors.Join(cause, fmt.Errorf("diskcap: %w", err))
+	}
+	return cause
 }
 
 // imagePath is where Mount keeps the filesystem image for dir.

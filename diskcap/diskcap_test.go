@@ -192,3 +192,44 @@ func TestWatchFailsClosedWhenUnmeasurable(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnmeasurable)
 	assert.True(t, fired, "over is called for an unmeasurable tree")
 }
+
+// A mount(8) that fails after the kernel mounted (killed by a cancelled
+// context, say) must not leave the loop mount behind with its image deleted.
+func TestMountThatFailsAfterTheKernelMountedLeavesNothing(t *testing.T) {
+	dir := newRunDir(t)
+	mountOrSkip(t, newRunDir(t)) // skips where loop mounts are unsupported
+	real := runMount
+	t.Cleanup(func() { runMount = real })
+	runMount = func(args ...string) ([]byte, error) {
+		out, err := real(args...)
+		require.NoError(t, err, "%s", out)
+		return []byte("mount: killed"), errors.New("signal: killed")
+	}
+	t.Cleanup(func() {
+		if m, _ := Mounted(dir); m {
+			_ = exec.Command("umount", dir).Run()
+		}
+		_ = os.Remove(ImagePath(dir))
+	})
+
+	_, err := Mount(context.Background(), dir, capSize)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, ErrUnsupported, "the host mounted: loop mounts are supported, the watchdog must not take over")
+	mounted, err := Mounted(dir)
+	require.NoError(t, err)
+	assert.False(t, mounted, "the mount is undone")
+	assert.False(t, HasImage(dir), "the image is deleted once nothing is mounted")
+	out, _ := exec.Command("losetup", "-j", ImagePath(dir)).Output()
+	assert.Empty(t, bytes.TrimSpace(out), "no loop device backs the image")
+}
+
+func TestMountRefusesADirThatIsAlreadyAMountPoint(t *testing.T) {
+	dir := newRunDir(t)
+	mountOrSkip(t, dir)
+	require.NoError(t, os.Rename(ImagePath(dir), ImagePath(dir)+".moved"))
+	t.Cleanup(func() { _ = os.Rename(ImagePath(dir)+".moved", ImagePath(dir)) })
+
+	_, err := Mount(context.Background(), dir, capSize)
+	require.ErrorIs(t, err, ErrInUse, "a second cap on a mounted dir would stack mounts")
+	assert.False(t, HasImage(dir), "no second image is made")
+}
