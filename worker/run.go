@@ -17,6 +17,7 @@ import (
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -121,10 +122,12 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 }
 
 // lose stops a run whose lease is lost: the gate already drops its calls.
+// The container is killed at once (sandbox.KillNow), with no stop grace:
+// the control plane may already have given the run to another worker.
 func (w *Worker) lose(log *slog.Logger, cancel context.CancelCauseFunc, err error) {
 	w.metrics.leasesLost.Inc()
-	log.Warn("lease lost: stopping the run", "err", err)
-	cancel(err)
+	log.Warn("lease lost: killing the run's container", "err", err)
+	cancel(sandbox.KillNow(err))
 }
 
 // refuse reports a leased run the worker cannot place FAILED, started never.

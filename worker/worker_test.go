@@ -47,6 +47,9 @@ type fixture struct {
 	cfg   worker.Config
 	// release ends every "/agent/wait" container.
 	release chan struct{}
+	// terminated counts the "/agent/wait" containers asked to stop
+	// (SIGTERM) rather than killed.
+	terminated atomic.Int32
 }
 
 func newFixture(t *testing.T, opts ...sandboxfake.Option) *fixture {
@@ -70,6 +73,7 @@ func newFixture(t *testing.T, opts ...sandboxfake.Option) *fixture {
 			fmt.Fprintln(p.Stdout, "released")
 			return 0
 		case <-p.Terminated():
+			f.terminated.Add(1)
 			return 143
 		case <-ctx.Done():
 			return sandboxfake.KilledExitCode
@@ -285,6 +289,7 @@ func TestLostLeaseStopsTheContainerAndReportsNothingMore(t *testing.T) {
 	f.cp.RevokeLease("lost")
 	require.Eventually(t, func() bool { return len(w.Live()) == 0 }, 30*time.Second, 10*time.Millisecond, "the run ends")
 	assert.Empty(t, f.b.Containers(nil), "the container was stopped and removed")
+	assert.Zero(t, f.terminated.Load(), "the container was killed at once, not asked to stop with a grace")
 	require.NoError(t, stop())
 
 	patches := f.cp.Patches("lost")
@@ -326,6 +331,7 @@ func TestOwnerCancelReportsCancelled(t *testing.T) {
 	info := f.final(t, "cancelme")
 	assert.Equal(t, model.StatusCancelled, info.Status)
 	assert.Contains(t, info.Reason, worker.ErrCancelledByOwner.Error())
+	assert.Equal(t, int32(1), f.terminated.Load(), "an owner's cancel stops the container with its grace (SIGTERM first)")
 	require.NoError(t, stop())
 	f.requireFenced(t, "cancelme", 1)
 	assert.Empty(t, f.b.Containers(nil))

@@ -188,6 +188,12 @@ func (h *handle) stopUnlessExited(ctx context.Context) bool {
 		return false
 	default:
 	}
+	if sandbox.KillRequested(ctx) {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		h.kill(kctx)
+		return true
+	}
 	h.stop(ctx)
 	return true
 }

@@ -306,13 +306,17 @@ func (h *handle) stopUnlessExited(ctx context.Context) bool {
 }
 
 // stop runs the helper's stop in the run container: SIGTERM, then SIGKILL
-// after the grace period. The exec ends with the container, so its error
+// after the grace period (SIGKILL alone when sandbox.KillRequested(ctx)). The exec ends with the container, so its error
 // is expected and only logged.
 func (h *handle) stop(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.spec.StopGrace+cleanupTimeout)
+	grace := h.spec.StopGrace
+	if sandbox.KillRequested(ctx) {
+		grace = 0 // SIGKILL at once
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace+cleanupTimeout)
 	defer cancel()
 	var out bytes.Buffer
-	if err := h.b.exec(ctx, h.name, ContainerRun, podhelper.StopCommand(h.spec.StopGrace), streamIO{Stdout: &out, Stderr: &out}); err != nil {
+	if err := h.b.exec(ctx, h.name, ContainerRun, podhelper.StopCommand(grace), streamIO{Stdout: &out, Stderr: &out}); err != nil {
 		h.b.log.Debug("stop exec ended", "pod", h.name, "err", err, "output", out.String())
 	}
 }

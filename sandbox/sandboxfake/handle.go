@@ -115,7 +115,10 @@ func (h *handle) wait(ctx context.Context) sandbox.Result {
 	case <-ctx.Done():
 		cancelled = true
 	}
-	if timedOut || cancelled {
+	switch {
+	case cancelled && sandbox.KillRequested(ctx):
+		h.sigkill()
+	case timedOut || cancelled:
 		h.stop()
 	}
 	h.stdout.close()

@@ -131,6 +131,7 @@ func Run(t *testing.T, h Harness) {
 		{"OOMKilled", s.testOOMKilled},
 		{"TimeoutIgnoringSIGTERM", s.testTimeoutIgnoringSIGTERM},
 		{"CancelMidRun", s.testCancelMidRun},
+		{"KillNowMidRun", s.testKillNowMidRun},
 		{"Concurrent", s.testConcurrent},
 		{"Confinement", s.testConfinement},
 		{"PidsLimit", s.testPidsLimit},
@@ -443,6 +444,47 @@ func (s *suite) testCancelMidRun(t *testing.T) {
 	assert.False(t, res.Succeeded())
 	assert.Equal(t, "ready\nbye\n", ready.String(), "output written while stopping was lost")
 	require.NoError(t, h.Close(runCtx), "Close must work with the run's cancelled context")
+	s.requireNoLeftovers(t, labels)
+}
+
+// testKillNowMidRun cancels with a sandbox.KillNow cause: the container is
+// killed at once, so its SIGTERM trap never runs.
+func (s *suite) testKillNowMidRun(t *testing.T) {
+	ctx := caseContext(t)
+	labels := s.caseLabels(t)
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var ready lockedbuf.Buffer
+	b := s.h.NewBackend(t)
+	r := s.newRun(t, b, labels, Workload{
+		Script: `trap 'echo bye; exit 0' TERM; echo ready; sleep 1000 & wait`,
+		Program: func(ctx context.Context, p *sandboxfake.Process) int {
+			_, _ = io.WriteString(p.Stdout, "ready\n")
+			select {
+			case <-p.Terminated():
+				_, _ = io.WriteString(p.Stdout, "bye\n")
+				return 0
+			case <-ctx.Done():
+				return sandboxfake.KilledExitCode
+			}
+		},
+	})
+	h, err := b.Start(runCtx, r.spec, r.policy, sandbox.Streams{Stdout: &ready})
+	require.NoError(t, err)
+	select {
+	case <-ready.Seen("ready"):
+	case <-ctx.Done():
+		t.Fatal("container never printed its ready marker")
+	}
+	lost := errors.New("lease lost")
+	cancel(sandbox.KillNow(lost))
+	require.ErrorIs(t, context.Cause(runCtx), lost, "the cause still names why")
+	res := h.Wait(runCtx)
+	require.NoError(t, res.Err)
+	assert.True(t, res.Cancelled)
+	assert.Equal(t, 137, res.ExitCode, "killed by SIGKILL, not stopped")
+	assert.Equal(t, "ready\n", ready.String(), "the SIGTERM trap ran: the container was stopped with a grace, not killed")
+	require.NoError(t, h.Close(runCtx))
 	s.requireNoLeftovers(t, labels)
 }
 

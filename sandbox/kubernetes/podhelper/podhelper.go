@@ -277,10 +277,12 @@ func gate(stdin *os.File, argv []string) int {
 
 // stop sends SIGTERM to the gate and, after grace, SIGKILL to every process
 // it may signal (all but the gate and itself); the gate then exits with its
-// command's status.
+// command's status. A grace of 0 sends SIGKILL alone.
 func stop(grace time.Duration) {
-	_ = syscall.Kill(1, syscall.SIGTERM)
-	time.Sleep(grace)
+	if grace > 0 {
+		_ = syscall.Kill(1, syscall.SIGTERM)
+		time.Sleep(grace)
+	}
 	_ = syscall.Kill(-1, syscall.SIGKILL)
 }
 
