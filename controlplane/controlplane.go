@@ -179,6 +179,15 @@ type Store interface {
 	// (nil, nil) when no queued run fits. No two callers, on any replica,
 	// ever get the same run for the same epoch.
 	Lease(ctx context.Context, o LeaseOffer) (*Run, error)
+	// ReturnLease puts back a run whose lease (epoch) was granted but never
+	// delivered (the long poll's client was gone when the answer was ready),
+	// so it is not lost to "worker lost": a run still held under epoch with
+	// nothing reported goes back to the queue, its attempt not counted, or
+	// ends CANCELLED when its owner asked for that meanwhile. The epoch stays
+	// raised and its lease is dead, so whoever might hold it is fenced. It
+	// reports whether the run was put back; a run the lease no longer holds,
+	// or whose worker already reported, is left as it is.
+	ReturnLease(ctx context.Context, id string, epoch int64, now time.Time) (bool, error)
 	// Renew extends the lease (epoch must be current and unexpired at now)
 	// to now+ttl and returns the run (CancelRequested tells the worker to
 	// stop it). A stale or expired lease wraps ErrStaleFence.

@@ -16,6 +16,7 @@ type metrics struct {
 	reg            *prometheus.Registry
 	queueWait      prometheus.Histogram
 	leasesGranted  prometheus.Counter
+	leasesReturned prometheus.Counter
 	renewals       prometheus.Counter
 	expiries       *prometheus.CounterVec
 	staleFence     *prometheus.CounterVec
@@ -34,8 +35,9 @@ func newMetrics(store controlplane.Store) *metrics {
 			Help:    "Time from a run's submission (or requeue's original submission) to its lease.",
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
 		}),
-		leasesGranted: prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_leases_granted_total", Help: "Leases handed to workers."}),
-		renewals:      prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_lease_renewals_total", Help: "Leases renewed."}),
+		leasesGranted:  prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_leases_granted_total", Help: "Leases handed to workers."}),
+		leasesReturned: prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_leases_returned_total", Help: "Leases taken for a long poll whose worker had stopped waiting, put back in the queue."}),
+		renewals:       prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_lease_renewals_total", Help: "Leases renewed."}),
 		expiries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "taskrun_lease_expiries_total",
 			Help: "Leases that lapsed (worker lost), by what became of the run: failed, requeued or cancelled."}, []string{"outcome"}),
 		staleFence: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "taskrun_stale_fence_refusals_total",
@@ -46,7 +48,7 @@ func newMetrics(store controlplane.Store) *metrics {
 		tasksSubmitted: prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_tasks_submitted_total", Help: "Tasks accepted on the user API."}),
 		authFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_auth_failures_total", Help: "Requests refused for a missing or unknown token."}),
 	}
-	m.reg.MustRegister(m.queueWait, m.leasesGranted, m.renewals, m.expiries, m.staleFence, m.bytesReceived, m.bytesSent, m.tokens,
+	m.reg.MustRegister(m.queueWait, m.leasesGranted, m.leasesReturned, m.renewals, m.expiries, m.staleFence, m.bytesReceived, m.bytesSent, m.tokens,
 		m.tasksSubmitted, m.authFailures, &runsCollector{store: store},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{"failed", "requeued", "cancelled"} {

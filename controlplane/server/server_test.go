@@ -636,3 +636,65 @@ func TestStreamHTTPAnswers(t *testing.T) {
 	code, _ = post("0", string(make([]byte, workerclient.MaxPostBytes+1)))
 	assert.Equal(t, http.StatusRequestEntityTooLarge, code)
 }
+
+// leaseAfterClientGone is a store whose Lease, once it took a run, waits for
+// the asking request to end: the worker stopped waiting (to drain) just as
+// its long poll was answered.
+type leaseAfterClientGone struct {
+	controlplane.Store
+	leased chan struct{}
+}
+
+func (s *leaseAfterClientGone) Lease(ctx context.Context, o controlplane.LeaseOffer) (*controlplane.Run, error) {
+	run, err := s.Store.Lease(ctx, o)
+	if run != nil {
+		close(s.leased)
+		<-ctx.Done()
+	}
+	return run, err
+}
+
+// TestUndeliveredLeaseIsReturned: a lease taken for a long poll whose client
+// has gone goes back to the queue (not counted as an attempt, its epoch
+// fenced) instead of expiring into "worker lost".
+func TestUndeliveredLeaseIsReturned(t *testing.T) {
+	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "cp.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	store := &leaseAfterClientGone{Store: s, leased: make(chan struct{})}
+	e := newEnv(t, store, nil)
+	sub, err := e.user.Submit(context.Background(), controlplane.SubmitRequest{Prompt: "p"}, nil)
+	require.NoError(t, err)
+
+	pollCtx, stopPolling := context.WithCancel(context.Background())
+	polled := make(chan error, 1)
+	go func() {
+		_, err := e.worker.AcquireLease(pollCtx, workerclient.LeaseRequest{WorkerID: "draining",
+			Capacity: workerclient.Capacity{Slots: 1, FreeSlots: 1}, Labels: labels, WaitMillis: 20000})
+		polled <- err
+	}()
+	<-store.leased
+	stopPolling()
+	require.ErrorIs(t, <-polled, context.Canceled)
+
+	require.Eventually(t, func() bool {
+		r, err := e.store.GetRun(context.Background(), sub.RunID)
+		return err == nil && r.Status == model.StatusQueued
+	}, 10*time.Second, 10*time.Millisecond, "the undelivered lease is put back")
+	r, err := e.store.GetRun(context.Background(), sub.RunID)
+	require.NoError(t, err)
+	assert.Zero(t, r.Attempts, "no attempt was made")
+	_, err = e.store.Renew(context.Background(), sub.RunID, 1, e.clock.Now(), time.Minute)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "the undelivered epoch is fenced")
+
+	e.clock.Add(time.Hour)
+	ex, err := e.store.ExpireLeases(context.Background(), e.clock.Now())
+	require.NoError(t, err)
+	assert.Empty(t, ex, "nothing expires into worker lost")
+
+	a, err := s.Lease(context.Background(), controlplane.LeaseOffer{WorkerID: "other", Now: e.clock.Now(), TTL: time.Minute})
+	require.NoError(t, err)
+	require.NotNil(t, a, "another worker gets the run")
+	assert.Equal(t, int64(2), a.Epoch)
+	assert.Equal(t, 1, a.Attempts)
+}

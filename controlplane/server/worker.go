@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -47,6 +48,12 @@ func (s *Server) handleLease(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if run != nil {
+			if r.Context().Err() != nil {
+				// The worker stopped waiting (it is draining, or gone): the
+				// answer cannot be delivered, so the run goes back.
+				s.returnLease(r, *run)
+				return
+			}
 			s.m.leasesGranted.Inc()
 			s.m.queueWait.Observe(max(now.Sub(run.CreatedAt), 0).Seconds())
 			s.cfg.Log.Info("lease granted", "run", run.ID, "worker", req.WorkerID, "epoch", run.Epoch)
@@ -68,6 +75,25 @@ func (s *Server) handleLease(w http.ResponseWriter, r *http.Request) {
 		poll.Stop()
 	}
 }
+
+// returnLease puts back a run leased to a long poll whose client is gone,
+// so that it is not lost to "worker lost" once the lease expires.
+func (s *Server) returnLease(r *http.Request, run controlplane.Run) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), returnLeaseTimeout)
+	defer cancel()
+	back, err := s.cfg.Store.ReturnLease(ctx, run.ID, run.Epoch, s.cfg.Now())
+	switch {
+	case err != nil:
+		s.cfg.Log.Warn("return an undelivered lease; it will expire instead", "run", run.ID, "epoch", run.Epoch, "err", err)
+	case back:
+		s.m.leasesReturned.Inc()
+		s.cfg.Log.Info("lease returned: the worker stopped waiting before it was delivered", "run", run.ID, "epoch", run.Epoch)
+		s.runs.notify(queueKey)
+	}
+}
+
+// returnLeaseTimeout bounds putting back an undelivered lease.
+const returnLeaseTimeout = 10 * time.Second
 
 // fitter reports whether a run fits the asking worker: its memory and disk
 // limits within what the worker has free, its runtime among the worker's,

@@ -42,6 +42,7 @@ func Run(t *testing.T, open Opener) {
 		{"ExpiredLeaseFailsWorkerLost", testExpireFails},
 		{"ExpiredRetryableRequeuedWithHigherEpoch", testExpireRequeues},
 		{"Cancel", testCancel},
+		{"ReturnUndeliveredLease", testReturnLease},
 		{"CancelledRunWhoseWorkerIsLostEndsCancelled", testCancelThenLost},
 	}
 	for _, tc := range tests {
@@ -464,4 +465,70 @@ func testCancelThenLost(t *testing.T, s controlplane.Store) {
 	require.NoError(t, err)
 	assert.Equal(t, model.StatusCancelled, r.Status)
 	assert.Nil(t, lease(t, s, "w2", t0.Add(ttl)))
+}
+
+// testReturnLease: a lease granted to a long poll whose client had gone is
+// put back, uncounted, with its epoch fenced; a lease whose worker spoke, or
+// that is no longer current, is left alone.
+func testReturnLease(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{})
+	got := lease(t, s, "w1", t0)
+	require.NotNil(t, got)
+	require.Equal(t, 1, got.Attempts)
+
+	back, err := s.ReturnLease(ctx, "r1", got.Epoch, t0.Add(time.Second))
+	require.NoError(t, err)
+	assert.True(t, back)
+	r, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusQueued, r.Status, "the run waits for another lease")
+	assert.Zero(t, r.Attempts, "an undelivered lease is no attempt")
+	assert.Equal(t, got.Epoch, r.Epoch, "the epoch stays raised")
+	_, err = s.Renew(ctx, "r1", got.Epoch, t0.Add(time.Second), ttl)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "the returned epoch is dead")
+	_, _, err = s.Patch(ctx, "r1", got.Epoch, t0.Add(time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusRunning})
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
+	ex, err := s.ExpireLeases(ctx, t0.Add(time.Hour))
+	require.NoError(t, err)
+	assert.Empty(t, ex, "nothing is left to be found lost")
+
+	again := lease(t, s, "w2", t0.Add(2*time.Second))
+	require.NotNil(t, again, "the run is leased again")
+	assert.Equal(t, got.Epoch+1, again.Epoch)
+	assert.Equal(t, 1, again.Attempts)
+	back, err = s.ReturnLease(ctx, "r1", got.Epoch, t0.Add(2*time.Second))
+	require.NoError(t, err)
+	assert.False(t, back, "a stale epoch returns nothing")
+
+	// Once its worker reported, the lease was delivered: it stays.
+	started := t0.Add(3 * time.Second).UnixMilli()
+	_, _, err = s.Patch(ctx, "r1", again.Epoch, t0.Add(3*time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusRunning, StartedAt: &started})
+	require.NoError(t, err)
+	back, err = s.ReturnLease(ctx, "r1", again.Epoch, t0.Add(3*time.Second))
+	require.NoError(t, err)
+	assert.False(t, back)
+	r, err = s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusRunning, r.Status)
+	_, err = s.Renew(ctx, "r1", again.Epoch, t0.Add(4*time.Second), ttl)
+	assert.NoError(t, err, "the delivered lease still holds")
+
+	// A cancel asked while the answer was undeliverable ends the run.
+	Submit(t, s, "c1", 1, controlplane.TaskSpec{})
+	c := lease(t, s, "w1", t0)
+	require.NotNil(t, c)
+	_, err = s.Cancel(ctx, "c1", t0)
+	require.NoError(t, err)
+	back, err = s.ReturnLease(ctx, "c1", c.Epoch, t0.Add(time.Second))
+	require.NoError(t, err)
+	assert.True(t, back)
+	r, err = s.GetRun(ctx, "c1")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusCancelled, r.Status)
+	assert.Nil(t, lease(t, s, "w1", t0.Add(2*time.Second)), "a cancelled run is never leased")
+
+	back, err = s.ReturnLease(ctx, "missing", 1, t0)
+	assert.ErrorIs(t, err, controlplane.ErrNotFound)
+	assert.False(t, back)
 }

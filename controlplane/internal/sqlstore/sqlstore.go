@@ -346,6 +346,37 @@ func fenced(r row, epoch int64, now time.Time, allowReleased bool) error {
 	return nil
 }
 
+// ReturnLease implements controlplane.Store.
+func (s *Store) ReturnLease(ctx context.Context, id string, epoch int64, now time.Time) (bool, error) {
+	var back bool
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		r, err := s.getRow(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if r.Epoch != epoch || r.leaseState != leaseHeld || r.Status != model.StatusRunning || r.StartedAt != nil || r.StreamNext > 0 {
+			return nil // not this lease's to return, or its worker already spoke
+		}
+		var res sql.Result
+		if r.CancelRequested {
+			res, err = tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, ended_at = ?, lease_state = ?, lease_expires_at = NULL
+WHERE id = ? AND epoch = ? AND lease_state = ?`),
+				string(model.StatusCancelled), ms(now), leaseLost, id, epoch, leaseHeld)
+		} else {
+			res, err = tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, lease_state = ?, lease_expires_at = NULL, leased_at = NULL,
+worker_id = '', attempts = attempts - 1 WHERE id = ? AND epoch = ? AND lease_state = ?`),
+				string(model.StatusQueued), leaseLost, id, epoch, leaseHeld)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: return lease of %s: %w", s.d.Name, id, err)
+		}
+		n, _ := res.RowsAffected()
+		back = n == 1
+		return nil
+	})
+	return back, err
+}
+
 // Renew implements controlplane.Store.
 func (s *Store) Renew(ctx context.Context, id string, epoch int64, now time.Time, ttl time.Duration) (controlplane.Run, error) {
 	var out controlplane.Run
