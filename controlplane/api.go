@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"encoding/json"
+	"time"
 
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -49,6 +50,16 @@ type SubmitResponse struct {
 type RunList struct {
 	Runs []Run `json:"runs"`
 }
+
+// WorkerList answers GET /v1/workers: the workers heard from within
+// WorkerListWindow, most recently seen first.
+type WorkerList struct {
+	Workers []Worker `json:"workers"`
+}
+
+// WorkerListWindow is how far back GET /v1/workers looks: a worker silent
+// for longer is gone from the list.
+const WorkerListWindow = 24 * time.Hour
 
 // HeaderOutputOffset is set on GET /v1/runs/{id}/output answers: the stream
 // offset of the answer's first byte.

@@ -167,10 +167,37 @@ type RunReader interface {
 	ReadOutput(ctx context.Context, id string, offset int64, max int) ([]byte, Run, error)
 }
 
+// Worker is a worker as its last lease request described it.
+type Worker struct {
+	// ID is the worker's ID ("host/instance").
+	ID string `json:"id"`
+	// Capacity is what it had free when it last asked for work.
+	Capacity workerclient.Capacity `json:"capacity"`
+	// Labels say what it can run: runtimes, local images, backend.
+	Labels workerclient.WorkerLabels `json:"labels"`
+	// LastSeen is when it last asked for work: its heartbeat.
+	LastSeen time.Time `json:"last_seen"`
+}
+
+// MaxWorkers caps how many workers ListWorkers returns.
+const MaxWorkers = 500
+
+// WorkerReader lists the workers the control plane heard from.
+type WorkerReader interface {
+	// ListWorkers returns the workers seen at or after since, most recently
+	// seen first, at most MaxWorkers.
+	ListWorkers(ctx context.Context, since time.Time) ([]Worker, error)
+}
+
 // Store is the control plane's durable state. Every method is one
 // transaction; every implementation passes storetest.
 type Store interface {
 	RunReader
+	WorkerReader
+
+	// RecordWorker records a worker's heartbeat (each lease request): its
+	// capacity and labels, seen at w.LastSeen.
+	RecordWorker(ctx context.Context, w Worker) error
 
 	// CreateTask records t and its first run, QUEUED.
 	CreateTask(ctx context.Context, t NewTask) (Run, error)

@@ -176,6 +176,14 @@ func (c *Client) ListRuns(ctx context.Context, status model.RunStatus, limit int
 	return out.Runs, c.doJSON(ctx, http.MethodGet, "/v1/runs", q, nil, "", http.StatusOK, &out)
 }
 
+// Workers lists the workers the control plane heard from lately, most
+// recently seen first, with their capacity and labels at their last lease
+// request.
+func (c *Client) Workers(ctx context.Context) ([]controlplane.Worker, error) {
+	var out controlplane.WorkerList
+	return out.Workers, c.doJSON(ctx, http.MethodGet, "/v1/workers", nil, nil, "", http.StatusOK, &out)
+}
+
 // Cancel cancels a run and returns it.
 func (c *Client) Cancel(ctx context.Context, id string) (controlplane.Run, error) {
 	var out controlplane.Run

@@ -157,6 +157,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /v1/runs/{id}", s.requireUser(http.HandlerFunc(s.handleGetRun)))
 	mux.Handle("GET /v1/runs/{id}/output", s.requireUser(http.HandlerFunc(s.handleOutput)))
 	mux.Handle("POST /v1/runs/{id}/cancel", s.requireUser(http.HandlerFunc(s.handleCancel)))
+	mux.Handle("GET /v1/workers", s.requireUser(http.HandlerFunc(s.handleWorkers)))
 	// Operations.
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{Registry: s.m.reg, ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

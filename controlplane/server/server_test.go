@@ -698,3 +698,45 @@ func TestUndeliveredLeaseIsReturned(t *testing.T) {
 	assert.Equal(t, int64(2), a.Epoch)
 	assert.Equal(t, 1, a.Attempts)
 }
+
+// TestWorkersList: every lease request is a worker's heartbeat, which users
+// read on GET /v1/workers.
+func TestWorkersList(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	ws, err := e.user.Workers(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, ws)
+
+	assert.Nil(t, e.lease(t, 0), "nothing queued")
+	seen := e.clock.Now()
+	e.clock.Add(time.Minute)
+	_, err = e.worker.AcquireLease(context.Background(), workerclient.LeaseRequest{WorkerID: "host-b/2",
+		Capacity: workerclient.Capacity{Slots: 3, FreeSlots: 0, FreeMemoryBytes: 1 << 30, FreeDiskBytes: 2 << 30},
+		Labels:   workerclient.WorkerLabels{Runtimes: []string{"runsc"}, CanPull: true, Backend: "kubernetes"}})
+	require.NoError(t, err)
+
+	ws, err = e.bob.Workers(context.Background())
+	require.NoError(t, err)
+	require.Len(t, ws, 2)
+	assert.Equal(t, "host-b/2", ws[0].ID, "most recently seen first; a full worker still reports")
+	assert.Equal(t, workerclient.Capacity{Slots: 3, FreeSlots: 0, FreeMemoryBytes: 1 << 30, FreeDiskBytes: 2 << 30}, ws[0].Capacity)
+	assert.Equal(t, []string{"runsc"}, ws[0].Labels.Runtimes)
+	assert.Equal(t, "host-a/1", ws[1].ID)
+	assert.Equal(t, 2, ws[1].Capacity.FreeSlots)
+	assert.Equal(t, labels, ws[1].Labels)
+	assert.True(t, seen.Equal(ws[1].LastSeen), "%s != %s", seen, ws[1].LastSeen)
+
+	e.clock.Add(controlplane.WorkerListWindow)
+	ws, err = e.user.Workers(context.Background())
+	require.NoError(t, err)
+	require.Len(t, ws, 1, "a worker silent for longer than the window is gone")
+	assert.Equal(t, "host-b/2", ws[0].ID)
+
+	req, err := http.NewRequest(http.MethodGet, e.url+"/v1/workers", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+workerToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.NotEqual(t, http.StatusOK, resp.StatusCode, "a worker token reads no user API")
+}

@@ -404,3 +404,18 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
 // streamGrace is how long a follower of a finished run whose stream has not
 // ended waits for the stream's tail.
 const streamGrace = 30 * time.Second
+
+// handleWorkers lists the workers heard from within
+// controlplane.WorkerListWindow: their capacity, labels and heartbeat, with
+// no run of any tenant.
+func (s *Server) handleWorkers(w http.ResponseWriter, r *http.Request) {
+	ws, err := s.cfg.Store.ListWorkers(r.Context(), s.cfg.Now().Add(-controlplane.WorkerListWindow))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	if ws == nil {
+		ws = []controlplane.Worker{}
+	}
+	writeJSON(w, http.StatusOK, controlplane.WorkerList{Workers: ws})
+}

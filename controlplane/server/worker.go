@@ -31,6 +31,7 @@ func (s *Server) handleLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "lease request: worker_id must be 1 to 256 characters")
 		return
 	}
+	s.recordWorker(r, req)
 	if req.Capacity.FreeSlots <= 0 {
 		w.WriteHeader(http.StatusNoContent)
 		return
@@ -73,6 +74,15 @@ func (s *Server) handleLease(w http.ResponseWriter, r *http.Request) {
 		case <-poll.C:
 		}
 		poll.Stop()
+	}
+}
+
+// recordWorker keeps the worker's lease request as its heartbeat. A failure
+// is only logged: the worker still gets its answer.
+func (s *Server) recordWorker(r *http.Request, req workerclient.LeaseRequest) {
+	err := s.cfg.Store.RecordWorker(r.Context(), controlplane.Worker{ID: req.WorkerID, Capacity: req.Capacity, Labels: req.Labels, LastSeen: s.cfg.Now()})
+	if err != nil && r.Context().Err() == nil {
+		s.cfg.Log.Warn("record a worker's heartbeat", "worker", req.WorkerID, "err", err)
 	}
 }
 

@@ -43,6 +43,7 @@ func Run(t *testing.T, open Opener) {
 		{"ExpiredRetryableRequeuedWithHigherEpoch", testExpireRequeues},
 		{"Cancel", testCancel},
 		{"ReturnUndeliveredLease", testReturnLease},
+		{"WorkerHeartbeats", testWorkers},
 		{"CancelledRunWhoseWorkerIsLostEndsCancelled", testCancelThenLost},
 	}
 	for _, tc := range tests {
@@ -531,4 +532,40 @@ func testReturnLease(t *testing.T, s controlplane.Store) {
 	back, err = s.ReturnLease(ctx, "missing", 1, t0)
 	assert.ErrorIs(t, err, controlplane.ErrNotFound)
 	assert.False(t, back)
+}
+
+// testWorkers: a worker's last lease request is its heartbeat; a stale
+// report never replaces a newer one.
+func testWorkers(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	ws, err := s.ListWorkers(ctx, time.Time{})
+	require.NoError(t, err)
+	assert.Empty(t, ws)
+
+	a := controlplane.Worker{ID: "host-a/1", LastSeen: t0,
+		Capacity: workerclient.Capacity{Slots: 4, FreeSlots: 4, FreeMemoryBytes: 8 << 30, FreeDiskBytes: 100 << 30},
+		Labels:   workerclient.WorkerLabels{Runtimes: []string{"runc", "runsc"}, Images: []string{"img"}, Backend: "docker"}}
+	require.NoError(t, s.RecordWorker(ctx, a))
+	b := controlplane.Worker{ID: "host-b/1", LastSeen: t0.Add(time.Second), Capacity: workerclient.Capacity{Slots: 1, FreeSlots: 1},
+		Labels: workerclient.WorkerLabels{Runtimes: []string{"runc"}, CanPull: true}}
+	require.NoError(t, s.RecordWorker(ctx, b))
+	a.Capacity.FreeSlots, a.LastSeen = 1, t0.Add(2*time.Second)
+	require.NoError(t, s.RecordWorker(ctx, a))
+	stale := a
+	stale.Capacity.FreeSlots, stale.LastSeen = 3, t0.Add(time.Second)
+	require.NoError(t, s.RecordWorker(ctx, stale), "a replica with a lagging clock")
+
+	ws, err = s.ListWorkers(ctx, time.Time{})
+	require.NoError(t, err)
+	require.Len(t, ws, 2)
+	assert.Equal(t, a.ID, ws[0].ID, "most recently seen first")
+	assert.Equal(t, a.Capacity, ws[0].Capacity, "the latest report wins")
+	assert.Equal(t, a.Labels, ws[0].Labels)
+	assert.True(t, a.LastSeen.Equal(ws[0].LastSeen), "%s != %s", a.LastSeen, ws[0].LastSeen)
+	assert.Equal(t, b.Labels, ws[1].Labels)
+
+	ws, err = s.ListWorkers(ctx, t0.Add(2*time.Second))
+	require.NoError(t, err)
+	require.Len(t, ws, 1, "only workers seen since")
+	assert.Equal(t, a.ID, ws[0].ID)
 }

@@ -346,6 +346,57 @@ func fenced(r row, epoch int64, now time.Time, allowReleased bool) error {
 	return nil
 }
 
+// RecordWorker implements controlplane.Store.
+func (s *Store) RecordWorker(ctx context.Context, w controlplane.Worker) error {
+	capacity, err := json.Marshal(w.Capacity)
+	if err != nil {
+		return fmt.Errorf("%s: record worker %s: %w", s.d.Name, w.ID, err)
+	}
+	labels, err := json.Marshal(w.Labels)
+	if err != nil {
+		return fmt.Errorf("%s: record worker %s: %w", s.d.Name, w.ID, err)
+	}
+	// A replica whose clock lags never moves a heartbeat back.
+	_, err = s.db.ExecContext(ctx, s.q(`INSERT INTO workers (id, capacity, labels, last_seen) VALUES (?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET capacity = excluded.capacity, labels = excluded.labels, last_seen = excluded.last_seen
+WHERE excluded.last_seen >= workers.last_seen`), w.ID, string(capacity), string(labels), ms(w.LastSeen))
+	if err != nil {
+		return fmt.Errorf("%s: record worker %s: %w", s.d.Name, w.ID, err)
+	}
+	return nil
+}
+
+// ListWorkers implements controlplane.WorkerReader.
+func (s *Store) ListWorkers(ctx context.Context, since time.Time) ([]controlplane.Worker, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, capacity, labels, last_seen FROM workers WHERE last_seen >= ? ORDER BY last_seen DESC, id LIMIT ?`),
+		ms(since), controlplane.MaxWorkers)
+	if err != nil {
+		return nil, fmt.Errorf("%s: list workers: %w", s.d.Name, err)
+	}
+	defer rows.Close()
+	var out []controlplane.Worker
+	for rows.Next() {
+		var w controlplane.Worker
+		var capacity, labels string
+		var seen int64
+		if err := rows.Scan(&w.ID, &capacity, &labels, &seen); err != nil {
+			return nil, fmt.Errorf("%s: list workers: %w", s.d.Name, err)
+		}
+		if err := json.Unmarshal([]byte(capacity), &w.Capacity); err != nil {
+			return nil, fmt.Errorf("%s: worker %s: capacity: %w", s.d.Name, w.ID, err)
+		}
+		if err := json.Unmarshal([]byte(labels), &w.Labels); err != nil {
+			return nil, fmt.Errorf("%s: worker %s: labels: %w", s.d.Name, w.ID, err)
+		}
+		w.LastSeen = time.UnixMilli(seen).UTC()
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: list workers: %w", s.d.Name, err)
+	}
+	return out, nil
+}
+
 // ReturnLease implements controlplane.Store.
 func (s *Store) ReturnLease(ctx context.Context, id string, epoch int64, now time.Time) (bool, error) {
 	var back bool
