@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runindex"
+	"github.com/taskrun/taskrun/workerclient"
 )
 
 // DefaultFollowPoll is how often ControlPlaneSource looks for more output of
@@ -27,6 +29,11 @@ type ControlPlaneSource struct {
 	Store *persist.Store
 	// Poll is how often a follower looks for more output (0: DefaultFollowPoll).
 	Poll time.Duration
+	// Workers lists the workers' heartbeats (their last lease requests);
+	// nil: hosts are known only by the leases they hold.
+	Workers controlplane.WorkerReader
+	// Now is the clock of the hosts page's window (nil: time.Now).
+	Now func() time.Time
 }
 
 var _ Source = (*ControlPlaneSource)(nil)
@@ -188,8 +195,11 @@ func (s *ControlPlaneSource) OpenArtifact(ctx context.Context, id, path string) 
 	return openArtifact(ctx, s.Store, run.Record, path)
 }
 
-// Hosts lists the workers holding leases on running runs. The control plane
-// records no heartbeats or capacity, so hosts are not Reported.
+// Hosts lists the workers that asked for work within
+// controlplane.WorkerListWindow, with their last reported capacity, labels
+// and heartbeat, and the workers holding leases on running runs. Without
+// Workers, or for a lease holder it has no heartbeat of, a host is not
+// Reported.
 func (s *ControlPlaneSource) Hosts(ctx context.Context) ([]Host, error) {
 	runs, err := s.Control.ListRuns(ctx, controlplane.RunFilter{Status: "RUNNING", Limit: controlplane.MaxListLimit})
 	if err != nil {
@@ -197,16 +207,37 @@ func (s *ControlPlaneSource) Hosts(ctx context.Context) ([]Host, error) {
 	}
 	byID := map[string]*Host{}
 	var ids []string
+	host := func(id string) *Host {
+		h, ok := byID[id]
+		if !ok {
+			h = &Host{ID: id, WarmPool: -1}
+			byID[id] = h
+			ids = append(ids, id)
+		}
+		return h
+	}
+	if s.Workers != nil {
+		now := time.Now
+		if s.Now != nil {
+			now = s.Now
+		}
+		workers, err := s.Workers.ListWorkers(ctx, now().Add(-controlplane.WorkerListWindow))
+		if err != nil {
+			return nil, err
+		}
+		for _, w := range workers {
+			h := host(w.ID)
+			h.Reported, h.LastHeartbeat = true, w.LastSeen
+			h.Slots, h.FreeSlots = w.Capacity.Slots, w.Capacity.FreeSlots
+			h.FreeMemoryBytes, h.FreeDiskBytes = w.Capacity.FreeMemoryBytes, w.Capacity.FreeDiskBytes
+			h.Labels = workerLabels(w.Labels)
+		}
+	}
 	for _, r := range runs {
 		if r.WorkerID == "" {
 			continue
 		}
-		h, ok := byID[r.WorkerID]
-		if !ok {
-			h = &Host{ID: r.WorkerID, WarmPool: -1}
-			byID[r.WorkerID] = h
-			ids = append(ids, r.WorkerID)
-		}
+		h := host(r.WorkerID)
 		h.Leases = append(h.Leases, Lease{RunID: r.ID, Tenant: r.Task.UserID})
 		if r.LeaseExpiresAt != nil && r.LeaseExpiresAt.After(h.LeaseExpires) {
 			h.LeaseExpires = *r.LeaseExpiresAt
@@ -218,4 +249,22 @@ func (s *ControlPlaneSource) Hosts(ctx context.Context) ([]Host, error) {
 		out[i] = *byID[id]
 	}
 	return out, nil
+}
+
+// workerLabels is the hosts page's view of what a worker advertised.
+func workerLabels(l workerclient.WorkerLabels) map[string]string {
+	m := map[string]string{}
+	if len(l.Runtimes) > 0 {
+		m["runtimes"] = strings.Join(l.Runtimes, ",")
+	}
+	if len(l.Images) > 0 {
+		m["images"] = strings.Join(l.Images, ",")
+	}
+	if l.Backend != "" {
+		m["backend"] = l.Backend
+	}
+	if l.CanPull {
+		m["can_pull"] = "true"
+	}
+	return m
 }

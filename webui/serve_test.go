@@ -62,7 +62,7 @@ func TestServeEndToEnd(t *testing.T) {
 	require.NoError(t, tokens.AddWorker(e2eWorkerToken))
 	require.NoError(t, tokens.AddUser(f.env.Tenant, e2eUserToken))
 	require.NoError(t, tokens.AddUser("someone-else", e2eOtherToken))
-	ui, err := webui.New(&webui.ControlPlaneSource{Control: store, Store: f.env.Store}, webui.Options{Base: "/ui", Tenant: func(r *http.Request) (string, bool) { return server.UserFromContext(r.Context()) }})
+	ui, err := webui.New(&webui.ControlPlaneSource{Control: store, Store: f.env.Store, Workers: store}, webui.Options{Base: "/ui", Tenant: func(r *http.Request) (string, bool) { return server.UserFromContext(r.Context()) }})
 	require.NoError(t, err)
 	srv, err := server.New(server.Config{Store: store, Blobs: f.env.Store, Tokens: &tokens, LeaseTTL: 2 * time.Minute,
 		PollInterval: 50 * time.Millisecond, Log: slog.New(slog.DiscardHandler), UI: ui})
@@ -135,6 +135,9 @@ echo served-second-line`}}, nil)
 	hosts.do(t, withBearer(e2eUserToken), chromedp.Navigate(hs.URL+"/ui/hosts"))
 	hostText := waitText(t, hosts, "#hosts", e2eWorkerID)
 	assert.Contains(t, hostText, sub.RunID, "the worker's lease")
+	assert.Contains(t, hostText, "2 / 2", "the slots of its last heartbeat")
+	assert.Contains(t, hostText, "runtimes=runc")
+	assert.NotContains(t, hostText, "not reported", "the worker's heartbeat is on record")
 
 	runDir := f.env.Paths().RuntimeTaskRunDir(a.Task.UserID, a.Task.ConversationID, a.Task.ID, a.Run.ID)
 	require.NoError(t, os.WriteFile(filepath.Join(runDir, "home", "go"), nil, 0o644))

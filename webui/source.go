@@ -101,6 +101,9 @@ type Host struct {
 	Reported bool
 	// Slots and FreeSlots are the worker's capacity at its last report.
 	Slots, FreeSlots int
+	// FreeMemoryBytes and FreeDiskBytes are what it could still grant runs
+	// at its last report; 0 when it did not say.
+	FreeMemoryBytes, FreeDiskBytes int64
 	// Leases are the runs it holds leases on.
 	Leases []Lease
 	// WarmPool is the number of warm containers it reported, -1 if unknown.

@@ -18,7 +18,11 @@ const uiPrefix = "/ui/"
 // browser signs in with HTTP Basic, the user token as the password.
 func init() {
 	serveUI = func(r controlplane.RunReader, blobs *persist.Store, log *slog.Logger) (http.Handler, func(http.Handler) http.Handler, error) {
-		ui, err := webui.New(&webui.ControlPlaneSource{Control: r, Store: blobs}, webui.Options{
+		src := &webui.ControlPlaneSource{Control: r, Store: blobs}
+		if wr, ok := r.(controlplane.WorkerReader); ok {
+			src.Workers = wr // the hosts page shows the workers' heartbeats
+		}
+		ui, err := webui.New(src, webui.Options{
 			Base:   uiPrefix[:len(uiPrefix)-1],
 			Logger: log,
 			Tenant: func(r *http.Request) (string, bool) { return server.UserFromContext(r.Context()) },
