@@ -96,7 +96,7 @@ func beginJournal(p *plan) (*journal.Entry, error) {
 	return d.Create(journal.Record{
 		RunID: p.ref.RunID, UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID,
 		SessionID: p.in.SessionID, PreviousRunID: p.in.Run.PreviousRunID,
-		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir,
+		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir, PoolSlot: p.poolSlot(),
 		Store: journal.RedactURL(p.in.StoreURL), ControlPlane: p.in.ControlPlane,
 		KeepRunDir: p.keepRunDir, SessionExcludes: p.sessionExcludes, MaxOutputBytes: p.limits.maxOutput,
 		Timeout: p.spec.Timeout, Phase: journal.PhasePrepare,

@@ -16,6 +16,7 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -57,6 +58,9 @@ type plan struct {
 	// helpers are the helper files mounted into the container; nil when
 	// the run has no self-check.
 	helpers helpers.Files
+	// slot is the warm container the run claimed (claimWarm); nil for a
+	// cold run. The run's dirs are then the slot's.
+	slot *warmpool.Slot
 }
 
 // limits are the run's resolved caps; 0 means none.

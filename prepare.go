@@ -50,8 +50,11 @@ type workdir struct {
 // policy is the run's policy with the agent's own user.
 func (wd *workdir) policy(p *plan) sandbox.Policy {
 	pol := p.policy
-	if wd.lease != nil {
+	switch {
+	case wd.lease != nil:
 		pol.User = wd.lease.User()
+	case p.slot != nil:
+		pol.User = p.slot.User()
 	}
 	return pol
 }
@@ -60,6 +63,11 @@ func (wd *workdir) policy(p *plan) sandbox.Policy {
 // one, and settles who owns the run's directories.
 func (wd *workdir) leaseUID(ctx context.Context, p *plan) error {
 	wd.owner = policyOwner(p.policy.User)
+	if p.slot != nil {
+		// The slot's container already runs as its own uid.
+		wd.lease, wd.owner = p.slot.Lease(), p.slot.Owner()
+		return nil
+	}
 	if p.in.UIDs == nil {
 		return nil
 	}
@@ -135,6 +143,12 @@ func prepare(ctx context.Context, p *plan) (*workdir, error) {
 // also for runs whose directory outlives them (KeepRunDir: release turns it
 // into a plain copy). Elsewhere a watchdog caps the run during supervise.
 func (wd *workdir) createRunDirs(ctx context.Context, p *plan) error {
+	if p.slot != nil {
+		// The pool made the slot's directory as this would, disk cap
+		// included, before starting its container.
+		wd.owned, wd.unmount = true, p.slot.Unmount()
+		return nil
+	}
 	if err := workspace.CreateRunDir(p.dirs); err != nil {
 		return fmt.Errorf("create run directory: %w", err)
 	}

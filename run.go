@@ -30,7 +30,8 @@ func RunTask(ctx context.Context, input RunTaskInput) error {
 //
 // A run is a pipeline of phases, sequenced here and nowhere else:
 //
-//	plan      the input validated, defaulted and frozen (plan.go)
+//	plan      the input validated, defaulted and frozen (plan.go); a warm
+//	          container claimed from input.WarmPool, if one is ready (warm.go)
 //	prepare   the run directory on the host (prepare.go)
 //	supervise the container, its streams and its live checks (supervise.go)
 //	judge     the verdict on what happened (report.go)
@@ -58,8 +59,14 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	if err := admit(p); err != nil {
 		return failEarly(ctx, input, err)
 	}
+	claimWarm(ctx, p)
 	j, err := beginJournal(p)
 	if err != nil {
+		if p.slot != nil {
+			if derr := p.slot.Discard(context.WithoutCancel(ctx)); derr != nil {
+				p.log.Warn("discard the warm container", "slot", p.slot.ID(), "err", derr)
+			}
+		}
 		return failEarly(ctx, input, err)
 	}
 	// Once ctx is cancelled, everything left has ShutdownGrace at most.

@@ -100,7 +100,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		}
 	}
 	eg.apply(&spec)
-	h, err := p.in.Sandbox.Start(ctx, spec, policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
+	h, err := startContainer(ctx, p, spec, policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
 	if err != nil {
 		return ex, fmt.Errorf("start sandbox: %w", err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/uidpool"
+	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -113,6 +114,15 @@ type RunTaskInput struct {
 	// never share per-user kernel limits (inotify instances, processes).
 	// Without it every run is Policy.User.
 	UIDs *uidpool.Pool
+	// WarmPool, when set, starts the run in a container its pool parked
+	// ahead of time (package warmpool), when one of the run's key (its
+	// image, policy, helpers, disk cap, timeout and labels) is ready; else
+	// the run goes the cold path and the pool starts keeping containers of
+	// that key. A warm run is confined, checked and recorded exactly as a
+	// cold one; its run directory is the slot's, under the pool's
+	// directory. The pool must run on Sandbox and lease from UIDs; a run
+	// without the self-check (Helpers or HelpersDir) always goes cold.
+	WarmPool *warmpool.Pool
 	// Labels are added to the run's container next to the dev.taskrun.*
 	// labels, e.g. a test framework's session labels so its reaper finds it.
 	Labels map[string]string

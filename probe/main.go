@@ -27,7 +27,13 @@ const exitUsage = 2
 // PATH), so the agent starts only after the report is out, and does not
 // return. Without CMD it returns 0 after the report. args are the arguments
 // after the program name.
+//
+// Run as "taskrun-probe --gate SOCKET" it is the gate of a container
+// parked ahead of its run (see GateFlag).
 func Main(args []string) int {
+	if len(args) == 2 && args[0] == GateFlag {
+		return gateMain(args[1])
+	}
 	argv, code := runMain(context.Background(), args, os.Stderr)
 	if argv == nil {
 		return code
