@@ -28,6 +28,14 @@ const (
 // JournalDirName is the journal's directory under the runs root.
 const JournalDirName = "journal"
 
+// PoolDirName is the warm pool's directory under the runs root: give
+// PoolDir(root) to warmpool.Config.Dir, so `taskrun gc` sweeps what a
+// crashed executor's pool left there.
+const PoolDirName = "pool"
+
+// PoolDir is the warm pool's directory under the runs root.
+func PoolDir(root string) string { return filepath.Join(root, PoolDirName) }
+
 // ExecutorsDirName is where executor instances keep their lock files, under
 // the runs root.
 const ExecutorsDirName = "executors"

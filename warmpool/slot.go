@@ -374,4 +374,3 @@ func shortID(id string) string {
 	}
 	return id
 }
-
