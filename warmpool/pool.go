@@ -388,7 +388,9 @@ func (p *Pool) schedule() {
 // fillOne fills a slot for ks and parks it.
 func (p *Pool) fillOne(ks *keyState) {
 	defer p.fills.Done()
-	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.ParkTimeout)
+	// Not cancelled by Close, which waits instead: a create request cut
+	// short may leave a container the pool never learns the ID of.
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ParkTimeout)
 	s, err := p.fill(ctx, ks.key, ks.tmpl)
 	cancel()
 	p.mu.Lock()

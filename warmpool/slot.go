@@ -26,8 +26,8 @@ import (
 )
 
 // The gate's socket, relative to the slot's run directory (and to
-// model.ContainerRunDir inside the container). The host removes it when
-// the slot is released, before the agent starts.
+// model.ContainerRunDir inside the container). The host removes it as soon
+// as the gate connected: a parked slot's run directory holds nothing of it.
 const (
 	gateDir  = ".gate"
 	gateSock = "gate.sock"
@@ -332,8 +332,12 @@ func (s *Slot) awaitGate(ctx context.Context) error {
 		return fmt.Errorf("the gate of container %s did not connect: %w", shortID(s.parked.ID()), err)
 	}
 	s.conn = conn
-	// One connection only: nothing else may reach the gate's socket.
+	// One connection only: nothing else may reach the gate, and the run
+	// directory holds nothing of it when the run starts.
 	s.ln.Close()
+	if err := os.RemoveAll(filepath.Join(s.dir, gateDir)); err != nil {
+		return fmt.Errorf("remove the gate's socket: %w", err)
+	}
 	_ = conn.SetReadDeadline(deadline)
 	if err := json.NewDecoder(io.LimitReader(conn, probe.MaxGateMessage)).Decode(&s.hello); err != nil {
 		return fmt.Errorf("the gate of container %s sent no report: %w", shortID(s.parked.ID()), err)
