@@ -10,7 +10,10 @@
 //     against a raw pipe of the same bytes, with the executor's peak RSS
 //     (the executor runs in a child process, measured with getrusage);
 //   - concurrent runs: all must succeed and none may leak a container;
-//   - workspace materialization (workspace.CopyTree) against `cp -a`.
+//   - workspace materialization (workspace.CopyTree) against `cp -a`;
+//   - the warm pool (package warmpool): claim → first stdout byte, median
+//     and p95, beside a cold RunTask's and `docker run`'s first byte, and
+//     runs per minute at 8 concurrent runs, warm against cold.
 //
 // Run it with `make bench` or `go run ./bench` (the image
 // taskrun/testbox:local must exist: `make images`). Every container it
@@ -40,6 +43,9 @@ type config struct {
 	concurrency int
 	files       int
 	copyRounds  int
+	warmRuns    int
+	helpersDir  string
+	only        string
 	benchID     string
 }
 
@@ -54,6 +60,9 @@ func main() {
 	flag.IntVar(&c.concurrency, "concurrent", 32, "runs started at once in the concurrency check")
 	flag.IntVar(&c.files, "files", 10000, "files in the workspace materialization comparison")
 	flag.IntVar(&c.copyRounds, "copy-rounds", 5, "rounds of CopyTree and cp -a each")
+	flag.IntVar(&c.warmRuns, "warm-n", 20, "claims (and cold runs, and docker runs) in the warm pool comparison; runs per path in its throughput check")
+	flag.StringVar(&c.helpersDir, "helpers-dir", "bin", "directory of the static taskrun-probe and taskrun-relay (make build); the warm pool parks at the self-check")
+	flag.StringVar(&c.only, "only", "", "run only the sections whose name contains this (e.g. \"warm\")")
 	flag.Parse()
 	c.benchID = "bench-" + strings.ToLower(rand.Text()[:10])
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -90,7 +99,12 @@ func runAll(ctx context.Context, c config) ([]row, error) {
 		{"throughput", throughput},
 		{"concurrency", concurrent},
 		{"materialization", materialize},
+		{"warm pool first byte", warmFirstByte},
+		{"warm pool throughput", warmThroughput},
 	} {
+		if c.only != "" && !strings.Contains(s.name, c.only) {
+			continue
+		}
 		fmt.Fprintf(os.Stderr, "bench: %s...\n", s.name)
 		start := time.Now()
 		rs, err := s.run(ctx, e)
