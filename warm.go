@@ -36,6 +36,8 @@ func (p *plan) warmTemplate() warmpool.Template {
 	if !p.in.Egress.IsZero() {
 		labels[sandbox.LabelEgress] = egressSocketLabel()
 	}
+	opts := auditOptions(p, p.policy)
+	opts.Mounts.RunDir = "" // each slot's own
 	leasing := p.in.UIDs != nil
 	expect := expectation(p.policy)
 	if leasing {
@@ -54,7 +56,7 @@ func (p *plan) warmTemplate() warmpool.Template {
 		Timeout:    p.spec.Timeout,
 		StopGrace:  p.spec.StopGrace,
 		Expect:     expect,
-		Audit:      auditOptions(p, p.policy),
+		Audit:      opts,
 	}
 }
 

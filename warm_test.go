@@ -94,3 +94,27 @@ func TestWarmRunIsTheColdRun(t *testing.T) {
 	assert.Equal(t, warm.record.Posture.Labels[sandbox.LabelRunDir], warm.record.Options.Mounts.RunDir,
 		"the audit pinned the warm run's mount to its slot directory")
 }
+
+// Runs that differ only in what a run brings (IDs, workspace, prompt,
+// environment, command) share one pool key; what shapes the container
+// does not.
+func TestWarmTemplateKeysOnlyTheContainersShape(t *testing.T) {
+	h := &harness{runtest.New(t, runtest.Options{})}
+	a := h.input(&controlplanetest.Recorder{}, "run-a", "echo", "a")
+	a.HelpersDir = testbin.Dir(t)
+	b := h.input(&controlplanetest.Recorder{}, "run-b", "sh", "-c", "echo b")
+	b.HelpersDir = a.HelpersDir
+	b.Task.Prompt, b.Env = "another prompt", []string{"X=1"}
+	ka, err := taskrun.WarmTemplate(a)
+	require.NoError(t, err)
+	kb, err := taskrun.WarmTemplate(b)
+	require.NoError(t, err)
+	assert.Equal(t, ka.Key(), kb.Key())
+	assert.Empty(t, ka.Audit.Mounts.RunDir, "the run dir is each slot's own")
+
+	b.Policy = sandbox.DefaultPolicy()
+	b.Policy.PidsLimit = 128
+	kc, err := taskrun.WarmTemplate(b)
+	require.NoError(t, err)
+	assert.NotEqual(t, ka.Key(), kc.Key(), "another policy is another container")
+}
