@@ -18,8 +18,9 @@ import (
 // sends a GateHello with what it observed, and waits. When a run claims the
 // container the host sends one GateClaim (the run's self-check arguments and
 // environment) and closes the connection; the gate then does what
-// taskrun-probe does for a cold run: it observes the sandbox again, writes
-// its report line (with the run's nonce) to stderr, refuses on a
+// taskrun-probe does for a cold run: it observes the sandbox again
+// (reusing only its egress attempts and its walk of the read-only root for
+// sockets from when it parked, see Config.Parked), writes its report line (with the run's nonce) to stderr, refuses on a
 // contradiction, else replaces itself with the run's command. The
 // connection never reaches the agent: it is closed (and close-on-exec)
 // before the command starts, and the host removes the socket.
@@ -52,7 +53,7 @@ type GateClaim struct {
 // gateMain parks at the socket and, once claimed, runs the self-check as
 // Main does.
 func gateMain(sock string) int {
-	claim, err := awaitClaim(context.Background(), sock, Config{})
+	claim, parked, err := awaitClaim(context.Background(), sock, Config{})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "taskrun-probe: gate: %v\n", err)
 		return exitUsage
@@ -63,11 +64,12 @@ func gateMain(sock string) int {
 		k, v, _ := strings.Cut(kv, "=")
 		os.Setenv(k, v)
 	}
-	return Main(claim.Argv[1:])
+	return mainWith(claim.Argv[1:], Config{Parked: &parked})
 }
 
 // awaitClaim connects to sock, reports what it sees and waits for the claim.
-func awaitClaim(ctx context.Context, sock string, cfg Config) (GateClaim, error) {
+// It returns the claim and what it observed.
+func awaitClaim(ctx context.Context, sock string, cfg Config) (GateClaim, Report, error) {
 	var conn net.Conn
 	var err error
 	deadline := time.Now().Add(gateDialTimeout)
@@ -79,24 +81,24 @@ func awaitClaim(ctx context.Context, sock string, cfg Config) (GateClaim, error)
 		time.Sleep(20 * time.Millisecond)
 	}
 	if err != nil {
-		return GateClaim{}, err
+		return GateClaim{}, Report{}, err
 	}
 	defer conn.Close()
 	hello := GateHello{Report: Collect(ctx, "gate", cfg)}
 	if err := json.NewEncoder(conn).Encode(hello); err != nil {
-		return GateClaim{}, fmt.Errorf("send hello: %w", err)
+		return GateClaim{}, Report{}, fmt.Errorf("send hello: %w", err)
 	}
 	var claim GateClaim
 	if err := json.NewDecoder(io.LimitReader(conn, MaxGateMessage)).Decode(&claim); err != nil {
-		return GateClaim{}, fmt.Errorf("no claim: %w", err)
+		return GateClaim{}, Report{}, fmt.Errorf("no claim: %w", err)
 	}
 	if len(claim.Argv) < 2 {
-		return GateClaim{}, fmt.Errorf("claim without a self-check command line")
+		return GateClaim{}, Report{}, fmt.Errorf("claim without a self-check command line")
 	}
 	// Best effort: the host removes them too.
 	_ = os.Remove(sock)
 	_ = os.Remove(filepath.Dir(sock))
-	return claim, nil
+	return claim, hello.Report, nil
 }
 
 // mergeEnv overlays env on base by name, keeping base's order for the names

@@ -34,7 +34,12 @@ func Main(args []string) int {
 	if len(args) == 2 && args[0] == GateFlag {
 		return gateMain(args[1])
 	}
-	argv, code := runMain(context.Background(), args, os.Stderr)
+	return mainWith(args, Config{})
+}
+
+// mainWith is Main with cfg for Collect.
+func mainWith(args []string, cfg Config) int {
+	argv, code := runMain(context.Background(), args, os.Stderr, cfg)
 	if argv == nil {
 		return code
 	}
@@ -50,7 +55,7 @@ func Main(args []string) int {
 
 // runMain does everything but the exec: it returns the command to exec, or
 // nil and the exit code.
-func runMain(ctx context.Context, args []string, stderr io.Writer) ([]string, int) {
+func runMain(ctx context.Context, args []string, stderr io.Writer, cfg Config) ([]string, int) {
 	fset := flag.NewFlagSet("taskrun-probe", flag.ContinueOnError)
 	fset.SetOutput(stderr)
 	nonce := fset.String("nonce", "", "per-run nonce echoed in the report line (required)")
@@ -68,7 +73,7 @@ func runMain(ctx context.Context, args []string, stderr io.Writer) ([]string, in
 		fmt.Fprintf(stderr, "taskrun-probe: --expect: %v\n", err)
 		return nil, exitUsage
 	}
-	rep := Collect(ctx, *nonce, Config{})
+	rep := Collect(ctx, *nonce, cfg)
 	line, err := FormatLine(rep)
 	if err != nil {
 		fmt.Fprintf(stderr, "taskrun-probe: %v\n", err)
