@@ -48,7 +48,10 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 		err = fmt.Errorf("%w: Sandbox is required", ErrInvalidInput)
 	}
 	if err == nil {
-		err = p.preflight(ctx)
+		// A warm container's image was checked when it was parked.
+		if claimWarm(ctx, p); p.slot == nil {
+			err = p.preflight(ctx)
+		}
 	}
 	if err != nil {
 		return failEarly(ctx, input, err)
@@ -57,16 +60,12 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	// The run is journaled before anything of it exists on the host, and
 	// refused when the host has no room for it.
 	if err := admit(p); err != nil {
+		discardWarm(ctx, p)
 		return failEarly(ctx, input, err)
 	}
-	claimWarm(ctx, p)
 	j, err := beginJournal(p)
 	if err != nil {
-		if p.slot != nil {
-			if derr := p.slot.Discard(context.WithoutCancel(ctx)); derr != nil {
-				p.log.Warn("discard the warm container", "slot", p.slot.ID(), "err", derr)
-			}
-		}
+		discardWarm(ctx, p)
 		return failEarly(ctx, input, err)
 	}
 	// Once ctx is cancelled, everything left has ShutdownGrace at most.
@@ -75,7 +74,7 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 
 	wd, runErr := prepare(ctx, p)
 	wd.journal = j
-	if wd.unmount != nil {
+	if wd.unmount != nil && p.slot == nil { // a warm run's is journaled from the start
 		journalDiskCap(p, wd)
 	}
 	var ex execution

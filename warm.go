@@ -114,6 +114,17 @@ func (p *plan) adoptJournaledDirs(rec journal.Record) {
 	}
 }
 
+// discardWarm destroys the warm container of a run refused before it
+// prepared anything.
+func discardWarm(ctx context.Context, p *plan) {
+	if p.slot == nil {
+		return
+	}
+	if err := p.slot.Discard(context.WithoutCancel(ctx)); err != nil {
+		p.log.Warn("discard the warm container", "slot", p.slot.ID(), "err", err)
+	}
+}
+
 // startContainer starts the run's container: it releases the claimed warm
 // container, or starts a cold one.
 func startContainer(ctx context.Context, p *plan, spec sandbox.Spec, policy sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
