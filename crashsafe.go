@@ -108,7 +108,7 @@ func beginJournal(p *plan) (*journal.Entry, error) {
 	}
 	return d.Create(journal.Record{
 		DiskCap: dc,
-		RunID: p.ref.RunID, UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID,
+		RunID:   p.ref.RunID, UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID,
 		SessionID: p.in.SessionID, PreviousRunID: p.in.Run.PreviousRunID,
 		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir, PoolSlot: p.poolSlot(),
 		Store: journal.RedactURL(p.in.StoreURL), ControlPlane: p.in.ControlPlane,

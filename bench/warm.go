@@ -237,4 +237,3 @@ func warmThroughput(ctx context.Context, e *env) ([]row, error) {
 		ratio:    fmt.Sprintf("%.2f×", perMin(warmWall)/perMin(coldWall)),
 	}}, nil
 }
-
