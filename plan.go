@@ -16,6 +16,7 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -57,6 +58,9 @@ type plan struct {
 	// helpers are the helper files mounted into the container; nil when
 	// the run has no self-check.
 	helpers helpers.Files
+	// timings records how long each phase takes; nil records nothing (a
+	// persist retry).
+	timings *timings.Recorder
 }
 
 // limits are the run's resolved caps; 0 means none.
