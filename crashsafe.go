@@ -10,6 +10,7 @@ import (
 
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/journal"
+	"github.com/taskrun/taskrun/timings"
 )
 
 // Deadlines of the phases after the container, each on a context detached
@@ -124,6 +125,7 @@ func journalUpdate(p *plan, wd *workdir, change func(*journal.Record)) {
 	if wd == nil || wd.journal == nil {
 		return
 	}
+	defer p.timings.Start(timings.Journal)()
 	if err := wd.journal.Update(change); err != nil {
 		p.log.Warn("journal the run", "err", err)
 	}
@@ -180,6 +182,7 @@ func endJournal(p *plan, wd *workdir, keep bool) {
 	if wd == nil || wd.journal == nil {
 		return
 	}
+	defer p.timings.Start(timings.Journal)()
 	var err error
 	if keep {
 		err = wd.journal.Close()

@@ -16,6 +16,7 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -61,6 +62,9 @@ type plan struct {
 	// slot is the warm container the run claimed (claimWarm); nil for a
 	// cold run. The run's dirs are then the slot's.
 	slot *warmpool.Slot
+	// timings records how long each phase takes; nil records nothing (a
+	// persist retry).
+	timings *timings.Recorder
 }
 
 // limits are the run's resolved caps; 0 means none.

@@ -23,6 +23,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
@@ -165,6 +166,10 @@ type RunTaskInput struct {
 	PersistTimeout time.Duration
 	// ReportTimeout bounds the final report: DefaultReportTimeout when zero.
 	ReportTimeout time.Duration
+	// Timings, when set, records the run's phases (see package timings);
+	// by default Execute makes a Recorder. Either way the spans end up in
+	// Outcome.Timings and in the run's index record.
+	Timings *timings.Recorder
 	// ShutdownGrace bounds, once ctx is cancelled, everything the run still
 	// does (stopping the container, storing, reporting); what is left is in
 	// the journal for `taskrun gc`. Zero: the deadlines above only.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"time"
 
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/journal"
@@ -63,17 +64,19 @@ func (p *plan) warmTemplate() warmpool.Template {
 // claimWarm gives the run a warm container when input.WarmPool has one of
 // the run's key: the run's directories become the slot's. A run the pool
 // cannot serve, or finds none ready for, goes the cold path.
-func claimWarm(ctx context.Context, p *plan) {
+// It returns when it began, for the run's timings.
+func claimWarm(ctx context.Context, p *plan) time.Time {
+	begin := time.Now()
 	pool := p.in.WarmPool
 	switch {
 	case pool == nil:
-		return
+		return begin
 	case pool.Backend() != p.in.Sandbox:
 		p.log.Warn("warm pool not used: it runs on another backend than the run's Sandbox")
-		return
+		return begin
 	case len(p.helpers) == 0:
 		p.log.Debug("warm pool not used: the run has no self-check to park at")
-		return
+		return begin
 	}
 	slot, err := pool.Claim(ctx, p.warmTemplate())
 	if err != nil {
@@ -82,11 +85,12 @@ func claimWarm(ctx context.Context, p *plan) {
 		} else {
 			p.log.Warn("warm pool not used", "err", err)
 		}
-		return
+		return begin
 	}
 	p.slot = slot
 	p.useDirs(slot.Dir(), slot.Dir()+hostDirSuffix)
 	p.log.Debug("warm container claimed", "slot", slot.ID(), "container", slot.ContainerID())
+	return begin
 }
 
 // useDirs moves the run's directories to dir (and its executor directory

@@ -66,7 +66,7 @@ func (b *Backend) Park(ctx context.Context, spec sandbox.Spec, pol sandbox.Polic
 		return nil, b.createError(spec, err)
 	}
 	h := newHandle(b, created.ID, spec, sandbox.Streams{Stdout: p.stdout, Stderr: p.stderr})
-	if err := h.start(ctx); err != nil {
+	if err := h.start(ctx, nil); err != nil { // parked ahead of any run: nothing to time
 		h.discard(ctx)
 		return nil, err
 	}
