@@ -32,7 +32,8 @@
 // removed when the run ends, and the pool fills another in the background.
 //
 // Parked containers cost their processes (the container's init and the
-// waiting self-check: two pids, a few MiB of memory each) and their slot's
+// waiting self-check: 6 pids with the self-check's threads, about 2 MiB of
+// memory, no CPU), the engine's shim on the host, and their slot's
 // disk-cap image (Template.DiskLimit bytes, fully allocated, as a cold run
 // allocates it). Config.PerKey and Config.MaxSlots bound both. Parked
 // containers older than Config.MaxIdle are replaced, so each one's
