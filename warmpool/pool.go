@@ -152,6 +152,9 @@ type Pool struct {
 	wake   chan struct{}
 	done   chan struct{}
 	fills  sync.WaitGroup
+	// destroys counts slots being destroyed in the background (died or
+	// recycled); Close waits for them. Added to under mu.
+	destroys sync.WaitGroup
 
 	mu      sync.Mutex
 	keys    map[string]*keyState
@@ -366,7 +369,11 @@ func (p *Pool) schedule() {
 			ks.ready = ks.ready[1:]
 			if s.claim() {
 				p.stats.Recycled++
-				go s.destroy(context.Background(), "idle past MaxIdle")
+				p.destroys.Add(1)
+				go func() {
+					defer p.destroys.Done()
+					_ = s.destroy(context.Background(), "idle past MaxIdle")
+				}()
 			}
 		}
 		total += len(ks.ready)
@@ -429,9 +436,17 @@ func (p *Pool) fillOne(ks *keyState) {
 	p.kick()
 }
 
-// died is called by a parked slot's watcher when its gate went away.
-func (p *Pool) died(s *Slot) {
+// died is called by a slot's watcher when its gate's connection ended. It
+// reports whether the slot was still parked, i.e. its container died: then
+// it is no longer offered, and the watcher destroys it and calls
+// p.destroys.Done. A claimed or closed slot is left alone.
+func (p *Pool) died(s *Slot) bool {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !s.claim() {
+		return false
+	}
+	p.destroys.Add(1)
 	if ks, ok := p.keys[s.key]; ok {
 		for i, r := range ks.ready {
 			if r == s {
@@ -441,8 +456,8 @@ func (p *Pool) died(s *Slot) {
 		}
 	}
 	p.stats.Died++
-	p.mu.Unlock()
 	p.kick()
+	return true
 }
 
 // Close stops filling and destroys every parked container and its slot;
@@ -472,6 +487,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	for _, s := range parked {
 		errs = append(errs, s.destroy(ctx, "pool closed"))
 	}
+	p.destroys.Wait()
 	if err := os.Remove(p.dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		p.log.Debug("pool directory not removed", "dir", p.dir, "err", err)
 	}

@@ -185,14 +185,8 @@ func (s *Slot) closeGate() {
 func (s *Slot) watch() {
 	var b [1]byte
 	_, _ = s.conn.Read(b[:])
-	s.mu.Lock()
-	parked := s.state == stateParked
-	if parked {
-		s.state = stateClaimed
-	}
-	s.mu.Unlock()
-	if parked {
-		s.pool.died(s)
+	if s.pool.died(s) {
+		defer s.pool.destroys.Done()
 		_ = s.destroy(context.Background(), "its gate went away while parked")
 	}
 }
