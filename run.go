@@ -62,13 +62,12 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	stopPlan()
 	if err == nil {
 		p.timings = rec
-		if input.WarmPool != nil {
-			rec.Since(timings.WarmClaim, claimWarm(ctx, p))
-		}
-		// A warm container's image was checked when it was parked.
-		if p.slot == nil {
-			err = rec.Time(timings.Preflight, func() error { return p.preflight(ctx) })
-		}
+		err = rec.Time(timings.Preflight, func() error { return p.preflight(ctx) })
+	}
+	if err == nil && input.WarmPool != nil {
+		// After preflight: the warm container must run the image the run
+		// resolved (a moved tag is another key).
+		rec.Since(timings.WarmClaim, claimWarm(ctx, p))
 	}
 	if err != nil {
 		return fail(err)

@@ -17,11 +17,17 @@ import (
 // WarmTemplate is the warm pool key of runs shaped like input (its IDs,
 // workspace, prompt, model and environment do not matter): give it to
 // input.WarmPool's Warm or WaitReady to keep containers ready for such runs
-// before the first one comes. It validates input as RunTask does.
-func WarmTemplate(input RunTaskInput) (warmpool.Template, error) {
+// before the first one comes. It validates input and resolves its image
+// (input.Pull applies) as RunTask does.
+func WarmTemplate(ctx context.Context, input RunTaskInput) (warmpool.Template, error) {
 	p, err := newPlan(input)
 	if err != nil {
 		return warmpool.Template{}, err
+	}
+	if input.Sandbox != nil {
+		if err := p.preflight(ctx); err != nil {
+			return warmpool.Template{}, err
+		}
 	}
 	if len(p.helpers) == 0 {
 		return warmpool.Template{}, fmt.Errorf("%w: a warm container parks at the self-check: set Helpers or HelpersDir", ErrInvalidInput)
@@ -44,8 +50,12 @@ func (p *plan) warmTemplate() warmpool.Template {
 	if leasing {
 		expect.UID = nil // each slot's own
 	}
+	image := p.spec.Image
+	if p.image.ID != "" {
+		image = p.image.ID // pinned to what preflight resolved
+	}
 	return warmpool.Template{
-		Image:      p.spec.Image,
+		Image:      image,
 		Policy:     p.policy,
 		LeaseUIDs:  leasing,
 		Owner:      policyOwner(p.policy.User),

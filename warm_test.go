@@ -110,16 +110,16 @@ func TestWarmTemplateKeysOnlyTheContainersShape(t *testing.T) {
 	b := h.input(&controlplanetest.Recorder{}, "run-b", "sh", "-c", "echo b")
 	b.HelpersDir = a.HelpersDir
 	b.Task.Prompt, b.Env = "another prompt", []string{"X=1"}
-	ka, err := taskrun.WarmTemplate(a)
+	ka, err := taskrun.WarmTemplate(t.Context(), a)
 	require.NoError(t, err)
-	kb, err := taskrun.WarmTemplate(b)
+	kb, err := taskrun.WarmTemplate(t.Context(), b)
 	require.NoError(t, err)
 	assert.Equal(t, ka.Key(), kb.Key())
 	assert.Empty(t, ka.Audit.Mounts.RunDir, "the run dir is each slot's own")
 
 	b.Policy = sandbox.DefaultPolicy()
 	b.Policy.PidsLimit = 128
-	kc, err := taskrun.WarmTemplate(b)
+	kc, err := taskrun.WarmTemplate(t.Context(), b)
 	require.NoError(t, err)
 	assert.NotEqual(t, ka.Key(), kc.Key(), "another policy is another container")
 }

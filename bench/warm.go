@@ -76,7 +76,7 @@ func (w *warmEnv) input(runID string, warm bool, cmd ...string) taskrun.RunTaskI
 
 // waitReady waits for n parked containers of in's key.
 func (w *warmEnv) waitReady(ctx context.Context, in taskrun.RunTaskInput, n int) error {
-	tmpl, err := taskrun.WarmTemplate(in)
+	tmpl, err := taskrun.WarmTemplate(ctx, in)
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func newFixtureUIDs(t *testing.T, perKey int, edit func(*warmpool.Template), uid
 	in.Updater = &controlplanetest.Recorder{}
 	in.HelpersDir = testbin.Dir(t)
 	in.DiskLimitBytes = 16 << 20
-	tmpl, err := taskrun.WarmTemplate(in)
+	tmpl, err := taskrun.WarmTemplate(t.Context(), in)
 	require.NoError(t, err)
 	if edit != nil {
 		edit(&tmpl)

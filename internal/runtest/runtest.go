@@ -197,7 +197,7 @@ func (e *Env) Execute(ctx context.Context, in taskrun.RunTaskInput) (*taskrun.Ou
 	if e.Pool == nil {
 		return taskrun.Execute(ctx, in)
 	}
-	tmpl, err := taskrun.WarmTemplate(in)
+	tmpl, err := taskrun.WarmTemplate(ctx, in)
 	if err != nil {
 		return nil, fmt.Errorf("runtest: warm template: %w", err)
 	}
@@ -230,10 +230,12 @@ func (e *Env) Input(runID, image string, cmd ...string) taskrun.RunTaskInput {
 		ArtifactStorage: e.Store,
 		Sandbox:         e.Backend,
 		Image:           image,
-		Command:         cmd,
-		Labels:          maps.Clone(e.Labels),
-		Timeout:         DefaultTimeout,
-		WarmPool:        e.Pool,
+		// Tests reach no registry unless they ask for a pull.
+		Pull:     sandbox.PullNever,
+		Command:  cmd,
+		Labels:   maps.Clone(e.Labels),
+		Timeout:  DefaultTimeout,
+		WarmPool: e.Pool,
 	}
 }
 
