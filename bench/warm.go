@@ -173,7 +173,7 @@ func warmFirstByte(ctx context.Context, e *env) ([]row, error) {
 		return fmt.Sprintf("median %s, p95 %s", fmtDuration(median(ds)), fmtDuration(p95(ds)))
 	}
 	var breakdown []string
-	for _, ph := range []string{timings.Plan, timings.WarmClaim, timings.Admit, timings.Journal, timings.Prepare, timings.Launch, timings.SelfCheck, timings.FirstByte} {
+	for _, ph := range []string{timings.Plan, timings.Preflight, timings.WarmClaim, timings.Admit, timings.Journal, timings.Prepare, timings.Launch, timings.SelfCheck, timings.FirstByte} {
 		if ds := phases[ph]; len(ds) > 0 {
 			breakdown = append(breakdown, fmt.Sprintf("%s %s", ph, fmtDuration(median(ds))))
 		}
