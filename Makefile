@@ -12,9 +12,10 @@ TASKRUN := $(BIN)/taskrun
 export TESTCONTAINERS_RYUK_DISABLED ?= true
 
 # In CI every part is required: tests that need gVisor, the S3 server, the
-# image registry or the test cluster fail instead of skipping when it is missing.
+# image registry, PostgreSQL or the test cluster fail instead of skipping when it is missing.
 ifeq ($(CI),true)
 export TASKRUN_REQUIRE_S3 := 1
+export TASKRUN_REQUIRE_POSTGRES := 1
 export TASKRUN_REQUIRE_RUNSC := 1
 export TASKRUN_REQUIRE_REGISTRY := 1
 export TASKRUN_REQUIRE_KUBE := 1
