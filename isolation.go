@@ -55,10 +55,15 @@ func newIsolation(p *plan, policy sandbox.Policy) *isolation {
 	return &isolation{
 		nonce:  strings.ToLower(rand.Text()),
 		expect: expectation(policy),
-		opts: audit.Options{
-			Mounts:        audit.MountPolicy{RunDir: p.dirs.Dir, HelperFiles: p.helpers.Sources()},
-			RequireGVisor: policy.Runtime == sandbox.RuntimeGVisor,
-		},
+		opts:   auditOptions(p, policy),
+	}
+}
+
+// auditOptions are the live audit's options for a run of p under policy.
+func auditOptions(p *plan, policy sandbox.Policy) audit.Options {
+	return audit.Options{
+		Mounts:        audit.MountPolicy{RunDir: p.dirs.Dir, HelperFiles: p.helpers.Sources()},
+		RequireGVisor: policy.Runtime == sandbox.RuntimeGVisor,
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/spool"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -65,7 +66,9 @@ type execution struct {
 // error is the run's failure, if any; the execution is filled as far as the
 // run got.
 func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err error) {
+	stopGateway := p.timings.Start(timings.Gateway)
 	gw, err := startGateway(ctx, p, wd.owner, wd.records)
+	stopGateway()
 	if err != nil {
 		return ex, err
 	}
@@ -76,7 +79,9 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		}
 	}()
 
+	stopEgress := p.timings.Start(timings.Egress)
 	eg, err := startEgress(ctx, p, wd.owner, wd.records)
+	stopEgress()
 	if err != nil {
 		return ex, err
 	}
@@ -106,13 +111,23 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		}
 	}
 	eg.apply(&spec)
-	h, err := p.in.Sandbox.Start(ctx, spec, policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
+	// The backend splits its Start into create, attach and start through
+	// the context; the first stdout byte and the self-check's report (the
+	// first stderr line) are timed from the start request.
+	launched := p.timings.Now()
+	streams := sandbox.Streams{Stdout: p.timings.FirstWrite(stdout, timings.FirstByte, launched), Stderr: stderrSink}
+	if iso.interceptor != nil {
+		streams.Stderr = p.timings.FirstWrite(stderrSink, timings.SelfCheck, launched)
+	}
+	h, err := startContainer(timings.NewContext(ctx, p.timings), p, spec, policy, streams)
+	p.timings.Since(timings.Launch, launched)
 	if err != nil {
 		return ex, fmt.Errorf("start sandbox: %w", err)
 	}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
+		defer p.timings.Start(timings.Remove)()
 		if err := h.Close(closeCtx); err != nil {
 			p.log.Warn("remove container", "container", h.ID(), "err", err)
 		}
@@ -124,7 +139,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	// A container that is not confined as asked is stopped at once.
 	waitCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	auditErr := iso.auditLive(ctx, p.in.Sandbox, h)
+	auditErr := p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.in.Sandbox, h) })
 	if iso.posture != nil {
 		ex.ImageDigest, ex.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
 		iso.imageDigest = ex.ImageDigest
@@ -139,7 +154,9 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		ex.running = reportRunning(ctx, p, wd, ex)
 	}
 
+	stopWait := p.timings.Start(timings.Wait)
 	res := h.Wait(waitCtx)
+	stopWait()
 	diskErr := endDiskWatch()
 	ex.Exit = res
 	if res.ExitCode > 0 {
@@ -154,8 +171,11 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	// consumers deliver the tail and finish.
 	stdout.Close()
 	stderr.Close()
-	if err := followers.wait(); err != nil {
-		p.log.Warn("stream output", "err", err)
+	stopDrain := p.timings.Start(timings.Drain)
+	followErr := followers.wait()
+	stopDrain()
+	if followErr != nil {
+		p.log.Warn("stream output", "err", followErr)
 	}
 	if ex.DroppedOutputBytes = stdout.Dropped() + stderr.Dropped(); ex.DroppedOutputBytes > 0 {
 		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)

@@ -13,6 +13,9 @@
 //   - workspace materialization (workspace.CopyTree) against `cp -a`;
 //   - runs per minute through the worker (leases from a local control plane)
 //     against the same runs through RunTask directly.
+//   - the warm pool (package warmpool): claim → first stdout byte, median
+//     and p95, beside a cold RunTask's and `docker run`'s first byte, and
+//     runs per minute at 8 concurrent runs, warm against cold.
 //
 // Run it with `make bench` or `go run ./bench` (the image
 // taskrun/testbox:local must exist: `make images`). Every container it
@@ -43,6 +46,9 @@ type config struct {
 	files       int
 	copyRounds  int
 	workerRuns  int
+	warmRuns    int
+	helpersDir  string
+	only        string
 	benchID     string
 }
 
@@ -58,6 +64,9 @@ func main() {
 	flag.IntVar(&c.files, "files", 10000, "files in the workspace materialization comparison")
 	flag.IntVar(&c.copyRounds, "copy-rounds", 5, "rounds of CopyTree and cp -a each")
 	flag.IntVar(&c.workerRuns, "worker-runs", 24, "runs in the worker throughput comparison")
+	flag.IntVar(&c.warmRuns, "warm-n", 20, "claims (and cold runs, and docker runs) in the warm pool comparison; runs per path in its throughput check")
+	flag.StringVar(&c.helpersDir, "helpers-dir", "bin", "directory of the static taskrun-probe and taskrun-relay (make build); the warm pool parks at the self-check")
+	flag.StringVar(&c.only, "only", "", "run only the sections whose name contains this (e.g. \"warm\")")
 	flag.Parse()
 	c.benchID = "bench-" + strings.ToLower(rand.Text()[:10])
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -96,7 +105,12 @@ func runAll(ctx context.Context, c config) ([]row, error) {
 		{"concurrency", concurrent},
 		{"materialization", materialize},
 		{"worker", workerThroughput},
+		{"warm pool first byte", warmFirstByte},
+		{"warm pool throughput", warmThroughput},
 	} {
+		if c.only != "" && !strings.Contains(s.name, c.only) {
+			continue
+		}
 		fmt.Fprintf(os.Stderr, "bench: %s...\n", s.name)
 		start := time.Now()
 		rs, err := s.run(ctx, e)
