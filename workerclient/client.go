@@ -46,12 +46,16 @@ func (e *HTTPError) Error() string {
 }
 
 // Unwrap returns ErrRejected for permanent rejections so callers can use
-// errors.Is(err, ErrRejected).
-func (e *HTTPError) Unwrap() error {
+// errors.Is(err, ErrRejected), and also ErrLeaseLost for a refused fencing
+// token (412 Precondition Failed).
+func (e *HTTPError) Unwrap() []error {
 	if e.Retryable() {
 		return nil
 	}
-	return ErrRejected
+	if e.StatusCode == http.StatusPreconditionFailed {
+		return []error{ErrRejected, ErrLeaseLost}
+	}
+	return []error{ErrRejected}
 }
 
 // Retryable reports whether the same request may succeed later: 5xx and 429.
@@ -95,6 +99,10 @@ type Client struct {
 	sleep          func(ctx context.Context, d time.Duration) error
 	now            func() time.Time
 	log            *slog.Logger
+	// fence is the lease epoch sent in HeaderFence (0: none; see Fenced).
+	fence int64
+	// onBody, when set, receives the body of a 2xx answer (see doJSON).
+	onBody func([]byte)
 }
 
 // Option configures a Client.
@@ -238,12 +246,20 @@ func (c *Client) attempt(ctx context.Context, newReq func(context.Context) (*htt
 		return fmt.Errorf("build request: %w", err)
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
+	c.fenceHeader(req)
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return &netError{err: err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		if c.onBody != nil {
+			b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			if err != nil {
+				return &netError{err: err}
+			}
+			c.onBody(b)
+		}
 		// Drain so the connection is reused; the bodies of 2xx answers are small.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return nil
