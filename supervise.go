@@ -167,6 +167,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	stopWait := p.timings.Start(timings.Wait)
 	res := h.Wait(waitCtx)
 	stopWait()
+	stopRecords := p.timings.Start(timings.Records)
 	a := <-audited
 	auditErr := a.err
 	ex.running = a.running
@@ -184,6 +185,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	// consumers deliver the tail and finish.
 	stdout.Close()
 	stderr.Close()
+	stopRecords()
 	stopDrain := p.timings.Start(timings.Drain)
 	followErr := followers.wait()
 	stopDrain()
