@@ -7,14 +7,16 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 TASKRUN := $(BIN)/taskrun
 
-# Tests never pull images; testcontainers' reaper image cannot be pulled here.
+# Tests pull images only from their own registry on loopback; testcontainers'
+# reaper image cannot be pulled here.
 export TESTCONTAINERS_RYUK_DISABLED ?= true
 
-# In CI every part is required: tests that need gVisor or the S3 server fail
-# instead of skipping when it is missing.
+# In CI every part is required: tests that need gVisor, the S3 server or the
+# image registry fail instead of skipping when it is missing.
 ifeq ($(CI),true)
 export TASKRUN_REQUIRE_S3 := 1
 export TASKRUN_REQUIRE_RUNSC := 1
+export TASKRUN_REQUIRE_REGISTRY := 1
 endif
 
 # Prepares the machine for the tests; idempotent (see the script's header).

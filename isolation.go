@@ -43,6 +43,9 @@ type isolation struct {
 	contradictions []string
 	// egress is the run's egress policy and totals; nil without a policy.
 	egress *audit.EgressRecord
+	// imageDigest names the image the run used (its repo digest, else its
+	// ID); empty keeps the posture's image ID.
+	imageDigest string
 }
 
 // newIsolation prepares the checks of a run of p under policy (p's policy
@@ -165,6 +168,9 @@ func (iso *isolation) readProbe(exit sandbox.Result) error {
 	if len(iso.contradictions) > 0 {
 		return fmt.Errorf("%w: the in-sandbox self-check refused the run: %s", ErrIsolation, strings.Join(iso.contradictions, "; "))
 	}
+	if c := rep.Command; c != nil {
+		return fmt.Errorf("%w: %s: %s; %s (see \"What an agent image needs\" in the README)", sandbox.ErrImageUnusable, c.Command, c.Problem, c.Need)
+	}
 	return nil
 }
 
@@ -176,6 +182,9 @@ func (iso *isolation) record(runID string) []byte {
 	}
 	rec := audit.NewRecord(runID, *iso.posture, iso.host, iso.opts, iso.probeReport, iso.contradictions, time.Now())
 	rec.Egress = iso.egress
+	if iso.imageDigest != "" {
+		rec.ImageDigest = iso.imageDigest
+	}
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return nil // a Record always marshals

@@ -12,6 +12,7 @@ import (
 
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/helpers"
+	"github.com/taskrun/taskrun/imageref"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/records"
@@ -61,7 +62,19 @@ type plan struct {
 	// timings records how long each phase takes; nil records nothing (a
 	// persist retry).
 	timings *timings.Recorder
+	// pull is the run's pull policy.
+	pull sandbox.PullPolicy
+	// image is the run's image as the backend resolved it in preflight
+	// (its ID and repo digest); zero when the backend resolves none.
+	image sandbox.Image
 }
+
+// ErrImageNotAllowed is wrapped when the run's image matches none of
+// RunTaskInput.AllowedImages.
+var ErrImageNotAllowed = imageref.ErrNotAllowed
+
+// allowedImagesFlag names the allow list in refusals, as the CLI spells it.
+const allowedImagesFlag = "--allowed-images"
 
 // limits are the run's resolved caps; 0 means none.
 type limits struct {
@@ -133,6 +146,12 @@ func newPlan(in RunTaskInput) (*plan, error) {
 		return nil, err
 	}
 	p.spec = p.baseSpec()
+	if p.pull, err = sandbox.ParsePullPolicy(string(in.Pull)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidInput, err)
+	}
+	if err := checkImageAllowed(p.spec.Image, in.AllowedImages); err != nil {
+		return nil, err
+	}
 	if err := p.checkEgress(); err != nil {
 		return nil, err
 	}
@@ -224,11 +243,30 @@ func (p *plan) containerSpec() sandbox.Spec {
 	return s
 }
 
-// preflight refuses a run whose image is missing before anything is
-// written.
+// checkImageAllowed refuses an image that matches none of the allowed
+// image patterns, or a list that does not parse.
+func checkImageAllowed(image string, allowed []string) error {
+	list, err := imageref.ParseAllowlist(allowed)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrInvalidInput, allowedImagesFlag, err)
+	}
+	return list.Check(image, allowedImagesFlag)
+}
+
+// preflight makes the run's image available (pulling it when the pull
+// policy says so) or refuses a run whose image is missing, before anything
+// is written.
 func (p *plan) preflight(ctx context.Context) error {
-	if c, ok := p.in.Sandbox.(sandbox.ImageChecker); ok {
-		return c.CheckImage(ctx, p.spec.Image)
+	switch b := p.in.Sandbox.(type) {
+	case sandbox.ImageResolver:
+		img, err := b.ResolveImage(ctx, p.spec.Image, p.pull)
+		if err != nil {
+			return err
+		}
+		p.image = img
+		p.log.Info("image", "image", img.Ref, "id", img.ID, "digest", img.Digest(), "pulled", img.Pulled)
+	case sandbox.ImageChecker:
+		return b.CheckImage(ctx, p.spec.Image)
 	}
 	return nil
 }

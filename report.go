@@ -23,6 +23,12 @@ type Outcome struct {
 	Exit sandbox.Result `json:"exit"`
 	// ContainerID is the container that ran the agent.
 	ContainerID string `json:"container_id,omitempty"`
+	// Image is the image reference the run asked for; ImageDigest names
+	// the image it used: the repo digest (name@sha256:...) when the image
+	// came from a registry, else its image ID. ImageDigest is empty when
+	// the image was never resolved.
+	Image       string `json:"image,omitempty"`
+	ImageDigest string `json:"image_digest,omitempty"`
 	// Result is the seed's run result.
 	Result RunResult `json:"result"`
 	// Artifacts are the stored artifacts, in path order.
@@ -94,6 +100,14 @@ func judge(ctx context.Context, p *plan, ex execution, runErr error) verdict {
 	case exit.ExitCode != 0 && ex.ModelUpstream != "":
 		// The agent failed because its model did: say which.
 		v.status, v.reason = model.StatusFailed, fmt.Sprintf("%s (the agent exited with code %d)", ex.ModelUpstream, exit.ExitCode)
+	case exit.ExitCode != 0 && ex.ReadOnlyRootWrite:
+		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d; its stderr reports a write to a read-only file system: "+
+			"the root filesystem is read-only, so an agent image may write only under /taskrun/home ($HOME) and /tmp (see \"What an agent image needs\" in the README)", exit.ExitCode)
+	case (exit.ExitCode == 126 || exit.ExitCode == 127) && len(p.helpers) == 0:
+		// Without the self-check, the init process reports a command it
+		// could not exec with these codes, as a shell does.
+		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d: the command could not be found or executed in the image, or itself exited so; "+
+			"an agent image needs its command readable and executable by any uid (runs use a uid of their own), and the self-check (helpers) names the exact cause (see \"What an agent image needs\" in the README)", exit.ExitCode)
 	case exit.ExitCode != 0:
 		v.status, v.reason = model.StatusFailed, fmt.Sprintf("agent exited with code %d", exit.ExitCode)
 	}
@@ -143,6 +157,8 @@ func outcome(p *plan, ex execution, v verdict, st stored, persistErr error) *Out
 		Reason:             v.reason,
 		Exit:               ex.Exit,
 		ContainerID:        ex.ContainerID,
+		Image:              p.spec.Image,
+		ImageDigest:        ex.ImageDigest,
 		Artifacts:          st.artifacts,
 		DroppedOutputBytes: ex.DroppedOutputBytes,
 		Stored:             st.objects,

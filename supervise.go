@@ -1,10 +1,12 @@
 package taskrun
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -46,6 +48,10 @@ type execution struct {
 	// DroppedRecordBytes counts bytes of host-side records (spools, trace
 	// lines, gateway record) refused by the run's record budget.
 	DroppedRecordBytes int64 `json:"dropped_record_bytes,omitempty"`
+	// ReadOnlyRootWrite is set when the agent failed and the end of its
+	// stderr reports a write refused by the read-only root filesystem:
+	// the image expects to write outside /taskrun and /tmp.
+	ReadOnlyRootWrite bool `json:"read_only_root_write,omitempty"`
 	// record is the isolation record (audit.json); nil when no container
 	// was inspected.
 	record []byte
@@ -135,7 +141,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	// its outputs are collected; Execute waits for it before the run's uid
 	// and directory are released.
 	defer func() { ex.removed = removeContainer(ctx, p, h) }()
-	ex.ContainerID, ex.Runtime = h.ID(), p.policy.Runtime
+	ex.ContainerID, ex.Runtime, ex.ImageDigest = h.ID(), p.policy.Runtime, p.image.Digest()
 	p.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", p.policy.Runtime)
 
 	// The live audit runs beside the container: a container that is not
@@ -153,7 +159,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		} else {
 			running := ex
 			if iso.posture != nil {
-				running.ImageDigest, running.Runtime = iso.posture.Image, iso.posture.Runtime
+				running.ImageDigest, running.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
 			}
 			a.running = reportRunning(ctx, p, wd, running)
 		}
@@ -172,10 +178,14 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	auditErr := a.err
 	ex.running = a.running
 	if iso.posture != nil {
-		ex.ImageDigest, ex.Runtime = iso.posture.Image, iso.posture.Runtime
+		ex.ImageDigest, ex.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
+		iso.imageDigest = ex.ImageDigest
 	}
 	diskErr := endDiskWatch()
 	ex.Exit = res
+	if res.ExitCode > 0 {
+		ex.ReadOnlyRootWrite = mentionsReadOnlyFS(stderr.Path(), stderr.Size())
+	}
 	probeErr := iso.readProbe(res)
 	// The proxy stops with the container, so the record holds its totals.
 	egressErr := eg.finish()
@@ -221,6 +231,37 @@ func removeContainer(ctx context.Context, p *plan, h sandbox.Handle) <-chan stru
 		}
 	}()
 	return done
+}
+
+// erofsTail is how much of the end of a failed run's stderr is searched
+// for a read-only filesystem error.
+const erofsTail = 64 << 10
+
+// mentionsReadOnlyFS reports whether the last erofsTail bytes of the stderr
+// spool at path (size bytes long) hold the text of EROFS as libc, Go,
+// Python and Node print it. It is only a hint for the run's reason: the
+// agent controls that text, and at worst misleads about itself.
+func mentionsReadOnlyFS(path string, size int64) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	off := max(size-erofsTail, 0)
+	buf := make([]byte, erofsTail)
+	n, _ := f.ReadAt(buf, off)
+	tail := bytes.ToLower(buf[:n])
+	return bytes.Contains(tail, []byte("read-only file system")) || bytes.Contains(tail, []byte("erofs"))
+}
+
+// imageDigest is the digest a run's records name its image by: the repo
+// digest the image was resolved to, when the container really ran that
+// image (ranID, the image ID the engine reports for it), else ranID.
+func imageDigest(resolved sandbox.Image, ranID string) string {
+	if ranID == "" || resolved.ID == ranID {
+		return resolved.Digest()
+	}
+	return ranID
 }
 
 // watchDisk stops the run through stop when the run dir outgrows its cap. It

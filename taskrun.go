@@ -85,8 +85,21 @@ type RunTaskInput struct {
 
 	// Sandbox runs the container.
 	Sandbox sandbox.Backend
-	// Image is the run image; DefaultImage when empty.
+	// Image is the run image; DefaultImage when empty. A digest reference
+	// (name@sha256:...) runs exactly that image.
 	Image string
+	// Pull says when the image is pulled from its registry:
+	// sandbox.PullMissing (the default, when empty) pulls it only when it
+	// does not exist locally, PullAlways before every run, PullNever never.
+	// The backend authenticates with the docker CLI's config and
+	// credential helpers.
+	Pull sandbox.PullPolicy
+	// AllowedImages, when non-empty, is the only images a run may use
+	// (package imageref: NAME, NAME:TAG, NAME@sha256:HEX, with * globs;
+	// references normalized as docker does). Any other image is refused
+	// before anything is pulled or created, with an error wrapping
+	// ErrImageNotAllowed.
+	AllowedImages []string
 	// Command replaces the image's default command when non-empty.
 	Command []string
 	// Env adds NAME=VALUE variables to the agent's environment, after the

@@ -203,6 +203,7 @@ func TestRunTaskMissingImageFailsWithFix(t *testing.T) {
 	rec := &controlplanetest.Recorder{}
 	in := h.input(rec, "noimg1")
 	in.Image = "taskrun/does-not-exist:local"
+	in.Pull = sandbox.PullNever // tests reach no registry but their own
 	out, err := taskrun.Execute(context.Background(), in)
 	require.ErrorIs(t, err, sandbox.ErrImageNotFound)
 	assert.Contains(t, err.Error(), "taskrun images build", "the error names the fix")

@@ -19,7 +19,9 @@ type Record struct {
 	Version     int    `json:"version"`
 	RunID       string `json:"run_id"`
 	ContainerID string `json:"container_id"`
-	// ImageDigest is the image ID the container ran (sha256:...).
+	// ImageDigest is the image the container ran: its repo digest
+	// (name@sha256:...) when the image came from a registry, else its image
+	// ID (sha256:..., as Posture.Image).
 	ImageDigest string `json:"image_digest"`
 	// Runtime is the OCI runtime ("runc", "runsc", ...).
 	Runtime string    `json:"runtime"`

@@ -34,12 +34,12 @@ func Main(args []string) int {
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "taskrun-probe: command %q not found in PATH: %v\n", argv[0], err)
-		return 127
+		fmt.Fprintf(os.Stderr, "taskrun-probe: command %q not found in PATH: %v; %s\n", argv[0], err, needFound)
+		return ExitCommandNotFound
 	}
 	err = syscall.Exec(path, argv, os.Environ())
-	fmt.Fprintf(os.Stderr, "taskrun-probe: exec %s: %v\n", path, err)
-	return 126
+	fmt.Fprintf(os.Stderr, "taskrun-probe: exec %s: %v; %s\n", path, err, needExecutable)
+	return ExitCommandNotExecutable
 }
 
 // runMain does everything but the exec: it returns the command to exec, or
@@ -63,6 +63,7 @@ func runMain(ctx context.Context, args []string, stderr io.Writer) ([]string, in
 		return nil, exitUsage
 	}
 	rep := Collect(ctx, *nonce, Config{})
+	rep.Command = CheckCommand(fset.Args())
 	line, err := FormatLine(rep)
 	if err != nil {
 		fmt.Fprintf(stderr, "taskrun-probe: %v\n", err)
@@ -78,6 +79,13 @@ func runMain(ctx context.Context, args []string, stderr io.Writer) ([]string, in
 	}
 	if fset.NArg() == 0 {
 		return nil, 0
+	}
+	if c := rep.Command; c != nil {
+		fmt.Fprintf(stderr, "taskrun-probe: cannot start %s: %s; %s\n", c.Command, c.Problem, c.Need)
+		if c.Path == "" {
+			return nil, ExitCommandNotFound
+		}
+		return nil, ExitCommandNotExecutable
 	}
 	return fset.Args(), 0
 }

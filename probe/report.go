@@ -80,6 +80,9 @@ type Report struct {
 	// it meant to (it did not stop at its entry bound, was not cancelled and
 	// could read its root); otherwise DockerSockets may miss some.
 	SocketSearchComplete bool `json:"socket_search_complete"`
+	// Command is set when the command to start cannot start as this uid;
+	// the self-check then does not start it.
+	Command *CommandProblem `json:"command,omitempty"`
 	// Errors lists observations that could not be made.
 	Errors []string `json:"errors,omitempty"`
 	// CollectedAt is when collection finished (container clock).

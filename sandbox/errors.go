@@ -6,6 +6,17 @@ import "errors"
 var (
 	// ErrDaemonUnavailable means the container engine could not be reached.
 	ErrDaemonUnavailable = errors.New("container engine unavailable")
-	// ErrImageNotFound means the Spec's image does not exist locally; backends never pull.
-	ErrImageNotFound = errors.New("image not found locally")
+	// ErrImageNotFound means the Spec's image does not exist locally and
+	// was not pulled (the pull policy is never), or its registry has no
+	// such image.
+	ErrImageNotFound = errors.New("image not found")
+	// ErrImagePull means pulling the image from its registry failed.
+	ErrImagePull = errors.New("image pull failed")
+	// ErrRegistryAuth means the registry refused the credentials (or the
+	// lack of them) the pull presented.
+	ErrRegistryAuth = errors.New("registry refused the credentials")
+	// ErrImageUnusable means the image exists but its command cannot start
+	// under the sandbox policy (not executable by the run's uid, missing,
+	// or a missing interpreter or loader).
+	ErrImageUnusable = errors.New("image cannot start in the sandbox")
 )

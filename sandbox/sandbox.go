@@ -86,7 +86,8 @@ type Spec struct {
 	// Docker as the dev.taskrun.tenant/conversation/task/run labels) so that
 	// audits and the reaper can tell whose container it is.
 	Run model.RunRef `json:"run"`
-	// Image is the image reference; it must already exist locally.
+	// Image is the image reference; it must already exist locally (an
+	// ImageResolver pulls it before Start, under the run's pull policy).
 	Image string `json:"image"`
 	// Cmd replaces the image's default command when non-empty.
 	Cmd []string `json:"cmd,omitempty"`

@@ -62,7 +62,9 @@ type Artifact struct {
 
 // ContainerInfo records which container ran the run.
 type ContainerInfo struct {
-	ID          string `json:"id"`
+	ID string `json:"id"`
+	// ImageDigest names the image the container ran: its repo digest
+	// (name@sha256:...) when it came from a registry, else its image ID.
 	ImageDigest string `json:"image_digest,omitempty"`
 	Runtime     string `json:"runtime,omitempty"`
 }

@@ -19,6 +19,7 @@ import (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	closeTestRegistry()
 	testbin.Cleanup()
 	removeTaskrunBin()
 	os.Exit(code)

@@ -60,6 +60,9 @@ type runOptions struct {
 	egress     egress.Policy
 	command    []string
 	env        []string
+	pull       sandbox.PullPolicy
+	// allowedImages are the --allowed-images patterns.
+	allowedImages []string
 
 	// Raw --env and --env-file values, read by finish.
 	envVars  []string
@@ -69,6 +72,7 @@ type runOptions struct {
 
 	// Raw flag values, checked by finish.
 	modelSpec   string
+	pullSpec    string
 	cpus        float64
 	allows      []string
 	egressFile  string
@@ -87,7 +91,8 @@ control characters and escape sequences in them are shown as text (ESC as ^[);
 --raw passes them through. The stored output log is always byte-exact.
 
 Exit status: the command's own, 124 on timeout, 125 when taskrun could not run
-the container (bad input, no Docker engine, missing image), 130 on interrupt.
+the container (bad input, no Docker engine, a missing, refused or unpullable
+image), 130 on interrupt.
 `
 
 func init() {
@@ -119,7 +124,9 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	addRootFlag(fs, &o.root, defaultRoot)
 	fs.StringVar(&o.workspace, "workspace", "", "host directory copied into the run's home")
 	fs.StringVar(&o.prompt, "prompt", "", "the task's instruction to the agent")
-	fs.StringVar(&o.image, "image", taskrun.DefaultImage, "run image; it must exist locally (taskrun images build makes the default)")
+	fs.StringVar(&o.image, "image", taskrun.DefaultImage, "run image: NAME[:TAG] or NAME@sha256:DIGEST (taskrun images build makes the default)")
+	fs.StringVar(&o.pullSpec, "pull", string(sandbox.DefaultPullPolicy), "pull the image from its registry: missing (when not present locally), always or never; credentials come from the docker config (DOCKER_CONFIG, ~/.docker/config.json) and its credential helpers")
+	fs.StringArrayVar(&o.allowedImages, "allowed-images", nil, "allow only images matching PATTERN (NAME, NAME:TAG or NAME@sha256:HEX, * globs; see README); any other is refused before it is pulled; repeatable")
 	fs.StringVar(&o.resumeFrom, "resume-from", "", "run ID whose session state this run resumes")
 	fs.DurationVar(&o.timeout, "timeout", taskrun.DefaultTimeout, "stop the run after this long")
 	o.maxOutput, o.disk = taskrun.DefaultMaxOutputBytes, taskrun.DefaultDiskLimitBytes
@@ -157,6 +164,9 @@ func (o *runOptions) finish(args []string) error {
 		return err
 	}
 	var err error
+	if o.pull, err = sandbox.ParsePullPolicy(o.pullSpec); err != nil {
+		return fmt.Errorf("--pull: %w", err)
+	}
 	if o.egress, err = egress.BuildPolicy(o.egressFile, o.allows, o.credentials); err != nil {
 		return err
 	}
@@ -378,7 +388,13 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
 	defer inst.Close()
-	backend, err := docker.New(ctx, docker.WithLogger(log), docker.WithInstance(inst.ID()))
+	backendOpts := []docker.Option{docker.WithLogger(log), docker.WithInstance(inst.ID())}
+	if f, ok := a.stderr.(*os.File); ok && !a.quiet {
+		// Pulls show docker's progress bars on a terminal, else a summary
+		// on the log.
+		backendOpts = append(backendOpts, docker.WithPullProgress(f, f.Fd(), a.isTerminal(f)))
+	}
+	backend, err := docker.New(ctx, backendOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
@@ -416,6 +432,8 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		Egress:          o.egress,
 		Sandbox:         backend,
 		Image:           o.image,
+		Pull:            o.pull,
+		AllowedImages:   o.allowedImages,
 		Command:         o.command,
 		Env:             o.env,
 		Policy:          o.policy,
@@ -499,7 +517,11 @@ type jsonResult struct {
 	TimedOut  bool            `json:"timed_out"`
 	Reason    string          `json:"reason,omitempty"`
 	Error     string          `json:"error,omitempty"`
-	Result    *jsonRunResult  `json:"result"`
+	// Image is the image asked for; ImageDigest the one the run used (its
+	// repo digest when it came from a registry, else its image ID).
+	Image       string         `json:"image,omitempty"`
+	ImageDigest string         `json:"image_digest,omitempty"`
+	Result      *jsonRunResult `json:"result"`
 	// Stored is every object the run stored, with its key in the store.
 	Stored []persist.ObjectInfo `json:"stored"`
 	// TraceKey is the trace's key in the store; empty without a trace.
@@ -526,6 +548,7 @@ func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err err
 	if out != nil {
 		res.Status = out.Status
 		res.Reason = out.Reason
+		res.Image, res.ImageDigest = out.Image, out.ImageDigest
 		res.OOMKilled = out.Exit.OOMKilled
 		res.TimedOut = out.Exit.TimedOut
 		res.Result = &jsonRunResult{RunResult: out.Result}

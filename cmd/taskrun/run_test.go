@@ -81,6 +81,7 @@ func TestParseRunFlagsRejectsBadInput(t *testing.T) {
 		{"--model", "openai:gpt-4o"},
 		{"--model-base-url", "http://x"},
 		{"--no-such-flag"},
+		{"--pull", "sometimes"},
 	} {
 		_, err := parseRunFlags(args)
 		assert.Error(t, err, "%q", args)
@@ -234,7 +235,8 @@ func TestRunBadInputExits125WithTheFix(t *testing.T) {
 		{"missing workspace", []string{"--workspace", "/no/such/dir"}, nil, "pass an existing directory"},
 		{"id with slash", []string{"--task", "a/b"}, nil, "use 1-128 characters"},
 		{"id with dots", []string{"--session", ".."}, nil, "use 1-128 characters"},
-		{"missing image", []string{"--image", "taskrun/absent:local"}, nil, "taskrun images build"},
+		{"missing image", []string{"--image", "taskrun/absent:local", "--pull", "never"}, nil, "taskrun images build"},
+		{"image not allowed", []string{"--image", "taskrun/absent:local", "--allowed-images", "127.0.0.1:5000/team/*"}, nil, "--allowed-images"},
 		{"no daemon", nil, map[string]string{"DOCKER_HOST": "unix:///nonexistent/docker.sock"}, "DOCKER_HOST"},
 	}
 	for _, tc := range cases {

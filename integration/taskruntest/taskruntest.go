@@ -67,8 +67,16 @@ var ErrBadOptions = errors.New("taskruntest: bad options")
 
 // Options describe one run.
 type Options struct {
-	// Image is the run image; it must exist locally (nothing is pulled).
+	// Image is the run image, NAME[:TAG] or NAME@sha256:DIGEST.
 	Image string
+	// Pull says when the image is pulled from its registry, with the
+	// credentials of the docker config (DOCKER_CONFIG, ~/.docker): unlike
+	// taskrun run, the zero value is sandbox.PullNever, so a test reaches
+	// no registry unless it asks; sandbox.PullMissing or PullAlways pull.
+	Pull sandbox.PullPolicy
+	// AllowedImages, when non-empty, refuses any other image before it is
+	// pulled (taskrun.RunTaskInput.AllowedImages).
+	AllowedImages []string
 	// Cmd replaces the image's default command when non-empty.
 	Cmd []string
 	// Env adds NAME=VALUE variables to the agent's environment (visible to
@@ -206,7 +214,7 @@ func (e *Env) Labels(extra map[string]string) map[string]string {
 // the Result is still complete.
 func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Image == "" {
-		return nil, fmt.Errorf("%w: Image is required: name a local image such as taskrun/testbox:local", ErrBadOptions)
+		return nil, fmt.Errorf("%w: Image is required: name an image such as taskrun/testbox:local", ErrBadOptions)
 	}
 	rec := &controlplanetest.Recorder{}
 	in := e.input(opts, rec)
@@ -243,6 +251,10 @@ func (e *Env) input(opts Options, rec *controlplanetest.Recorder) taskrun.RunTas
 	in.Updater, in.StreamSender = rec, rec
 	in.Model, in.Policy = opts.Model, opts.Policy
 	in.Env = opts.Env
+	in.Pull, in.AllowedImages = opts.Pull, opts.AllowedImages
+	if in.Pull == "" {
+		in.Pull = sandbox.PullNever
+	}
 	in.Labels = e.Labels(opts.Labels)
 	in.Timeout = opts.Timeout
 	if in.Timeout == 0 {

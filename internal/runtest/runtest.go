@@ -166,9 +166,11 @@ func (e *Env) Input(runID, image string, cmd ...string) taskrun.RunTaskInput {
 		ArtifactStorage: e.Store,
 		Sandbox:         e.Backend,
 		Image:           image,
-		Command:         cmd,
-		Labels:          maps.Clone(e.Labels),
-		Timeout:         DefaultTimeout,
+		// Tests reach no registry unless they ask for a pull.
+		Pull:    sandbox.PullNever,
+		Command: cmd,
+		Labels:  maps.Clone(e.Labels),
+		Timeout: DefaultTimeout,
 	}
 }
 

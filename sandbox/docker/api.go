@@ -25,6 +25,7 @@ type dockerAPI interface {
 	ClientVersion() string
 	Info(ctx context.Context) (system.Info, error)
 	ImageInspect(ctx context.Context, ref string) (dockerimage.InspectResponse, error)
+	ImagePull(ctx context.Context, ref string, options dockerimage.PullOptions) (io.ReadCloser, error)
 	ContainerCreate(ctx context.Context, config *container.Config, hostConfig *container.HostConfig,
 		networkingConfig *network.NetworkingConfig, name string) (container.CreateResponse, error)
 	ContainerAttach(ctx context.Context, id string, options container.AttachOptions) (types.HijackedResponse, error)
@@ -77,6 +78,16 @@ func negotiate(api dockerAPI, ping types.Ping) {
 
 // isNotFound reports whether err is the engine's "no such object" error.
 func isNotFound(err error) bool { return cerrdefs.IsNotFound(err) }
+
+// isUnauthorized reports whether err is the engine's "unauthorized" or
+// "forbidden" error (a registry refused the credentials).
+func isUnauthorized(err error) bool {
+	return cerrdefs.IsUnauthorized(err) || cerrdefs.IsPermissionDenied(err)
+}
+
+// isInvalidArgument reports whether err is the engine's "invalid
+// parameter" error (for a start: the command could not be executed).
+func isInvalidArgument(err error) bool { return cerrdefs.IsInvalidArgument(err) }
 
 // isConflict reports whether err is the engine's "conflict" error (e.g. a
 // removal already in progress).

@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -44,6 +45,10 @@ const (
 	cleanupTimeout = 30 * time.Second
 )
 
+// imageNeeds is what an image needs to start under the sandbox policy,
+// named when it does not.
+const imageNeeds = "an agent image needs its command to exist and to be readable and executable by any uid (a static or self-contained binary), since runs use a uid of their own and a read-only root filesystem"
+
 // Backend runs sandbox containers on a Docker Engine. It is safe for
 // concurrent use.
 type Backend struct {
@@ -54,6 +59,14 @@ type Backend struct {
 	drainIdle   time.Duration
 	now         func() time.Time
 	instance    string
+
+	// progress, when set, is the terminal pulls are shown on (fd
+	// progressFd); dockerConfig is the docker CLI config directory for
+	// registry credentials ("" for DOCKER_CONFIG or ~/.docker).
+	progress     io.Writer
+	progressFd   uintptr
+	dockerConfig string
+	pullTimeout  time.Duration
 
 	mu   sync.Mutex
 	live map[string]*handle
@@ -232,7 +245,7 @@ func setInstance(labels map[string]string, id string) {
 func (b *Backend) createError(spec sandbox.Spec, err error) error {
 	switch {
 	case isNotFound(err):
-		return fmt.Errorf("create container: %w: %q: %w; build it with `taskrun images build` (or `make images`); images are never pulled",
+		return fmt.Errorf("create container: %w locally: %q: %w; build it with `taskrun images build` (or `make images`) or pull it (taskrun run --pull missing)",
 			sandbox.ErrImageNotFound, spec.Image, err)
 	case isConnectionFailed(err):
 		return fmt.Errorf("create container: %w at %s: %w; start dockerd or set DOCKER_HOST",
@@ -304,4 +317,5 @@ func shortID(id string) string {
 var (
 	_ sandbox.Backend         = (*Backend)(nil)
 	_ sandbox.EngineDescriber = (*Backend)(nil)
+	_ sandbox.ImageResolver   = (*Backend)(nil)
 )

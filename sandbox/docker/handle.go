@@ -97,6 +97,11 @@ func (h *handle) start(ctx context.Context, rec *timings.Recorder) error {
 	stopStart := rec.Start(timings.Start)
 	defer stopStart()
 	if err := h.b.api.ContainerStart(ctx, h.id, container.StartOptions{}); err != nil {
+		if isInvalidArgument(err) {
+			// The runtime could not exec the command: the engine's
+			// message says which file and why.
+			return fmt.Errorf("start container %s: %w: %w; %s", shortID(h.id), sandbox.ErrImageUnusable, err, imageNeeds)
+		}
 		return fmt.Errorf("start container %s: %w", shortID(h.id), err)
 	}
 	h.started = time.Now()

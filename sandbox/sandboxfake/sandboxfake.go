@@ -60,6 +60,7 @@ type Backend struct {
 	maxGrace time.Duration
 	live     map[string]*handle
 	started  []sandbox.Spec
+	resolved []string
 }
 
 // Option configures a Backend.
@@ -156,6 +157,35 @@ func (b *Backend) CheckImage(ctx context.Context, image string) error {
 	}
 	return nil
 }
+
+// ResolveImage implements sandbox.ImageResolver: an image that exists (see
+// WithImages) resolves, whatever the pull policy, to the ID its containers
+// report (ImageID), with a repo digest when ref is a digest reference. Every
+// call is recorded (Resolved).
+func (b *Backend) ResolveImage(ctx context.Context, ref string, pull sandbox.PullPolicy) (sandbox.Image, error) {
+	b.mu.Lock()
+	b.resolved = append(b.resolved, ref)
+	b.mu.Unlock()
+	if err := b.CheckImage(ctx, ref); err != nil {
+		return sandbox.Image{}, err
+	}
+	img := sandbox.Image{Ref: ref, ID: ImageID(ref)}
+	if strings.Contains(ref, "@") {
+		img.RepoDigest = ref
+	}
+	return img, nil
+}
+
+// Resolved returns the image references ResolveImage was asked for, in
+// order.
+func (b *Backend) Resolved() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.resolved)
+}
+
+// ImageID is the image ID the fake reports for containers of image.
+func ImageID(image string) string { return "sha256:" + hex.EncodeToString([]byte(image)) }
 
 // HostFacts implements sandbox.EngineDescriber.
 func (b *Backend) HostFacts(ctx context.Context) (sandbox.HostFacts, error) {
@@ -267,7 +297,7 @@ func (b *Backend) posture(h *handle) sandbox.Posture {
 	p := sandbox.Posture{
 		ID:             h.id,
 		Name:           "sandboxfake-" + h.id[:12],
-		Image:          "sha256:" + hex.EncodeToString([]byte(h.spec.Image)),
+		Image:          ImageID(h.spec.Image),
 		Labels:         maps.Clone(h.labels),
 		User:           pol.User,
 		WorkingDir:     h.spec.WorkingDir,
