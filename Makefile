@@ -11,12 +11,16 @@ TASKRUN := $(BIN)/taskrun
 # reaper image cannot be pulled here.
 export TESTCONTAINERS_RYUK_DISABLED ?= true
 
-# In CI every part is required: tests that need gVisor, the S3 server or the
-# image registry fail instead of skipping when it is missing.
+# In CI every part is required: tests that need gVisor, the S3 server, the
+# image registry, PostgreSQL, the test cluster or Chromium (the web
+# interface's browser tests) fail instead of skipping when it is missing.
 ifeq ($(CI),true)
 export TASKRUN_REQUIRE_S3 := 1
+export TASKRUN_REQUIRE_POSTGRES := 1
 export TASKRUN_REQUIRE_RUNSC := 1
 export TASKRUN_REQUIRE_REGISTRY := 1
+export TASKRUN_REQUIRE_KUBE := 1
+export TASKRUN_REQUIRE_CHROMIUM := 1
 endif
 
 # Prepares the machine for the tests; idempotent (see the script's header).
@@ -25,7 +29,7 @@ SETUP := GO=$(GO) scripts/test-setup.sh
 # Prerequisites run in the order written: setup before images before tests.
 .NOTPARALLEL:
 
-.PHONY: all build setup images demo test test-short bench vet fmt clean
+.PHONY: all build setup images demo test test-short bench vet fmt clean kube-up kube-down ui-shots
 
 all: build
 
@@ -52,11 +56,32 @@ demo: images
 setup:
 	@$(SETUP)
 
-## test: set up, vet, then unit, conformance and integration tests against the real Docker engine
+## test: set up, vet, then unit, conformance and integration tests against the real Docker
+## engine and a real single-node Kubernetes cluster (started for the tests, stopped after,
+## unless it was already up: see kube-up)
 test: setup images vet
+	@kube=0; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  if scripts/kube-up.sh --hold $$$$ >/dev/null; then kube=1; \
+	  elif [ "$(CI)" = true ]; then exit 1; \
+	  else echo "warning: the test cluster did not start: its tests will be skipped"; fi; \
+	fi; \
+	trap '[ $$kube = 0 ] || scripts/kube-down.sh --release $$$$' EXIT; \
+	trap 'exit 130' INT TERM; \
+	echo "TASKRUN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./..."; \
 	TASKRUN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./...
 	@left=$$(docker ps -aq --filter label=dev.taskrun.managed | wc -l); \
 	  if [ "$$left" -gt 0 ]; then echo "containers left behind:"; docker ps -a --filter label=dev.taskrun.managed; exit 1; fi
+
+## kube-up: start the test cluster (a real single-node Kubernetes: scripts/kube-up.sh) and
+## print its admin kubeconfig's path; it stays up until kube-down. No-op when it is up.
+kube-up:
+	@scripts/kube-up.sh
+
+## kube-down: stop the test cluster and remove everything it left (processes, mounts,
+## bridge, state directory)
+kube-down:
+	@scripts/kube-down.sh
 
 ## test-short: unit tests only (no containers)
 test-short:
@@ -65,6 +90,11 @@ test-short:
 ## bench: side-by-side benchmarks against docker run, cp -a and a raw pipe
 bench: setup images
 	$(GO) run ./bench
+
+## ui-shots: screenshots (PNG) of the web interface's run and isolation pages, from
+## real runs in headless Chromium, into docs/img/ for the README
+ui-shots: setup images
+	TASKRUN_BIN_DIR=$(BIN) TASKRUN_UI_SHOTS=$(CURDIR)/docs/img $(GO) test -count=1 -run '^TestScreenshots$$' ./webui
 
 ## vet: go vet, staticcheck (pinned, installed by the setup script) and gofmt
 vet:

@@ -92,6 +92,7 @@ func runAll(ctx context.Context, c config) ([]row, *breakdown, error) {
 	for _, s := range []section{
 		{"cold CLI run", coldCLI},
 		{"cold run", coldRun},
+		{"kubernetes cold run", kubernetesColdRun},
 		{"first byte", firstByteLatency},
 		{"throughput", throughput},
 		{"concurrency", concurrent},

@@ -30,6 +30,7 @@ import (
 	"github.com/taskrun/taskrun/probe"
 	"github.com/taskrun/taskrun/relay"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
 )
 
 // In-container names and paths of the helpers.
@@ -63,6 +64,8 @@ func Main(argv []string) (code int, ok bool) {
 		return probe.Main(argv[1:]), true
 	case RelayName:
 		return relay.Main(argv[1:]), true
+	case podhelper.Name:
+		return podhelper.Main(argv[1:]), true
 	}
 	return 0, false
 }

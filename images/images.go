@@ -23,9 +23,12 @@ const (
 	AgentRef = "taskrun/agent:local"
 	// TestboxRef is a static busybox image for tests and ad-hoc commands.
 	TestboxRef = "taskrun/testbox:local"
+	// PodHelperRef is the helper image of runs on Kubernetes: the static
+	// taskrun-pod (package sandbox/kubernetes/podhelper).
+	PodHelperRef = "taskrun/podhelper:local"
 )
 
-//go:embed agent/Dockerfile testbox/Dockerfile
+//go:embed agent/Dockerfile testbox/Dockerfile podhelper/Dockerfile
 var dockerfiles embed.FS
 
 // ErrMissingInput reports a binary an image needs that is not on this host.
@@ -51,6 +54,16 @@ func Agent(binDir string) (Definition, error) {
 		return Definition{}, fmt.Errorf("%w; build it with `make build` (CGO_ENABLED=0 go build -o bin/ ./cmd/...)", err)
 	}
 	return Definition{Ref: AgentRef, Dockerfile: "agent/Dockerfile", Files: map[string]string{"taskrun-agent": bin}}, nil
+}
+
+// PodHelper defines taskrun/podhelper:local from the static taskrun-pod
+// in binDir.
+func PodHelper(binDir string) (Definition, error) {
+	bin := filepath.Join(binDir, "taskrun-pod")
+	if err := RequireStatic(bin); err != nil {
+		return Definition{}, fmt.Errorf("%w; build it with `make build` (CGO_ENABLED=0 go build -o bin/ ./cmd/...)", err)
+	}
+	return Definition{Ref: PodHelperRef, Dockerfile: "podhelper/Dockerfile", Files: map[string]string{"taskrun-pod": bin}}, nil
 }
 
 // Testbox defines taskrun/testbox:local from the host's static busybox.

@@ -51,8 +51,19 @@ func TestAgentRefusesDynamicOrMissingBinary(t *testing.T) {
 	require.ErrorIs(t, err, ErrMissingInput)
 }
 
+func TestPodHelperRefusesDynamicOrMissingBinary(t *testing.T) {
+	_, err := PodHelper(t.TempDir())
+	require.ErrorIs(t, err, ErrMissingInput)
+	dir := t.TempDir()
+	data, err := os.ReadFile("/bin/ls")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "taskrun-pod"), data, 0o755))
+	_, err = PodHelper(dir)
+	require.ErrorIs(t, err, ErrMissingInput)
+}
+
 func TestEveryImageStartsFromScratch(t *testing.T) {
-	for _, name := range []string{"agent/Dockerfile", "testbox/Dockerfile"} {
+	for _, name := range []string{"agent/Dockerfile", "testbox/Dockerfile", "podhelper/Dockerfile"} {
 		data, err := dockerfiles.ReadFile(name)
 		require.NoError(t, err)
 		assert.Regexp(t, `(?m)^FROM scratch$`, string(data), name)

@@ -5,8 +5,11 @@ package model
 // RunStatus is the state of a task run as the control plane records it.
 type RunStatus string
 
-// The run statuses. A run starts RUNNING and ends in exactly one of the others.
+// The run statuses. A run executed directly starts RUNNING; a run submitted
+// to the control plane starts QUEUED and becomes RUNNING when a worker leases
+// it. Every run ends in exactly one of SUCCEEDED, FAILED or CANCELLED.
 const (
+	StatusQueued    RunStatus = "QUEUED"
 	StatusRunning   RunStatus = "RUNNING"
 	StatusSucceeded RunStatus = "SUCCEEDED"
 	StatusFailed    RunStatus = "FAILED"

@@ -31,3 +31,7 @@ const (
 	// value is the in-container path of the egress proxy's socket.
 	LabelEgress = "dev.taskrun.egress"
 )
+
+// LabelPod holds, on Kubernetes, the name of the run's Pod, by which the
+// run's NetworkPolicy selects exactly that Pod.
+const LabelPod = "dev.taskrun.pod"

@@ -15,6 +15,7 @@ import (
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/kubernetes"
 )
 
 // Exit statuses of `taskrun audit`.
@@ -29,7 +30,8 @@ Checks containers against CIS Docker Benchmark 1.6.0 section 5, Kubernetes Pod
 Security Standards (restricted) and taskrun's own rules. Name containers, or
 pass --all for every container labelled ` + sandbox.LabelManaged + `=true, or
 --record to re-check a run's stored isolation record (audit.json): a local
-file, or its key in --store. With --root, every run directory mounted into a
+file, or its key in --store. With --namespace NS (and --kubeconfig PATH) it
+audits the runs' Pods there instead, from their spec and status. With --root, every run directory mounted into a
 container must lie under it.
 
 Exit status: 0 every rule passes, 1 a rule fails, 2 usage or daemon error.
@@ -40,6 +42,7 @@ type auditFlags struct {
 	all, json, requireGVisor bool
 	record, networks         string
 	root, store              string
+	kubeconfig, namespace    string
 }
 
 func init() {
@@ -69,6 +72,8 @@ func (f *auditFlags) define(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.requireGVisor, "require-gvisor", false, "fail containers not running under runsc")
 	fs.StringVar(&f.networks, "networks", "", "comma-separated network modes to allow (default none)")
 	addRootFlag(fs, &f.root, "")
+	fs.StringVar(&f.namespace, "namespace", "", "audit the runs' Pods in this Kubernetes namespace (names are Pod names) instead of Docker containers")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "with --namespace: the cluster's kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
 }
 
 // check allows exactly one way of choosing what to audit.
@@ -102,9 +107,12 @@ func runAudit(ctx context.Context, a *app, f auditFlags, targets []string) int {
 	}
 	var reports []audit.Report
 	var err error
-	if f.record != "" {
+	switch {
+	case f.record != "":
 		reports, err = auditRecord(ctx, f.store, f.record)
-	} else {
+	case f.namespace != "":
+		reports, err = auditPods(ctx, f.kubeconfig, f.namespace, targets, opts)
+	default:
 		reports, err = auditLive(ctx, f.all, targets, opts)
 	}
 	if err != nil {
@@ -121,6 +129,32 @@ func runAudit(ctx context.Context, a *app, f auditFlags, targets []string) int {
 		}
 	}
 	return auditExitPass
+}
+
+// auditPods audits the named Pods of namespace, or every managed one when
+// names is empty, from their spec and status.
+func auditPods(ctx context.Context, kubeconfig, namespace string, names []string, opts audit.Options) ([]audit.Report, error) {
+	cfg, err := kubernetes.ConfigFromKubeconfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	b, err := kubernetes.New(ctx, cfg, namespace)
+	if err != nil {
+		return nil, err
+	}
+	postures, err := b.Postures(ctx, names...)
+	if err != nil {
+		return nil, err
+	}
+	host, err := b.HostFacts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	reports := make([]audit.Report, 0, len(postures))
+	for _, p := range postures {
+		reports = append(reports, audit.Check(p, host, opts))
+	}
+	return reports, nil
 }
 
 func auditLive(ctx context.Context, all bool, ids []string, opts audit.Options) ([]audit.Report, error) {

@@ -7,6 +7,7 @@ import (
 	"github.com/docker/go-units"
 	"github.com/spf13/pflag"
 
+	"github.com/taskrun/taskrun/controlplane/client"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 )
@@ -45,8 +46,11 @@ type serverFlags struct {
 	tokenFromEnv bool
 }
 
+// serverUsage describes --server, the same in every command.
+const serverUsage = "control plane base URL: run and persist report status there (without it, to the terminal); submit, runs and logs use its user API"
+
 func (s *serverFlags) define(fs *pflag.FlagSet) {
-	fs.StringVar(&s.server, "server", "", "control plane base URL; without it, status goes to the terminal")
+	fs.StringVar(&s.server, "server", "", serverUsage)
 	addTokenFlag(fs, &s.token)
 }
 
@@ -124,3 +128,23 @@ func (s sizeFlag) String() string {
 }
 
 func (sizeFlag) Type() string { return "size" }
+
+// userAPIFlags are --server and --token for commands that use the control
+// plane's user API (submit, and runs and logs with --server).
+type userAPIFlags struct {
+	server, token string
+}
+
+func (u *userAPIFlags) define(fs *pflag.FlagSet) {
+	fs.StringVar(&u.server, "server", "", serverUsage)
+	addTokenFlag(fs, &u.token)
+}
+
+// client returns the user API client; the token defaults to $TASKRUN_TOKEN.
+func (u *userAPIFlags) client() (*client.Client, error) {
+	tok := u.token
+	if tok == "" {
+		tok = os.Getenv(envToken)
+	}
+	return client.New(u.server, tok, nil)
+}

@@ -19,11 +19,12 @@ func init() {
 		Args:     "build",
 		Help: `
 taskrun images build makes ` + images.AgentRef + ` from the static taskrun-agent
-next to taskrun (or in --bin-dir), and with --testbox also ` + images.TestboxRef + `
+next to taskrun (or in --bin-dir), ` + images.PodHelperRef + ` (the helper of runs on
+Kubernetes) from the static taskrun-pod there, and with --testbox also ` + images.TestboxRef + `
 from the host's static busybox. Nothing is pulled from a registry.
 `,
 		Flags: func(fs *pflag.FlagSet) action {
-			binDir := fs.String("bin-dir", executableDir(), "directory holding the static taskrun-agent binary")
+			binDir := fs.String("bin-dir", executableDir(), "directory holding the static taskrun-agent and taskrun-pod binaries")
 			testbox := fs.Bool("testbox", false, "also build "+images.TestboxRef+" from the host's static busybox")
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) != 1 || args[0] != "build" {
@@ -36,7 +37,10 @@ from the host's static busybox. Nothing is pulled from a registry.
 }
 
 func runImagesBuild(ctx context.Context, a *app, binDir string, testbox bool) int {
-	defs := []func() (images.Definition, error){func() (images.Definition, error) { return images.Agent(binDir) }}
+	defs := []func() (images.Definition, error){
+		func() (images.Definition, error) { return images.Agent(binDir) },
+		func() (images.Definition, error) { return images.PodHelper(binDir) },
+	}
 	if testbox {
 		defs = append(defs, images.Testbox)
 	}

@@ -43,8 +43,10 @@ func init() {
 				run            storedRunFlags
 				root           string
 				stderr, follow bool
+				api            userAPIFlags
 			)
 			run.define(fs)
+			api.define(fs)
 			addRootFlag(fs, &root, defaultRoot)
 			fs.BoolVar(&stderr, "stderr", false, "print the stderr log instead of the output log")
 			fs.BoolVarP(&follow, "follow", "f", false, "keep printing a live run's output until it ends")
@@ -52,6 +54,12 @@ func init() {
 				runID, ok := a.oneRunArg("logs", args)
 				if !ok {
 					return exitUsage
+				}
+				if api.server != "" {
+					if stderr {
+						return a.usageError("logs", errors.New("--stderr: a control plane holds only the output stream"))
+					}
+					return remoteLogs(ctx, a, api, runID, follow)
 				}
 				st, rec, code := run.openRun(ctx, a, "logs", runID)
 				if st == nil {
@@ -118,6 +126,27 @@ func followLive(ctx context.Context, a *app, st *persist.Store, rec *runindex.Re
 	case errors.Is(err, context.Canceled):
 		return exitInterrupted
 	case err != nil:
+		fmt.Fprintln(a.stderr, "taskrun logs:", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// remoteLogs prints (or follows) a run's output from the control plane.
+func remoteLogs(ctx context.Context, a *app, api userAPIFlags, runID string, follow bool) int {
+	c, err := api.client()
+	if err != nil {
+		return a.usageError("logs", err)
+	}
+	rc, err := c.Output(ctx, runID, 0, follow)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun logs:", err)
+		return exitFailure
+	}
+	defer rc.Close()
+	out, flush := a.terminalSafe(a.stdout)
+	defer flush()
+	if _, err := io.Copy(out, rc); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(a.stderr, "taskrun logs:", err)
 		return exitFailure
 	}

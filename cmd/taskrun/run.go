@@ -38,6 +38,7 @@ import (
 type runOptions struct {
 	runRefFlags
 	serverFlags
+	backendFlags
 	workspace  string
 	prompt     string
 	image      string
@@ -120,6 +121,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	o.policy = sandbox.DefaultPolicy()
 	o.runRefFlags.define(fs, "run ID (default: generated)")
 	o.serverFlags.define(fs)
+	o.backendFlags.define(fs)
 	addStoreFlag(fs, &o.store)
 	addRootFlag(fs, &o.root, defaultRoot)
 	fs.StringVar(&o.workspace, "workspace", "", "host directory copied into the run's home")
@@ -160,6 +162,14 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 // finish checks the parsed flags and takes args as the command to run.
 func (o *runOptions) finish(args []string) error {
 	o.command = args
+	if err := o.backendFlags.check(); err != nil {
+		return err
+	}
+	if o.backend == backendKubernetes && len(o.command) == 0 && o.image == taskrun.DefaultImage {
+		// A cluster's images cannot be inspected from here: name the
+		// reference agent's command (its image's CMD) explicitly.
+		o.command = []string{agentCommand}
+	}
 	if err := parseModel(o.modelSpec, &o.model); err != nil {
 		return err
 	}
@@ -388,22 +398,38 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
 	defer inst.Close()
-	backendOpts := []docker.Option{docker.WithLogger(log), docker.WithInstance(inst.ID())}
-	if f, ok := a.stderr.(*os.File); ok && !a.quiet {
-		// Pulls show docker's progress bars on a terminal, else a summary
-		// on the log.
-		backendOpts = append(backendOpts, docker.WithPullProgress(f, f.Fd(), a.isTerminal(f)))
-	}
-	backend, err := docker.New(ctx, backendOpts...)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
-	}
-	defer backend.Close()
-	stopSetup()
-	if o.reap {
-		stopGC := rec.Start(timings.GC)
-		collectGarbage(ctx, host, backend, log)
-		stopGC()
+	var runBackend sandbox.Backend
+	if o.backend == backendKubernetes {
+		kb, err := o.kubernetesBackend(ctx, log, inst.ID())
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
+		}
+		stopSetup()
+		if o.reap {
+			stopGC := rec.Start(timings.GC)
+			reapKubernetes(ctx, host, kb, log)
+			stopGC()
+		}
+		runBackend = kb
+	} else {
+		backendOpts := []docker.Option{docker.WithLogger(log), docker.WithInstance(inst.ID())}
+		if f, ok := a.stderr.(*os.File); ok && !a.quiet {
+			// Pulls show docker's progress bars on a terminal, else a summary
+			// on the log.
+			backendOpts = append(backendOpts, docker.WithPullProgress(f, f.Fd(), a.isTerminal(f)))
+		}
+		backend, err := docker.New(ctx, backendOpts...)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
+		}
+		defer backend.Close()
+		stopSetup()
+		if o.reap {
+			stopGC := rec.Start(timings.GC)
+			collectGarbage(ctx, host, backend, log)
+			stopGC()
+		}
+		runBackend = backend
 	}
 
 	// The live copies of the run's output are the agent's bytes: on a
@@ -430,7 +456,7 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		ArtifactStorage: store,
 		Model:           o.model,
 		Egress:          o.egress,
-		Sandbox:         backend,
+		Sandbox:         runBackend,
 		Image:           o.image,
 		Pull:            o.pull,
 		AllowedImages:   o.allowedImages,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runindex"
@@ -33,8 +34,10 @@ func init() {
 				store, user, task, status string
 				limit                     int
 				jsonOut                   bool
+				api                       userAPIFlags
 			)
 			addStoreFlag(fs, &store)
+			api.define(fs)
 			fs.StringVar(&user, "user", "", "user (tenant) ID")
 			fs.StringVar(&task, "task", "", "task ID")
 			fs.StringVar(&status, "status", "", "only runs with this status: RUNNING, SUCCEEDED, FAILED or CANCELLED")
@@ -43,6 +46,9 @@ func init() {
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) > 0 {
 					return a.usageError("runs", fmt.Errorf("unexpected argument %q", args[0]))
+				}
+				if api.server != "" {
+					return listRemoteRuns(ctx, a, api, model.RunStatus(strings.ToUpper(status)), limit, jsonOut)
 				}
 				f := runindex.Filter{UserID: user, TaskID: task, Status: model.RunStatus(strings.ToUpper(status)), Limit: max(limit, 0)}
 				if err := checkRunsFilter(f); err != nil {
@@ -104,6 +110,46 @@ func listRuns(ctx context.Context, a *app, storeURL string, f runindex.Filter, j
 		return exitFailure
 	}
 	return exitOK
+}
+
+// listRemoteRuns lists the user's runs on a control plane.
+func listRemoteRuns(ctx context.Context, a *app, api userAPIFlags, status model.RunStatus, limit int, jsonOut bool) int {
+	c, err := api.client()
+	if err != nil {
+		return a.usageError("runs", err)
+	}
+	runs, err := c.ListRuns(ctx, status, min(max(limit, 0), controlplane.MaxListLimit))
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun runs:", err)
+		return exitFailure
+	}
+	if jsonOut {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(runs); err != nil {
+			return exitFailure
+		}
+		return exitOK
+	}
+	out, flush := a.terminalSafe(a.stdout) // errors may quote what an agent wrote
+	defer flush()
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tTASK\tSTATUS\tQUEUED\tWORKER\tEPOCH\tEXIT\tTOKENS\tERROR")
+	for _, r := range runs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d+%d\t%s\n", r.ID, r.Task.ID, r.Status, r.CreatedAt.Local().Format(time.DateTime),
+			orDash(r.WorkerID), r.Epoch, exitText(r.ExitCode), r.PromptTokens, r.CompletionTokens, orDash(r.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return exitFailure
+	}
+	return exitOK
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func duration(r runindex.Record) string {

@@ -80,6 +80,10 @@ type Capabilities struct {
 	Runtimes bool
 	// Reaper, when non-nil, plants orphans and runs the backend's reaper.
 	Reaper Reaper
+	// Gaps says, for a capability the backend lacks, why; the cases that
+	// need it print the reason when they skip. Keys are the capabilities'
+	// field names ("Confinement", "OOM", "Runtimes", "Reaper").
+	Gaps map[string]string
 }
 
 // Reaper is the part of a harness that exercises a backend's reaper.
@@ -141,12 +145,17 @@ func Run(t *testing.T, h Harness) {
 	}
 }
 
-// require skips t unless the backend declared the capability.
-func needs(t *testing.T, declared bool, what string) {
+// needs skips t unless the backend declared the capability, with the
+// backend's reason when it gave one.
+func (s *suite) needs(t *testing.T, declared bool, capability, what string) {
 	t.Helper()
-	if !declared {
-		t.Skipf("backend does not declare %s", what)
+	if declared {
+		return
 	}
+	if why := s.caps.Gaps[capability]; why != "" {
+		t.Skipf("backend does not declare %s: %s", what, why)
+	}
+	t.Skipf("backend does not declare %s", what)
 }
 
 // run is one container of a case.
@@ -364,7 +373,7 @@ func (s *suite) testSlowConsumer(t *testing.T) {
 }
 
 func (s *suite) testOOMKilled(t *testing.T) {
-	needs(t, s.caps.OOM, "OOM kills")
+	s.needs(t, s.caps.OOM, "OOM", "OOM kills")
 	res, _, _ := s.capture(t, Workload{Script: "tail /dev/zero"}, func(r *run) {
 		r.policy.MemoryBytes = 32 << 20
 	})
@@ -479,7 +488,7 @@ func (s *suite) testConcurrent(t *testing.T) {
 // capabilities, no-new-privileges, non-root, read-only root, writable /tmp,
 // only loopback networking, and the ulimits.
 func (s *suite) testConfinement(t *testing.T) {
-	needs(t, s.caps.Confinement, "kernel confinement")
+	s.needs(t, s.caps.Confinement, "Confinement", "kernel confinement")
 	script := strings.Join([]string{
 		`grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status | tr -s '\t ' ' '`,
 		`echo "uid=$(id -u) gid=$(id -g)"`,
@@ -519,7 +528,7 @@ func (s *suite) testConfinement(t *testing.T) {
 // testPidsLimit forks more processes than the limit allows: the shell must
 // fail to fork before it gets through them all.
 func (s *suite) testPidsLimit(t *testing.T) {
-	needs(t, s.caps.Confinement, "kernel confinement (pids limit)")
+	s.needs(t, s.caps.Confinement, "Confinement", "kernel confinement (pids limit)")
 	const attempts = 100
 	w := Workload{Script: fmt.Sprintf("for i in $(seq %d); do sleep 30 & echo $i; done; echo all", attempts)}
 	res, out, _ := s.capture(t, w, func(r *run) {
@@ -571,7 +580,7 @@ func (s *suite) testBindMounts(t *testing.T) {
 // testRuntime checks from inside which kernel the process sees: gVisor
 // reports release 4.4.0 and says so in dmesg; runc shows the host's kernel.
 func (s *suite) testRuntime(t *testing.T) {
-	needs(t, s.caps.Runtimes, "runtimes")
+	s.needs(t, s.caps.Runtimes, "Runtimes", "runtimes")
 	var runtime string
 	res, out, _ := s.capture(t, Workload{Script: "uname -r; dmesg 2>/dev/null | head -n 3"}, func(r *run) { runtime = r.policy.Runtime })
 	require.NoError(t, res.Err)
@@ -624,7 +633,7 @@ func (s *suite) testCloseWithoutWait(t *testing.T) {
 // reaper removes it while sparing a live run of the same backend.
 func (s *suite) testReaper(t *testing.T) {
 	reaper := s.caps.Reaper
-	needs(t, reaper != nil, "a reaper")
+	s.needs(t, reaper != nil, "Reaper", "a reaper")
 	ctx := caseContext(t)
 	labels := s.caseLabels(t)
 	b := s.h.NewBackend(t)

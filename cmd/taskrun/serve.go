@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/controlplane/postgres"
+	"github.com/taskrun/taskrun/controlplane/server"
+	"github.com/taskrun/taskrun/controlplane/sqlite"
+	"github.com/taskrun/taskrun/persist"
+)
+
+const serveHelp = `
+Serves the reference control plane: the user API (taskrun submit, runs and
+logs --server), the worker API (taskrun worker leases runs, reports status
+and streams output), the read-only web interface under /ui/ (sign in with
+any user name and a user token as the password), /metrics (Prometheus),
+/healthz and /readyz.
+
+--db is sqlite:///path/to/file.db (the default; one replica) or a
+postgres:// URL (several replicas may share it). The schema is created or
+upgraded at start. --store is the blob store shared with the workers:
+uploaded workspaces are written there for them to read.
+
+Tokens never go on the command line: worker tokens come from
+--worker-token-file (one per line) or $TASKRUN_WORKER_TOKEN, user tokens from
+--user-token-file (lines "USER TOKEN", or "TOKEN" for user local) or
+$TASKRUN_USER_TOKEN. A worker token is refused on the user API and a user
+token on the worker API.
+`
+
+// Environment variables serve reads tokens from when no file is given.
+const (
+	envWorkerToken = "TASKRUN_WORKER_TOKEN"
+	envUserToken   = "TASKRUN_USER_TOKEN"
+)
+
+const defaultDB = "sqlite://./.taskrun/controlplane.db"
+
+// serveUI, when set (by the web UI's file, serveui.go), returns the handler
+// serve mounts under /ui/, reading runs through r and their records from
+// blobs, and the server's handler wrapped so that browsers can sign in to it.
+var serveUI func(r controlplane.RunReader, blobs *persist.Store, log *slog.Logger) (ui http.Handler, wrap func(http.Handler) http.Handler, err error)
+
+type serveOptions struct {
+	listen, db, store        string
+	workerTokens, userTokens string
+	leaseTTL                 time.Duration
+	maxWorkspace, maxOutput  int64
+}
+
+func init() {
+	register(&command{
+		Name:     "serve",
+		Synopsis: "serve the control plane: user API, worker leases, metrics",
+		Help:     serveHelp,
+		Flags: func(fs *pflag.FlagSet) action {
+			o := serveOptions{leaseTTL: 15 * time.Second, maxWorkspace: server.DefaultLimits.MaxWorkspaceBytes, maxOutput: server.DefaultLimits.MaxOutputBytes}
+			fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to listen on")
+			fs.StringVar(&o.db, "db", defaultDB, "database: sqlite:///PATH or postgres://USER@HOST/DB")
+			addStoreFlag(fs, &o.store)
+			fs.StringVar(&o.workerTokens, "worker-token-file", "", "file of worker tokens, one per line (default $"+envWorkerToken+")")
+			fs.StringVar(&o.userTokens, "user-token-file", "", `file of user tokens, "USER TOKEN" per line (default $`+envUserToken+" for user local)")
+			fs.DurationVar(&o.leaseTTL, "lease-ttl", o.leaseTTL, "lease length; workers renew every third of it")
+			addSizeFlag(fs, &o.maxWorkspace, "max-workspace", "largest workspace archive a submission may upload")
+			addSizeFlag(fs, &o.maxOutput, "max-output", "largest output stream held per run")
+			return func(ctx context.Context, a *app, args []string) int {
+				if len(args) > 0 {
+					return a.usageError("serve", fmt.Errorf("unexpected argument %q", args[0]))
+				}
+				return runServe(ctx, a, o)
+			}
+		},
+	})
+}
+
+// openControlPlaneStore opens the store --db names.
+func openControlPlaneStore(ctx context.Context, db string) (controlplane.Store, error) {
+	switch {
+	case strings.HasPrefix(db, "sqlite://"):
+		return sqlite.Open(ctx, strings.TrimPrefix(db, "sqlite://"))
+	case strings.HasPrefix(db, "postgres://"), strings.HasPrefix(db, "postgresql://"):
+		return postgres.Open(ctx, db)
+	}
+	return nil, fmt.Errorf("--db %q: give sqlite:///PATH or postgres://USER@HOST:PORT/DB", db)
+}
+
+func loadTokens(o serveOptions) (*server.Tokens, error) {
+	var tk server.Tokens
+	load := func(file, env, kind string, read func(*os.File) error, add func(string) error) error {
+		if file == "" {
+			if v := os.Getenv(env); v != "" {
+				return add(v)
+			}
+			return nil
+		}
+		f, err := os.Open(file)
+		if err != nil {
+			return fmt.Errorf("%s token file: %w", kind, err)
+		}
+		defer f.Close()
+		if err := read(f); err != nil {
+			return fmt.Errorf("%s token file %s: %w", kind, file, err)
+		}
+		return nil
+	}
+	err := errors.Join(
+		load(o.workerTokens, envWorkerToken, "worker", func(f *os.File) error { return tk.ReadWorkerTokens(f) }, tk.AddWorker),
+		load(o.userTokens, envUserToken, "user", func(f *os.File) error { return tk.ReadUserTokens(f) },
+			func(v string) error { return tk.AddUser(server.DefaultUser, v) }),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return &tk, tk.Check()
+}
+
+func runServe(ctx context.Context, a *app, o serveOptions) int {
+	tk, err := loadTokens(o)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun serve:", err)
+		return exitUsage
+	}
+	store, err := openControlPlaneStore(ctx, o.db)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun serve:", err)
+		return exitCannotRun
+	}
+	defer store.Close()
+	blobs, err := persist.Open(ctx, o.store)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun serve: --store:", err)
+		return exitCannotRun
+	}
+	defer blobs.Close()
+	cfg := server.Config{Store: store, Blobs: blobs, Tokens: tk, LeaseTTL: o.leaseTTL, Log: a.log,
+		Limits: server.Limits{MaxWorkspaceBytes: o.maxWorkspace, MaxOutputBytes: o.maxOutput}}
+	wrap := func(h http.Handler) http.Handler { return h }
+	if serveUI != nil {
+		if cfg.UI, wrap, err = serveUI(store, blobs, a.log); err != nil {
+			fmt.Fprintln(a.stderr, "taskrun serve: web interface:", err)
+			return exitCannotRun
+		}
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun serve:", err)
+		return exitUsage
+	}
+	l, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun serve: --listen:", err)
+		return exitCannotRun
+	}
+	hs := &http.Server{Handler: wrap(srv.Handler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go srv.Sweep(sctx)
+	go func() {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(shut)
+	}()
+	a.log.Info("control plane listening", "addr", l.Addr().String(), "db", strings.SplitN(o.db, "://", 2)[0], "store", o.store)
+	if err := hs.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+		fmt.Fprintln(a.stderr, "taskrun serve:", err)
+		return exitFailure
+	}
+	return exitOK
+}

@@ -1,0 +1,55 @@
+package controlplane
+
+import (
+	"encoding/json"
+
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// The user API's wire types (docs/control-plane-api.md, "User API"), shared
+// by controlplane/server and controlplane/client.
+
+// SubmitRequest is the JSON description of a task: the "task" part of
+// POST /v1/tasks (multipart/form-data, with an optional "workspace" part
+// holding a gzip'd tar), or the whole body as application/json.
+type SubmitRequest struct {
+	// Prompt is the instruction given to the agent (required).
+	Prompt string `json:"prompt"`
+	// ConversationID groups the user's tasks (default "api"); SessionID names
+	// the agent session (default: the task ID); PreviousRunID names a run of
+	// the same user whose session state the run resumes.
+	ConversationID string `json:"conversation_id,omitempty"`
+	SessionID      string `json:"session_id,omitempty"`
+	PreviousRunID  string `json:"previous_run_id,omitempty"`
+	// Model, Image, Runtime, Command, Env, Limits and Egress are passed to the
+	// worker as they are (see workerclient.Assignment).
+	Model   string              `json:"model,omitempty"`
+	Image   string              `json:"image,omitempty"`
+	Runtime string              `json:"runtime,omitempty"`
+	Command []string            `json:"command,omitempty"`
+	Env     []string            `json:"env,omitempty"`
+	Limits  workerclient.Limits `json:"limits"`
+	Egress  json.RawMessage     `json:"egress,omitempty"`
+	// Retryable allows executing the task again when its worker is lost
+	// (agents have side effects: only set it for tasks that tolerate that).
+	Retryable bool `json:"retryable,omitempty"`
+}
+
+// SubmitResponse answers POST /v1/tasks (201).
+type SubmitResponse struct {
+	TaskID string `json:"task_id"`
+	RunID  string `json:"run_id"`
+	Status string `json:"status"`
+	// Workspace is where the uploaded workspace was stored, if any.
+	Workspace *workerclient.StoredObject `json:"workspace,omitempty"`
+}
+
+// RunList answers GET /v1/runs: runs, newest first, without their output
+// and prompt (GET /v1/runs/{id} has them).
+type RunList struct {
+	Runs []Run `json:"runs"`
+}
+
+// HeaderOutputOffset is set on GET /v1/runs/{id}/output answers: the stream
+// offset of the answer's first byte.
+const HeaderOutputOffset = "X-Taskrun-Offset"

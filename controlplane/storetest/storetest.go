@@ -1,0 +1,467 @@
+// Package storetest is the conformance suite every controlplane.Store passes
+// (run by controlplane/sqlite and controlplane/postgres against real
+// databases): queueing, exclusive leasing under concurrency, fencing, the
+// stream's offset rules, lease expiry and requeueing, and cancellation.
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// Opener returns a fresh, empty, migrated store for one test; the suite
+// closes it.
+type Opener func(t *testing.T) controlplane.Store
+
+var t0 = time.UnixMilli(1767225600000).UTC()
+
+const ttl = 15 * time.Second
+
+// Run runs the suite against the stores open returns.
+func Run(t *testing.T, open Opener) {
+	tests := []struct {
+		name string
+		f    func(*testing.T, controlplane.Store)
+	}{
+		{"CreateGetList", testCreateGetList},
+		{"LeaseOldestFirstThatFits", testLeaseOrder},
+		{"LeaseExclusiveUnderConcurrency", testLeaseExclusive},
+		{"FenceRefusesStaleAndExpired", testFence},
+		{"PatchTerminalFirstWins", testPatchTerminal},
+		{"StreamOffsetRules", testStream},
+		{"ExpiredLeaseFailsWorkerLost", testExpireFails},
+		{"ExpiredRetryableRequeuedWithHigherEpoch", testExpireRequeues},
+		{"Cancel", testCancel},
+		{"CancelledRunWhoseWorkerIsLostEndsCancelled", testCancelThenLost},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := open(t)
+			t.Cleanup(func() { s.Close() })
+			require.NoError(t, s.Ready(context.Background()))
+			tc.f(t, s)
+		})
+	}
+}
+
+// Submit creates task tid with its run rid, created at t0+i seconds.
+func Submit(t testing.TB, s controlplane.Store, rid string, i int, spec controlplane.TaskSpec) controlplane.Run {
+	t.Helper()
+	r, err := s.CreateTask(context.Background(), controlplane.NewTask{
+		Task:      model.Task{ID: "t-" + rid, UserID: "u1", ConversationID: "c1", Prompt: "do " + rid},
+		RunID:     rid,
+		SessionID: "s1",
+		Spec:      spec,
+		CreatedAt: t0.Add(time.Duration(i) * time.Second),
+	})
+	require.NoError(t, err)
+	return r
+}
+
+func lease(t *testing.T, s controlplane.Store, worker string, now time.Time) *controlplane.Run {
+	t.Helper()
+	r, err := s.Lease(context.Background(), controlplane.LeaseOffer{WorkerID: worker, Now: now, TTL: ttl})
+	require.NoError(t, err)
+	return r
+}
+
+func testCreateGetList(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	spec := controlplane.TaskSpec{Model: "scripted", Image: "taskrun/agent:local", Runtime: "runc",
+		Limits:    workerclient.Limits{MemoryBytes: 1 << 30},
+		Workspace: &workerclient.StoredObject{Key: "k", Size: 3, SHA256: "abc"}}
+	r := Submit(t, s, "r1", 0, spec)
+	assert.Equal(t, model.StatusQueued, r.Status)
+	assert.Equal(t, int64(0), r.Epoch)
+	Submit(t, s, "r2", 1, controlplane.TaskSpec{})
+
+	got, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, spec, got.Spec)
+	assert.Equal(t, "do r1", got.Task.Prompt)
+	assert.Equal(t, "u1", got.Task.UserID)
+	assert.True(t, got.CreatedAt.Equal(t0))
+
+	_, err = s.GetRun(ctx, "nope")
+	assert.ErrorIs(t, err, controlplane.ErrNotFound)
+
+	list, err := s.ListRuns(ctx, controlplane.RunFilter{})
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	assert.Equal(t, "r2", list[0].ID, "newest first")
+	list, err = s.ListRuns(ctx, controlplane.RunFilter{Limit: 1})
+	require.NoError(t, err)
+	assert.Len(t, list, 1)
+	list, err = s.ListRuns(ctx, controlplane.RunFilter{UserID: "other"})
+	require.NoError(t, err)
+	assert.Empty(t, list)
+
+	require.NotNil(t, lease(t, s, "w1", t0))
+	list, err = s.ListRuns(ctx, controlplane.RunFilter{Status: model.StatusRunning})
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, "r1", list[0].ID)
+	counts, err := s.CountByStatus(ctx, "")
+	require.NoError(t, err)
+	assert.Equal(t, map[model.RunStatus]int{model.StatusRunning: 1, model.StatusQueued: 1}, counts)
+	counts, err = s.CountByStatus(ctx, "u1")
+	require.NoError(t, err)
+	assert.Equal(t, map[model.RunStatus]int{model.StatusRunning: 1, model.StatusQueued: 1}, counts)
+	counts, err = s.CountByStatus(ctx, "other")
+	require.NoError(t, err)
+	assert.Empty(t, counts)
+}
+
+func testLeaseOrder(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "big", 0, controlplane.TaskSpec{Limits: workerclient.Limits{MemoryBytes: 8 << 30}})
+	Submit(t, s, "small", 1, controlplane.TaskSpec{})
+	Submit(t, s, "small2", 2, controlplane.TaskSpec{})
+	assert.Nil(t, mustLease(t, s, controlplane.LeaseOffer{WorkerID: "w", Now: t0, TTL: ttl, Fits: func(controlplane.Run) bool { return false }}))
+
+	fitsSmall := func(r controlplane.Run) bool { return r.Spec.Limits.MemoryBytes <= 1<<30 }
+	r := mustLease(t, s, controlplane.LeaseOffer{WorkerID: "w1", Now: t0, TTL: ttl, Fits: fitsSmall})
+	require.NotNil(t, r)
+	assert.Equal(t, "small", r.ID, "the oldest run that fits")
+	assert.Equal(t, model.StatusRunning, r.Status)
+	assert.Equal(t, int64(1), r.Epoch)
+	assert.Equal(t, "w1", r.WorkerID)
+	require.NotNil(t, r.LeaseExpiresAt)
+	assert.True(t, r.LeaseExpiresAt.Equal(t0.Add(ttl)))
+
+	r = lease(t, s, "w2", t0)
+	require.NotNil(t, r)
+	assert.Equal(t, "big", r.ID)
+	r = lease(t, s, "w2", t0)
+	require.NotNil(t, r)
+	assert.Equal(t, "small2", r.ID)
+	assert.Nil(t, lease(t, s, "w2", t0), "queue is empty")
+	_ = ctx
+}
+
+func mustLease(t *testing.T, s controlplane.Store, o controlplane.LeaseOffer) *controlplane.Run {
+	t.Helper()
+	r, err := s.Lease(context.Background(), o)
+	require.NoError(t, err)
+	return r
+}
+
+func testLeaseExclusive(t *testing.T, s controlplane.Store) {
+	const runs, callers = 40, 16
+	for i := range runs {
+		Submit(t, s, fmt.Sprintf("r%02d", i), i, controlplane.TaskSpec{})
+	}
+	got := LeaseConcurrently(t, []controlplane.Store{s}, callers, t0)
+	assert.Len(t, got, runs, "every run leased exactly once")
+}
+
+// LeaseConcurrently has callers goroutines, spread over stores, lease until
+// the queue is empty, and returns who got each run. It fails t when any run
+// is handed out twice or with an epoch other than 1.
+func LeaseConcurrently(t *testing.T, stores []controlplane.Store, callers int, now time.Time) map[string]string {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		got  = map[string]string{}
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := stores[c%len(stores)]
+			w := fmt.Sprintf("w%d", c)
+			for {
+				r, err := s.Lease(context.Background(), controlplane.LeaseOffer{WorkerID: w, Now: now, TTL: ttl})
+				mu.Lock()
+				switch {
+				case err != nil:
+					errs = append(errs, err)
+				case r == nil:
+				case got[r.ID] != "":
+					errs = append(errs, fmt.Errorf("run %s leased to %s and %s", r.ID, got[r.ID], w))
+				case r.Epoch != 1:
+					errs = append(errs, fmt.Errorf("run %s first leased with epoch %d", r.ID, r.Epoch))
+				default:
+					got[r.ID] = w
+				}
+				mu.Unlock()
+				if err != nil || r == nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Empty(t, errs)
+	return got
+}
+
+func testFence(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{})
+	r := lease(t, s, "w1", t0)
+	require.NotNil(t, r)
+	running := workerclient.PatchTaskRunRequest{Status: model.StatusRunning}
+
+	_, err := s.Renew(ctx, "r1", 2, t0.Add(time.Second), ttl)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "wrong epoch")
+	_, _, err = s.Patch(ctx, "r1", 0, t0, running)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "no epoch")
+	_, err = s.AppendOutput(ctx, "r1", 7, t0, 0, []byte("x"), 0)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
+	_, err = s.EndOutput(ctx, "r1", 7, t0, 0)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
+
+	rn, err := s.Renew(ctx, "r1", 1, t0.Add(10*time.Second), ttl)
+	require.NoError(t, err)
+	assert.True(t, rn.LeaseExpiresAt.Equal(t0.Add(10*time.Second+ttl)))
+	_, changed, err := s.Patch(ctx, "r1", 1, t0.Add(20*time.Second), running)
+	require.NoError(t, err, "within the renewed lease")
+	assert.True(t, changed)
+
+	late := t0.Add(10*time.Second + ttl)
+	_, err = s.Renew(ctx, "r1", 1, late, ttl)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "expired, even before the sweeper ran")
+	_, _, err = s.Patch(ctx, "r1", 1, late, running)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
+	_, err = s.AppendOutput(ctx, "r1", 1, late, 0, []byte("x"), 0)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
+
+	_, err = s.Renew(ctx, "missing", 1, t0, ttl)
+	assert.ErrorIs(t, err, controlplane.ErrNotFound)
+}
+
+func testPatchTerminal(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{})
+	require.NotNil(t, lease(t, s, "w1", t0))
+	start, end := t0.Add(time.Second).UnixMilli(), t0.Add(time.Minute).UnixMilli()
+	out, exit, pt, ct := "all done", 0, 120, 30
+	_, _, err := s.Patch(ctx, "r1", 1, t0.Add(time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusRunning, StartedAt: &start,
+		Container: &workerclient.ContainerInfo{ID: "c1", ImageDigest: "sha256:aa", Runtime: "runc"}})
+	require.NoError(t, err)
+	done := workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded, EndedAt: &end, Output: &out, ExitCode: &exit, PromptTokens: &pt, CompletionTokens: &ct,
+		Artifact: &workerclient.Artifact{Key: "a", Size: 1, SHA256: "s"}, Changes: &workerclient.ChangeSet{Files: 2, Added: 1, Modified: 1}}
+	r, changed, err := s.Patch(ctx, "r1", 1, t0.Add(2*time.Second), done)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Equal(t, model.StatusSucceeded, r.Status)
+	assert.Equal(t, "all done", r.Output)
+	require.NotNil(t, r.ExitCode)
+	assert.Equal(t, 0, *r.ExitCode)
+	assert.Equal(t, int64(120), r.PromptTokens)
+	assert.Equal(t, int64(30), r.CompletionTokens)
+	assert.Equal(t, "sha256:aa", r.Container.ImageDigest, "earlier fields kept")
+	assert.Equal(t, 2, r.Changes.Files)
+	assert.True(t, r.StartedAt.Equal(time.UnixMilli(start)))
+	assert.Nil(t, r.LeaseExpiresAt, "a terminal status ends the lease")
+
+	msg := "late failure"
+	r, changed, err = s.Patch(ctx, "r1", 1, t0.Add(time.Hour), workerclient.PatchTaskRunRequest{Status: model.StatusFailed, Error: &msg})
+	require.NoError(t, err, "a repeated terminal PATCH with the same epoch is accepted")
+	assert.False(t, changed)
+	assert.Equal(t, model.StatusSucceeded, r.Status, "the first terminal status wins")
+	assert.Empty(t, r.Error)
+	_, err = s.Renew(ctx, "r1", 1, t0.Add(3*time.Second), ttl)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "no lease left to renew")
+}
+
+func testStream(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{})
+	require.NotNil(t, lease(t, s, "w1", t0))
+	now := t0.Add(time.Second)
+	app := func(off int64, data string) (int64, error) {
+		return s.AppendOutput(ctx, "r1", 1, now, off, []byte(data), 64)
+	}
+	n, err := app(0, "hello ")
+	require.NoError(t, err)
+	assert.Equal(t, int64(6), n)
+	n, err = app(0, "hello ")
+	require.NoError(t, err, "duplicate dropped")
+	assert.Equal(t, int64(6), n)
+	n, err = app(3, "lo world")
+	require.NoError(t, err, "overlap: held prefix dropped")
+	assert.Equal(t, int64(11), n)
+	_, err = app(20, "x")
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "gap")
+	_, err = app(6, "WORLD!")
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "overlapping bytes differ")
+	_, err = app(11, string(make([]byte, 60)))
+	assert.ErrorIs(t, err, controlplane.ErrTooLarge, "over the cap")
+	n, err = app(11, "!")
+	require.NoError(t, err)
+	assert.Equal(t, int64(12), n)
+
+	data, r, err := s.ReadOutput(ctx, "r1", 0, 1<<20)
+	require.NoError(t, err)
+	assert.Equal(t, "hello world!", string(data))
+	assert.False(t, r.StreamEnded)
+	data, _, err = s.ReadOutput(ctx, "r1", 4, 5)
+	require.NoError(t, err)
+	assert.Equal(t, "o wor", string(data))
+	data, _, err = s.ReadOutput(ctx, "r1", 12, 5)
+	require.NoError(t, err)
+	assert.Empty(t, data)
+
+	_, err = s.EndOutput(ctx, "r1", 1, now, 11)
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "wrong total")
+	n, err = s.EndOutput(ctx, "r1", 1, now, 12)
+	require.NoError(t, err)
+	assert.Equal(t, int64(12), n)
+	_, err = s.EndOutput(ctx, "r1", 1, now, 12)
+	require.NoError(t, err, "repeated end")
+	_, err = app(12, "more")
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "past the end")
+	_, err = app(6, "world")
+	require.NoError(t, err, "a duplicate after the end is still harmless")
+	_, r, err = s.ReadOutput(ctx, "r1", 0, 1)
+	require.NoError(t, err)
+	assert.True(t, r.StreamEnded)
+	assert.Equal(t, int64(12), r.StreamNext)
+}
+
+func testExpireFails(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{})
+	Submit(t, s, "r2", 1, controlplane.TaskSpec{})
+	require.NotNil(t, lease(t, s, "w1", t0))
+	require.NotNil(t, lease(t, s, "w2", t0.Add(5*time.Second)))
+
+	ex, err := s.ExpireLeases(ctx, t0.Add(ttl-time.Millisecond))
+	require.NoError(t, err)
+	assert.Empty(t, ex, "nothing lapsed yet")
+	ex, err = s.ExpireLeases(ctx, t0.Add(ttl))
+	require.NoError(t, err)
+	assert.Equal(t, []controlplane.Expired{{RunID: "r1", Status: model.StatusFailed}}, ex)
+
+	r, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusFailed, r.Status)
+	assert.Equal(t, controlplane.ErrorWorkerLost, r.Error)
+	require.NotNil(t, r.EndedAt)
+	r2, err := s.GetRun(ctx, "r2")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusRunning, r2.Status, "its lease is still good")
+
+	// The lost worker comes back: refused, whatever it sends.
+	_, _, err = s.Patch(ctx, "r1", 1, t0.Add(ttl), workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded})
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
+	assert.Nil(t, lease(t, s, "w3", t0.Add(time.Hour)), "a non-retryable run is never executed again")
+}
+
+func testExpireRequeues(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{Retryable: true})
+	require.NotNil(t, lease(t, s, "w1", t0))
+	_, err := s.AppendOutput(ctx, "r1", 1, t0, 0, []byte("partial"), 0)
+	require.NoError(t, err)
+
+	now := t0.Add(ttl)
+	for attempt := 1; attempt <= controlplane.MaxAttempts; attempt++ {
+		ex, err := s.ExpireLeases(ctx, now)
+		require.NoError(t, err)
+		require.Len(t, ex, 1)
+		if attempt == controlplane.MaxAttempts {
+			assert.Equal(t, model.StatusFailed, ex[0].Status, "attempts are bounded")
+			r, err := s.GetRun(ctx, "r1")
+			require.NoError(t, err)
+			assert.Contains(t, r.Error, controlplane.ErrorWorkerLost)
+			break
+		}
+		assert.True(t, ex[0].Requeued)
+		r, err := s.GetRun(ctx, "r1")
+		require.NoError(t, err)
+		assert.Equal(t, model.StatusQueued, r.Status)
+		assert.Equal(t, int64(0), r.StreamNext, "the next attempt's stream starts over")
+
+		_, _, err = s.Patch(ctx, "r1", int64(attempt), now, workerclient.PatchTaskRunRequest{Status: model.StatusRunning})
+		assert.ErrorIs(t, err, controlplane.ErrStaleFence, "the lost worker's epoch is dead")
+
+		got := lease(t, s, "w2", now)
+		require.NotNil(t, got)
+		assert.Equal(t, int64(attempt+1), got.Epoch, "a higher epoch")
+		assert.Equal(t, attempt+1, got.Attempts)
+		_, err = s.AppendOutput(ctx, "r1", got.Epoch, now, 0, []byte("other"), 0)
+		require.NoError(t, err, "the new attempt writes from offset 0")
+		now = now.Add(ttl)
+	}
+}
+
+func testCancel(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "q", 0, controlplane.TaskSpec{})
+	Submit(t, s, "l", 1, controlplane.TaskSpec{})
+	r, err := s.Cancel(ctx, "q", t0)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusCancelled, r.Status, "a queued run ends at once")
+	got := lease(t, s, "w", t0)
+	require.NotNil(t, got)
+	assert.Equal(t, "l", got.ID, "a cancelled run is never leased")
+
+	r, err = s.Cancel(ctx, "l", t0)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusRunning, r.Status)
+	assert.True(t, r.CancelRequested)
+	rn, err := s.Renew(ctx, "l", 1, t0.Add(time.Second), ttl)
+	require.NoError(t, err)
+	assert.True(t, rn.CancelRequested, "the worker learns at its next renewal")
+	_, _, err = s.Patch(ctx, "l", 1, t0.Add(2*time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusCancelled})
+	require.NoError(t, err)
+	_, err = s.Cancel(ctx, "l", t0)
+	assert.ErrorIs(t, err, controlplane.ErrFinished)
+	_, err = s.Cancel(ctx, "missing", t0)
+	assert.ErrorIs(t, err, controlplane.ErrNotFound)
+}
+
+// BenchLeaseCycle measures one run's life in the store: submit, lease,
+// report RUNNING, append 4 KiB of output, report SUCCEEDED.
+func BenchLeaseCycle(b *testing.B, s controlplane.Store) {
+	ctx := context.Background()
+	chunk := make([]byte, 4<<10)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		rid := fmt.Sprintf("b%09d", i)
+		Submit(b, s, rid, i, controlplane.TaskSpec{})
+		r, err := s.Lease(ctx, controlplane.LeaseOffer{WorkerID: "w", Now: t0, TTL: time.Hour})
+		if err != nil || r == nil {
+			b.Fatalf("lease: %v %v", r, err)
+		}
+		if _, _, err := s.Patch(ctx, r.ID, r.Epoch, t0, workerclient.PatchTaskRunRequest{Status: model.StatusRunning}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.AppendOutput(ctx, r.ID, r.Epoch, t0, 0, chunk, 0); err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := s.Patch(ctx, r.ID, r.Epoch, t0, workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func testCancelThenLost(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{Retryable: true})
+	require.NotNil(t, lease(t, s, "w1", t0))
+	_, err := s.Cancel(ctx, "r1", t0)
+	require.NoError(t, err)
+	ex, err := s.ExpireLeases(ctx, t0.Add(ttl))
+	require.NoError(t, err)
+	assert.Equal(t, []controlplane.Expired{{RunID: "r1", Status: model.StatusCancelled}}, ex, "not requeued: its owner cancelled it")
+	r, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusCancelled, r.Status)
+	assert.Nil(t, lease(t, s, "w2", t0.Add(ttl)))
+}

@@ -1,0 +1,124 @@
+package kubernetes
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/sandboxtest"
+)
+
+// TestRestrictedNamespaceAdmitsOnlyTaskrunsPods submits (server-side dry
+// run: admission runs, nothing is stored) the Pod the converter makes, then
+// the same Pod with one field loosened: the API server admits the first
+// and refuses each loosened one as Forbidden by Pod Security.
+func TestRestrictedNamespaceAdmitsOnlyTaskrunsPods(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"true"}, Run: model.RunRef{RunID: "admission"},
+		Timeout: time.Minute, StopGrace: time.Second,
+		Mounts: []sandbox.Mount{{Source: "/runs/r", Target: "/taskrun"}}}
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	create := func(pod *corev1.Pod) error {
+		_, err := b.client.CoreV1().Pods(e.namespace).Create(t.Context(), pod, dryRun)
+		return err
+	}
+	cv, err := convert(spec, sandbox.DefaultPolicy(), b.podConfig(spec, "", time.Now()))
+	require.NoError(t, err)
+	require.NoError(t, create(cv.Pod), "the restricted namespace must admit taskrun's Pod")
+
+	yes := true
+	root := int64(0)
+	loosen := map[string]func(*corev1.Pod){
+		"allowPrivilegeEscalation": func(p *corev1.Pod) { p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = &yes },
+		// Privileged with allowPrivilegeEscalation false is not even valid.
+		"privileged": func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Privileged = &yes
+			p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = nil
+		},
+		"capability NET_RAW": func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"NET_RAW"}
+		},
+		"runAsUser 0": func(p *corev1.Pod) { p.Spec.SecurityContext.RunAsUser = &root },
+		"hostNetwork": func(p *corev1.Pod) { p.Spec.HostNetwork = true },
+		"seccomp unconfined": func(p *corev1.Pod) {
+			p.Spec.SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
+		},
+		"hostPath": func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
+		},
+	}
+	for name, edit := range loosen {
+		t.Run(name, func(t *testing.T) {
+			pod := cv.Pod.DeepCopy()
+			edit(pod)
+			err := create(pod)
+			require.Error(t, err)
+			var status *apierrors.StatusError
+			require.True(t, errors.As(err, &status), "want a typed API status, got %T: %v", err, err)
+			assert.Equal(t, metav1.StatusReasonForbidden, status.ErrStatus.Reason, status.ErrStatus.Message)
+			assert.True(t, apierrors.IsForbidden(err))
+		})
+	}
+}
+
+// TestPostureOfALivePod reads a running Pod's posture and evaluates the
+// audit rules on it: the confinement taskrun sets passes, and the facts
+// the Pod cannot have are reported as failing rather than passing.
+func TestPostureOfALivePod(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	var out lockedbuf.Buffer
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo up; sleep 1000"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "posture"}, Timeout: 2 * time.Minute}
+	pol := sandbox.DefaultPolicy()
+	pol.NanoCPUs = 500_000_000
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	select {
+	case <-out.Seen("up"):
+	case <-time.After(time.Minute):
+		t.Fatal("the run never printed its marker")
+	}
+	p, err := h.Posture(t.Context())
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(p.ID, "containerd://"), "the posture names the live container: %q", p.ID)
+	assert.Equal(t, "10001:10001", p.User)
+	assert.Equal(t, "posture", p.Labels[sandbox.LabelRun])
+	assert.Equal(t, e.instance, p.Labels[sandbox.LabelInstance])
+
+	rep := audit.Check(p, sandbox.HostFacts{Seccomp: true}, audit.Options{})
+	failed := rep.FailedIDs()
+	for _, id := range []string{"5.5", "5.4", "PSS:capabilities-drop-all", "5.26", "5.22", "5.13", "5.11", "5.12", "PSS:runAsNonRoot", "5.16", "5.17"} {
+		assert.False(t, slices.Contains(failed, id), "rule %s fails on taskrun's Pod", id)
+	}
+	assert.Contains(t, failed, "5.29", "a Pod has no pids limit: the rule must say so")
+
+	// The run's NetworkPolicy selects exactly its Pod, and goes with it.
+	np, err := b.client.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+	require.NoError(t, err)
+	pod, err := b.client.CoreV1().Pods(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+	require.NoError(t, err)
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	require.NoError(t, err)
+	assert.True(t, sel.Matches(labels.Set(pod.Labels)))
+	assert.Empty(t, np.Spec.Egress)
+	require.NoError(t, h.Close(t.Context()))
+	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelRun: "posture", sandbox.LabelInstance: e.instance})
+	require.NoError(t, err)
+	assert.Empty(t, left)
+}

@@ -1,0 +1,341 @@
+// Package kubernetes implements sandbox.Backend on a Kubernetes cluster:
+// one Pod per run, behind the same contract as sandbox/docker.
+//
+// A run's Pod passes the Pod Security "restricted" profile (see convert.go)
+// and has three containers, all confined alike:
+//
+//   - fill, an init container of the helper image, receives the Spec's
+//     mounts from the executor as a fill stream over attach stdin and
+//     extracts them into an emptyDir, the data volume; it also copies the
+//     helper program into a second emptyDir;
+//   - run, the Spec's image, starts the helper's gate, which holds the
+//     command until the executor is attached to the container's output (it
+//     releases the gate with one byte on stdin), so no byte is lost;
+//   - keep, of the helper image, keeps the Pod and its data volume alive
+//     after the run container exited, until the executor has copied the
+//     read-write mounts back over exec and deleted the Pod.
+//
+// A NetworkPolicy denying all ingress and egress selects the run's Pod
+// alone. Timeouts and cancellation stop the run container with SIGTERM and,
+// after the grace period, SIGKILL (exec of the helper's stop); the Pod's
+// activeDeadlineSeconds is a backstop the cluster enforces when the executor
+// is gone, and Reap removes such Pods by label.
+package kubernetes
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8s "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+// Defaults of the backend's options.
+const (
+	// DefaultHelperImage is the helper image (taskrun images build builds it).
+	DefaultHelperImage = "taskrun/podhelper:local"
+	// DefaultStopGrace is the SIGTERM-to-SIGKILL grace when a Spec sets none.
+	DefaultStopGrace = 10 * time.Second
+	// DefaultExpirySlack is added to timeout and grace in the expiry
+	// annotation and the Pod's active deadline.
+	DefaultExpirySlack = 5 * time.Minute
+	// DefaultDiskBytes caps the data volume (the run's mounts).
+	DefaultDiskBytes = 1 << 30
+	// DefaultLogBytes is the ephemeral storage allowed for the run
+	// container's log.
+	DefaultLogBytes = 64 << 20
+	// DefaultStartTimeout bounds how long Start waits for the Pod to be
+	// scheduled and its containers to start.
+	DefaultStartTimeout = 2 * time.Minute
+	// cleanupTimeout bounds calls made on a context detached from the
+	// caller's.
+	cleanupTimeout = 30 * time.Second
+)
+
+// Backend runs sandbox Pods in one namespace. It is safe for concurrent use.
+type Backend struct {
+	client           k8s.Interface
+	config           *rest.Config
+	namespace        string
+	log              *slog.Logger
+	helperImage      string
+	runtimeClasses   map[string]string
+	seccompLocalhost string
+	diskBytes        int64
+	logBytes         int64
+	cpuRequest       resource.Quantity
+	memoryRequest    resource.Quantity
+	stopGrace        time.Duration
+	expirySlack      time.Duration
+	startTimeout     time.Duration
+	instance         string
+	now              func() time.Time
+
+	mu   sync.Mutex
+	live map[string]*handle
+}
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithLogger sets the logger; the default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
+
+// WithHelperImage sets the helper image of the fill and keeper containers.
+func WithHelperImage(ref string) Option { return func(b *Backend) { b.helperImage = ref } }
+
+// WithRuntimeClass maps a Policy.Runtime (such as "runsc") to the cluster's
+// RuntimeClass name (such as "gvisor"). A Policy naming a runtime without a
+// mapping is refused.
+func WithRuntimeClass(runtime, class string) Option {
+	return func(b *Backend) { b.runtimeClasses[runtime] = class }
+}
+
+// WithSeccompLocalhost selects taskrun's seccomp profile installed on the
+// nodes at path (relative to the kubelet's seccomp directory) instead of the
+// runtime's default profile.
+func WithSeccompLocalhost(path string) Option { return func(b *Backend) { b.seccompLocalhost = path } }
+
+// WithDiskBytes caps the data volume holding the run's mounts.
+func WithDiskBytes(n int64) Option { return func(b *Backend) { b.diskBytes = n } }
+
+// WithRequests sets the run container's CPU and memory requests (what the
+// scheduler reserves; the Policy sets the limits).
+func WithRequests(cpu, memory resource.Quantity) Option {
+	return func(b *Backend) { b.cpuRequest, b.memoryRequest = cpu, memory }
+}
+
+// WithStopGrace sets the grace period used when a Spec sets no StopGrace.
+func WithStopGrace(d time.Duration) Option { return func(b *Backend) { b.stopGrace = d } }
+
+// WithExpirySlack sets the margin added to timeout and grace in the expiry
+// annotation and the Pod's active deadline.
+func WithExpirySlack(d time.Duration) Option { return func(b *Backend) { b.expirySlack = d } }
+
+// WithStartTimeout bounds how long Start waits for the Pod to start.
+func WithStartTimeout(d time.Duration) Option { return func(b *Backend) { b.startTimeout = d } }
+
+// WithInstance labels every Pod with the executor's instance ID
+// (sandbox.LabelInstance), so that Reap run by another executor leaves them
+// alone while this one lives.
+func WithInstance(id string) Option { return func(b *Backend) { b.instance = id } }
+
+// WithClock sets the backend's clock (creation annotations, reaper ages).
+func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = now } }
+
+// Instance returns the executor instance ID the backend labels Pods with.
+func (b *Backend) Instance() string { return b.instance }
+
+// Namespace returns the namespace the backend runs Pods in.
+func (b *Backend) Namespace() string { return b.namespace }
+
+// Client returns the backend's Kubernetes client.
+func (b *Backend) Client() k8s.Interface { return b.client }
+
+// ConfigFromKubeconfig loads a client configuration from the kubeconfig
+// file at path ("" for the usual KUBECONFIG and ~/.kube/config lookup).
+func ConfigFromKubeconfig(path string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if path != "" {
+		rules.ExplicitPath = path
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig %q: %w; pass --kubeconfig PATH to a cluster's kubeconfig", path, err)
+	}
+	return cfg, nil
+}
+
+// New connects to the cluster with cfg and checks that the namespace
+// exists. When the API server does not answer, the error wraps
+// sandbox.ErrDaemonUnavailable.
+func New(ctx context.Context, cfg *rest.Config, namespace string, opts ...Option) (*Backend, error) {
+	if namespace == "" {
+		return nil, errors.New("kubernetes backend: namespace is empty; pass --namespace NS (a namespace enforcing Pod Security \"restricted\")")
+	}
+	client, err := k8s.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	b := &Backend{
+		client:         client,
+		config:         cfg,
+		namespace:      namespace,
+		log:            slog.Default(),
+		helperImage:    DefaultHelperImage,
+		diskBytes:      DefaultDiskBytes,
+		logBytes:       DefaultLogBytes,
+		cpuRequest:     resource.MustParse("50m"),
+		memoryRequest:  resource.MustParse("64Mi"),
+		stopGrace:      DefaultStopGrace,
+		expirySlack:    DefaultExpirySlack,
+		startTimeout:   DefaultStartTimeout,
+		runtimeClasses: map[string]string{},
+		now:            time.Now,
+		live:           map[string]*handle{},
+	}
+	for _, o := range opts {
+		o(b)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := client.CoreV1().Namespaces().Get(pctx, namespace, metav1.GetOptions{}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("kubernetes backend: namespace %q does not exist: %w; create it with Pod Security \"restricted\" enforced", namespace, err)
+		}
+		if apierrors.IsForbidden(err) {
+			// A namespaced role may not read namespaces; the run calls decide.
+			return b, nil
+		}
+		return nil, fmt.Errorf("%w: API server %s: %w; check --kubeconfig", sandbox.ErrDaemonUnavailable, cfg.Host, err)
+	}
+	return b, nil
+}
+
+// Start creates the run's NetworkPolicy and Pod, fills the mounts, attaches
+// to the run container and releases its gate. On error nothing is left
+// behind.
+func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
+	if err := pol.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Image == "" {
+		return nil, errors.New("sandbox spec: image is empty; set Spec.Image to an image loaded on the cluster's nodes")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if spec.StopGrace <= 0 {
+		spec.StopGrace = b.stopGrace
+	}
+	class := ""
+	if pol.Runtime != "" {
+		var ok bool
+		if class, ok = b.runtimeClasses[pol.Runtime]; !ok {
+			return nil, fmt.Errorf("sandbox policy: runtime %q has no RuntimeClass on this cluster; configure one (e.g. --runtime-class %s=gvisor)", pol.Runtime, pol.Runtime)
+		}
+	}
+	sockets, err := findSockets(spec.Mounts)
+	if err != nil {
+		return nil, fmt.Errorf("look for the executor's sockets in the mounts: %w", err)
+	}
+	cfg := b.podConfig(spec, class, b.now())
+	for _, s := range sockets {
+		cfg.Sockets = append(cfg.Sockets, s.Pod)
+	}
+	cv, err := convert(spec, pol, cfg)
+	if err != nil {
+		return nil, err
+	}
+	h := newHandle(b, cv.Pod.Name, spec, streams)
+	if err := h.start(ctx, cv, sockets); err != nil {
+		h.discard(ctx)
+		return nil, err
+	}
+	b.register(h)
+	b.log.DebugContext(ctx, "sandbox pod started", "pod", h.name, "run", spec.Run.RunID, "image", spec.Image)
+	return h, nil
+}
+
+// podConfig is the converter's input from the backend's options.
+func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time.Time) podConfig {
+	return podConfig{
+		Namespace:        b.namespace,
+		Name:             podName(spec.Name, strings.ToLower(rand.Text()[:8])),
+		HelperImage:      b.helperImage,
+		RuntimeClass:     runtimeClass,
+		SeccompLocalhost: b.seccompLocalhost,
+		DiskBytes:        b.diskBytes,
+		LogBytes:         b.logBytes,
+		CPURequest:       b.cpuRequest,
+		MemoryRequest:    b.memoryRequest,
+		Instance:         b.instance,
+		Created:          created,
+		Slack:            b.expirySlack,
+	}
+}
+
+// HostFacts describes the cluster (sandbox.EngineDescriber): its version and
+// the RuntimeClasses the backend maps runtimes to.
+func (b *Backend) HostFacts(ctx context.Context) (sandbox.HostFacts, error) {
+	v, err := b.client.Discovery().ServerVersion()
+	if err != nil {
+		return sandbox.HostFacts{}, fmt.Errorf("kubernetes server version: %w", err)
+	}
+	facts := sandbox.HostFacts{Seccomp: true, ServerVersion: v.GitVersion}
+	for rt := range b.runtimeClasses {
+		facts.Runtimes = append(facts.Runtimes, rt)
+	}
+	return facts, nil
+}
+
+// register records a live handle; the reaper never touches its Pod.
+func (b *Backend) register(h *handle) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.live[h.name] = h
+}
+
+// unregister forgets a handle.
+func (b *Backend) unregister(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.live, name)
+}
+
+// isLive reports whether this backend holds a handle for the Pod.
+func (b *Backend) isLive(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.live[name]
+	return ok
+}
+
+// deleteRun deletes the run's Pod (at once: its outputs are out or given
+// up) and NetworkPolicy, on a context detached from ctx's cancellation.
+// What is already gone is not an error.
+func (b *Backend) deleteRun(ctx context.Context, name string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	zero := int64(0)
+	bg := metav1.DeletePropagationBackground
+	opts := metav1.DeleteOptions{GracePeriodSeconds: &zero, PropagationPolicy: &bg}
+	var errs []error
+	if err := b.client.CoreV1().Pods(b.namespace).Delete(ctx, name, opts); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete pod %s: %w", name, err))
+	}
+	if err := b.client.NetworkingV1().NetworkPolicies(b.namespace).Delete(ctx, name, opts); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete network policy %s: %w", name, err))
+	}
+	return errors.Join(errs...)
+}
+
+// containerStatus finds a container's status in a Pod's status.
+func containerStatus(pod *corev1.Pod, name string) *corev1.ContainerStatus {
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+		for i := range list {
+			if list[i].Name == name {
+				return &list[i]
+			}
+		}
+	}
+	return nil
+}
+
+var (
+	_ sandbox.Backend         = (*Backend)(nil)
+	_ sandbox.EngineDescriber = (*Backend)(nil)
+)

@@ -1,0 +1,328 @@
+// Package podhelper is the executor's helper inside a run's Pod on
+// Kubernetes: the part of sandbox/kubernetes that runs on the node.
+//
+// It is one small static program with subcommands, cmd/taskrun-pod, which
+// the helper image taskrun/podhelper:local holds (the taskrun binary also
+// acts as it when run under that name):
+//
+//   - fill DATA BIN, the Pod's init container: copies itself to BIN, where
+//     the run container finds it, and extracts the run's mounts from a fill
+//     stream (stream.go) read on stdin into the data volume DATA.
+//   - gate -- CMD..., the run container's first process: it waits for one
+//     byte on stdin, which the executor sends only once it is attached to
+//     the container's output, so not a byte of output is lost; then it runs
+//     CMD as its child with stdin on /dev/null, forwards signals to it, reaps
+//     orphans, and exits with CMD's status (128+signal when killed), as an
+//     init process does for Docker's --init.
+//   - stop GRACE, exec'd in the run container to stop it: SIGTERM to the gate
+//     (which forwards it), and after GRACE SIGKILL to every process.
+//   - hold, the keeper container: it keeps the Pod, and so the data volume,
+//     alive after the run container exited until the executor copied the
+//     outputs out and deleted the Pod.
+//   - pack DIR, exec'd in the keeper: writes DIR as a PackHome archive to
+//     stdout.
+//   - hold --control CONTROL SOCKET... and tunnel CONTROL SOCKET: the model
+//     tunnel (tunnel.go).
+package podhelper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/taskrun/taskrun/workspace"
+)
+
+// Names and paths of the helper.
+const (
+	// Name is the helper's program name; the taskrun binary acts as the
+	// helper when run under it.
+	Name = "taskrun-pod"
+	// ImagePath is where the helper image holds the program.
+	ImagePath = "/" + Name
+	// BinDir is where the bin volume (the helper, copied there by fill) is
+	// mounted in every container of the Pod.
+	BinDir = "/.taskrun-pod/bin"
+	// Path is the helper's path in the run container.
+	Path = BinDir + "/" + Name
+	// DataDir is where the data volume is mounted in the fill and keeper
+	// containers.
+	DataDir = "/.taskrun-pod/data"
+	// GateClosedExitCode is the gate's status when stdin closed before the
+	// executor released it: the command never ran.
+	GateClosedExitCode = 125
+)
+
+// Main runs the subcommand in args and returns the exit status.
+func Main(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "taskrun-pod: subcommand required: fill, gate, stop, hold or pack")
+		return 2
+	}
+	ctx := context.Background()
+	var err error
+	switch args[0] {
+	case "fill":
+		if len(args) != 3 {
+			err = errors.New("usage: taskrun-pod fill DATA BIN")
+			break
+		}
+		err = fill(ctx, os.Stdin, args[1], args[2])
+	case "gate":
+		if len(args) < 3 || args[1] != "--" {
+			err = errors.New("usage: taskrun-pod gate -- CMD [ARG...]")
+			break
+		}
+		return gate(os.Stdin, args[2:])
+	case "stop":
+		var grace time.Duration
+		if len(args) == 2 {
+			grace, err = time.ParseDuration(args[1])
+		} else {
+			err = errors.New("usage: taskrun-pod stop GRACE")
+		}
+		if err == nil {
+			stop(grace)
+		}
+	case "hold":
+		if len(args) == 1 {
+			hold()
+			break
+		}
+		if len(args) < 3 || args[1] != "--control" {
+			err = errors.New("usage: taskrun-pod hold [--control SOCKET [LISTEN...]]")
+			break
+		}
+		err = holdServing(args[2], args[3:])
+	case "tunnel":
+		if len(args) != 3 {
+			err = errors.New("usage: taskrun-pod tunnel CONTROL SOCKET")
+			break
+		}
+		err = tunnel(os.Stdin, os.Stdout, args[1], args[2])
+	case "pack":
+		if len(args) != 2 {
+			err = errors.New("usage: taskrun-pod pack DIR")
+			break
+		}
+		_, err = workspace.PackHome(ctx, args[1], os.Stdout, workspace.PackOptions{})
+	default:
+		err = fmt.Errorf("unknown subcommand %q", args[0])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "taskrun-pod:", err)
+		return 1
+	}
+	return 0
+}
+
+// Fill copies the running program to bin and extracts the fill stream on r
+// into data: what the fill container does.
+func Fill(ctx context.Context, r io.Reader, data, bin string) error { return fill(ctx, r, data, bin) }
+
+// fill implements Fill.
+func fill(ctx context.Context, r io.Reader, data, bin string) error {
+	if err := copySelf(filepath.Join(bin, Name)); err != nil {
+		return err
+	}
+	sr, err := NewStreamReader(r)
+	if err != nil {
+		return err
+	}
+	for {
+		sec, body, err := sr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		dest := filepath.Join(data, sec.Name)
+		switch sec.Kind {
+		case KindDir:
+			if _, err := workspace.UnpackHome(ctx, body, dest, workspace.UnpackOptions{}); err != nil {
+				return fmt.Errorf("mount %s: %w", sec.Name, err)
+			}
+		case KindFile:
+			if err := writeFile(dest, os.FileMode(sec.Mode), body); err != nil {
+				return fmt.Errorf("mount %s: %w", sec.Name, err)
+			}
+		}
+	}
+}
+
+// copySelf copies the running executable to dst, read-only and executable.
+func copySelf(dst string) error {
+	src, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	return writeFile(dst, 0o555, src)
+}
+
+// writeFile creates dst (which must not exist) with r's bytes and mode.
+func writeFile(dst string, mode os.FileMode, r io.Reader) error {
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// forwarded are the signals the gate passes on to its command.
+var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// GateToken is what the gate writes on stderr, again and again, until the
+// executor releases it. Seeing it proves the executor's attach session
+// receives stderr, and so stdout, which the runtime attaches first; the
+// executor removes every leading token from the stream.
+const GateToken = "\x00taskrun-pod-gate\x00\n"
+
+// gateInterval bounds how often the gate repeats its token.
+const (
+	gateIntervalMin = 10 * time.Millisecond
+	gateIntervalMax = 200 * time.Millisecond
+)
+
+// gate waits for the executor's byte on stdin, announcing itself on stderr
+// meanwhile, then runs argv as init.
+func gate(stdin *os.File, argv []string) int {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	released := make(chan bool, 1)
+	go func() {
+		var b [1]byte
+		n, _ := stdin.Read(b[:])
+		released <- n == 1
+	}()
+	ok := false
+	for d := gateIntervalMin; ; d = min(2*d, gateIntervalMax) {
+		if _, err := os.Stderr.WriteString(GateToken); err != nil {
+			break
+		}
+		select {
+		case ok = <-released:
+		case <-time.After(d):
+			continue
+		}
+		break
+	}
+	if !ok {
+		fmt.Fprintln(os.Stderr, "taskrun-pod gate: stdin closed before the executor attached; not starting the command")
+		return GateClosedExitCode
+	}
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "taskrun-pod gate:", err)
+		return GateClosedExitCode
+	}
+	if err := syscall.Dup2(int(null.Fd()), 0); err != nil {
+		fmt.Fprintln(os.Stderr, "taskrun-pod gate:", err)
+		return GateClosedExitCode
+	}
+	null.Close()
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "taskrun-pod gate: %v\n", err)
+		return 127
+	}
+	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
+		Env:   os.Environ(),
+		Files: []uintptr{0, 1, 2},
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "taskrun-pod gate: start %s: %v\n", argv[0], err)
+		return 126
+	}
+	go func() {
+		for s := range sigs {
+			_ = syscall.Kill(pid, s.(syscall.Signal))
+		}
+	}()
+	for {
+		var ws syscall.WaitStatus
+		got, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "taskrun-pod gate: wait:", err)
+			return 1
+		}
+		if got != pid {
+			continue // an orphan reaped
+		}
+		if ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ws.ExitStatus()
+	}
+}
+
+// stop sends SIGTERM to the gate and, after grace, SIGKILL to every process
+// it may signal (all but the gate and itself); the gate then exits with its
+// command's status.
+func stop(grace time.Duration) {
+	_ = syscall.Kill(1, syscall.SIGTERM)
+	time.Sleep(grace)
+	_ = syscall.Kill(-1, syscall.SIGKILL)
+}
+
+// hold blocks until SIGTERM or SIGINT.
+func hold() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	<-sigs
+}
+
+// holdServing serves the tunnel's sockets until SIGTERM or SIGINT.
+func holdServing(control string, sockets []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return Serve(ctx, control, sockets)
+}
+
+// StopCommand is the command that stops the run container with grace.
+func StopCommand(grace time.Duration) []string {
+	return []string{Path, "stop", grace.String()}
+}
+
+// PackCommand is the command the keeper runs to pack the i-th mount.
+func PackCommand(i int) []string {
+	return []string{ImagePath, "pack", DataDir + "/" + SectionName(i)}
+}
+
+// FillCommand is the fill container's command.
+func FillCommand() []string {
+	return []string{ImagePath, "fill", DataDir, BinDir}
+}
+
+// GateCommand is the run container's command: the gate in front of argv.
+func GateCommand(argv []string) []string {
+	return append([]string{Path, "gate", "--"}, argv...)
+}
+
+// HoldCommand is the keeper's command; with sockets, it serves them as the
+// model tunnel (tunnel.go).
+func HoldCommand(sockets ...string) []string {
+	if len(sockets) == 0 {
+		return []string{ImagePath, "hold"}
+	}
+	return append([]string{ImagePath, "hold", "--control", ControlSocket}, sockets...)
+}

@@ -1,0 +1,232 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sort"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+// ErrNoRunContainer is returned by PostureFromPod for a Pod without the run
+// container.
+var ErrNoRunContainer = errors.New("pod has no run container")
+
+// Network modes a Pod's posture reports.
+const (
+	// NetworkPod is a Pod's own network namespace.
+	NetworkPod = "pod"
+	// NetworkHost is the node's network namespace (hostNetwork).
+	NetworkHost = "host"
+)
+
+// PostureFromPod extracts the run container's posture from its Pod; the
+// one place a Pod becomes facts. Kubernetes sets no pids or open-files
+// limit per Pod, so PidsLimit is nil and Ulimits empty; swap follows the
+// node's swap behaviour, which the Pod does not say, so MemorySwap equals
+// Memory (no swap, the kubelet's default).
+func PostureFromPod(pod *corev1.Pod) (sandbox.Posture, error) {
+	var run *corev1.Container
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == ContainerRun {
+			run = &pod.Spec.Containers[i]
+		}
+	}
+	if run == nil {
+		return sandbox.Posture{}, fmt.Errorf("%w: %s", ErrNoRunContainer, pod.Name)
+	}
+	psc := pod.Spec.SecurityContext
+	if psc == nil {
+		psc = &corev1.PodSecurityContext{}
+	}
+	csc := run.SecurityContext
+	if csc == nil {
+		csc = &corev1.SecurityContext{}
+	}
+	labels := maps.Clone(pod.Annotations)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, pod.Labels)
+	p := sandbox.Posture{
+		ID:            pod.Name,
+		Name:          pod.Name,
+		Image:         run.Image,
+		Labels:        labels,
+		User:          user(psc, csc),
+		WorkingDir:    run.WorkingDir,
+		Privileged:    csc.Privileged != nil && *csc.Privileged,
+		NetworkMode:   NetworkPod,
+		PidMode:       "private",
+		IpcMode:       "private",
+		RestartPolicy: restartPolicy(pod.Spec.RestartPolicy),
+		LogDriver:     "kubelet",
+	}
+	if st := containerStatus(pod, ContainerRun); st != nil && st.ContainerID != "" {
+		p.ID = st.ContainerID
+	}
+	if pod.Spec.HostNetwork {
+		p.NetworkMode = NetworkHost
+	}
+	if pod.Spec.HostPID {
+		p.PidMode = "host"
+	}
+	if pod.Spec.HostIPC {
+		p.IpcMode = "host"
+	}
+	if pod.Spec.HostUsers != nil && !*pod.Spec.HostUsers {
+		p.UsernsMode = "private"
+	}
+	if csc.Capabilities != nil {
+		for _, c := range csc.Capabilities.Add {
+			p.CapAdd = append(p.CapAdd, string(c))
+		}
+		for _, c := range csc.Capabilities.Drop {
+			p.CapDrop = append(p.CapDrop, string(c))
+		}
+	}
+	if csc.AllowPrivilegeEscalation != nil && !*csc.AllowPrivilegeEscalation {
+		p.SecurityOpt = append(p.SecurityOpt, "no-new-privileges")
+	}
+	if sp := seccomp(psc, csc); sp != "" {
+		p.SecurityOpt = append(p.SecurityOpt, "seccomp="+sp)
+	}
+	if csc.AppArmorProfile != nil {
+		p.AppArmorProfile = string(csc.AppArmorProfile.Type)
+	} else if psc.AppArmorProfile != nil {
+		p.AppArmorProfile = string(psc.AppArmorProfile.Type)
+	}
+	p.ReadonlyRootfs = csc.ReadOnlyRootFilesystem != nil && *csc.ReadOnlyRootFilesystem
+	if m, ok := run.Resources.Limits[corev1.ResourceMemory]; ok {
+		p.Memory = m.Value()
+		p.MemorySwap = p.Memory
+	}
+	if c, ok := run.Resources.Limits[corev1.ResourceCPU]; ok {
+		p.NanoCPUs = c.MilliValue() * 1_000_000
+	}
+	if pod.Spec.RuntimeClassName != nil {
+		p.Runtime = *pod.Spec.RuntimeClassName
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Spec.Volumes {
+		volumes[v.Name] = v
+	}
+	for _, vm := range run.VolumeMounts {
+		v := volumes[vm.Name]
+		m := sandbox.PostureMount{Type: "volume", Source: vm.Name, Destination: vm.MountPath, RW: !vm.ReadOnly}
+		switch {
+		case v.HostPath != nil:
+			m.Type, m.Source = "bind", v.HostPath.Path
+		case v.EmptyDir != nil && v.EmptyDir.Medium == corev1.StorageMediumMemory:
+			if p.Tmpfs == nil {
+				p.Tmpfs = map[string]string{}
+			}
+			opts := "rw"
+			if v.EmptyDir.SizeLimit != nil {
+				opts += ",size=" + strconv.FormatInt(v.EmptyDir.SizeLimit.Value(), 10)
+			}
+			p.Tmpfs[vm.MountPath] = opts
+			continue
+		}
+		if vm.SubPath != "" {
+			m.Source += "/" + vm.SubPath
+		}
+		if vm.MountPropagation != nil {
+			m.Propagation = string(*vm.MountPropagation)
+		}
+		p.Mounts = append(p.Mounts, m)
+	}
+	sort.Slice(p.Mounts, func(i, j int) bool { return p.Mounts[i].Destination < p.Mounts[j].Destination })
+	for _, c := range run.Ports {
+		p.PortBindings = append(p.PortBindings, fmt.Sprintf("%d/%s->%s:%d", c.ContainerPort, c.Protocol, c.HostIP, c.HostPort))
+	}
+	if csc.ProcMount != nil && *csc.ProcMount == corev1.UnmaskedProcMount {
+		p.MaskedPaths = []string{}
+	}
+	return p, nil
+}
+
+// restartPolicy names a Pod's restart policy as the audit rules do:
+// Never is Docker's "no".
+func restartPolicy(p corev1.RestartPolicy) string {
+	if p == corev1.RestartPolicyNever {
+		return "no"
+	}
+	return string(p)
+}
+
+// Postures reads the posture of the named Pods, or of every managed Pod in
+// the namespace when names is empty (for `taskrun audit`).
+func (b *Backend) Postures(ctx context.Context, names ...string) ([]sandbox.Posture, error) {
+	var pods []corev1.Pod
+	if len(names) == 0 {
+		list, err := b.client.CoreV1().Pods(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: sandbox.LabelManaged + "=true"})
+		if err != nil {
+			return nil, fmt.Errorf("list pods in %s: %w", b.namespace, err)
+		}
+		pods = list.Items
+	}
+	for _, n := range names {
+		pod, err := b.client.CoreV1().Pods(b.namespace).Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("get pod %s: %w", n, err)
+		}
+		pods = append(pods, *pod)
+	}
+	out := make([]sandbox.Posture, 0, len(pods))
+	for i := range pods {
+		p, err := PostureFromPod(&pods[i])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// user is the effective uid:gid, the container's over the Pod's.
+func user(psc *corev1.PodSecurityContext, csc *corev1.SecurityContext) string {
+	uid, gid := psc.RunAsUser, psc.RunAsGroup
+	if csc.RunAsUser != nil {
+		uid = csc.RunAsUser
+	}
+	if csc.RunAsGroup != nil {
+		gid = csc.RunAsGroup
+	}
+	if uid == nil {
+		return ""
+	}
+	if gid == nil {
+		return strconv.FormatInt(*uid, 10)
+	}
+	return strconv.FormatInt(*uid, 10) + ":" + strconv.FormatInt(*gid, 10)
+}
+
+// seccomp names the effective seccomp profile: "runtime/default",
+// "localhost/<path>" or "unconfined".
+func seccomp(psc *corev1.PodSecurityContext, csc *corev1.SecurityContext) string {
+	sp := psc.SeccompProfile
+	if csc.SeccompProfile != nil {
+		sp = csc.SeccompProfile
+	}
+	if sp == nil {
+		return ""
+	}
+	switch sp.Type {
+	case corev1.SeccompProfileTypeRuntimeDefault:
+		return "runtime/default"
+	case corev1.SeccompProfileTypeLocalhost:
+		if sp.LocalhostProfile != nil {
+			return "localhost/" + *sp.LocalhostProfile
+		}
+		return "localhost/"
+	default:
+		return "unconfined"
+	}
+}

@@ -1,0 +1,141 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+// DefaultReapGrace spares Pods younger than this: a run being started by
+// another executor may not be registered anywhere yet.
+const DefaultReapGrace = time.Minute
+
+// ReapOptions narrows and tunes a Reap, as for the Docker backend.
+type ReapOptions struct {
+	// Labels restricts the reaper to Pods that also carry all of these labels.
+	Labels map[string]string
+	// Grace spares Pods created less than Grace ago; 0 means DefaultReapGrace.
+	Grace time.Duration
+	// DryRun reports what would be removed without removing anything.
+	DryRun bool
+	// All considers every managed Pod in the namespace, whoever created it.
+	// By default only Pods of this backend's instance and of executors that
+	// ExecutorGone proves gone are considered.
+	All bool
+	// ExecutorGone reports whether the executor instance id is provably gone.
+	ExecutorGone func(id string) (gone bool, why string)
+}
+
+// ReapedPod is a Pod Reap removed (or would remove in a dry run).
+type ReapedPod struct {
+	Name   string `json:"name"`
+	RunID  string `json:"run_id,omitempty"`
+	Phase  string `json:"phase"`
+	Reason string `json:"reason"`
+}
+
+// ReapReport says what a Reap found.
+type ReapReport struct {
+	Removed []ReapedPod `json:"removed"`
+	Spared  int         `json:"spared"`
+}
+
+// Reap deletes managed Pods (and their NetworkPolicies) that no live run
+// owns. A Pod of an executor proven gone is removed whatever its state;
+// otherwise a Pod is owned by a live run when this Backend holds a handle
+// for it, or when it is not finished and not past its dev.taskrun.expires
+// time. Pods younger than the grace period are spared.
+func (b *Backend) Reap(ctx context.Context, opts ReapOptions) (ReapReport, error) {
+	if opts.Grace <= 0 {
+		opts.Grace = DefaultReapGrace
+	}
+	sel := map[string]string{sandbox.LabelManaged: "true"}
+	maps.Copy(sel, opts.Labels)
+	pods, err := b.client.CoreV1().Pods(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(sel).String()})
+	if err != nil {
+		return ReapReport{}, err
+	}
+	now := b.now()
+	var rep ReapReport
+	var errs []error
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		reason, remove := b.reapReason(pod, opts, now)
+		if !remove {
+			rep.Spared++
+			continue
+		}
+		rep.Removed = append(rep.Removed, ReapedPod{Name: pod.Name, RunID: pod.Annotations[sandbox.LabelRun], Phase: string(pod.Status.Phase), Reason: reason})
+		if !opts.DryRun {
+			if err := b.deleteRun(ctx, pod.Name); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+// reapReason says whether pod is to be removed, and why.
+func (b *Backend) reapReason(pod *corev1.Pod, opts ReapOptions, now time.Time) (string, bool) {
+	if b.isLive(pod.Name) {
+		return "", false
+	}
+	if now.Sub(pod.CreationTimestamp.Time) < opts.Grace {
+		return "", false
+	}
+	inst := pod.Labels[sandbox.LabelInstance]
+	if inst != "" && inst != b.instance && opts.ExecutorGone != nil {
+		if gone, why := opts.ExecutorGone(inst); gone {
+			return "executor " + inst + " is gone: " + why, true
+		}
+	}
+	if !opts.All && (inst == "" || inst != b.instance) {
+		return "", false
+	}
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return "finished and no live run holds it", true
+	}
+	if st := containerStatus(pod, ContainerRun); st != nil && st.State.Terminated != nil {
+		return "run container exited and no live run holds it", true
+	}
+	if inst != "" && inst == b.instance {
+		return "created by this executor and not held by any of its runs", true
+	}
+	if exp, err := time.Parse(time.RFC3339, pod.Annotations[sandbox.LabelExpires]); err == nil && now.After(exp) {
+		return "past its expiry " + exp.Format(time.RFC3339), true
+	}
+	return "", false
+}
+
+// ListManaged returns the names of the managed Pods and NetworkPolicies
+// (as networkpolicy/NAME) carrying all of sel, sorted.
+func (b *Backend) ListManaged(ctx context.Context, sel map[string]string) ([]string, error) {
+	all := map[string]string{sandbox.LabelManaged: "true"}
+	maps.Copy(all, sel)
+	s := labels.SelectorFromSet(all).String()
+	pods, err := b.client.CoreV1().Pods(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: s})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range pods.Items {
+		out = append(out, p.Name)
+	}
+	nps, err := b.client.NetworkingV1().NetworkPolicies(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: s})
+	if err != nil {
+		return nil, err
+	}
+	for _, np := range nps.Items {
+		out = append(out, "networkpolicy/"+np.Name)
+	}
+	slices.Sort(out)
+	return out, nil
+}

@@ -1,0 +1,60 @@
+package kubernetes
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+func TestReapReason(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	b := &Backend{instance: "me", live: map[string]*handle{"held": nil}, now: func() time.Time { return now }}
+	pod := func(name, instance string, age time.Duration, phase corev1.PodPhase, expires time.Time) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(now.Add(-age)),
+			Labels: map[string]string{sandbox.LabelManaged: "true"}, Annotations: map[string]string{}},
+			Status: corev1.PodStatus{Phase: phase}}
+		if instance != "" {
+			p.Labels[sandbox.LabelInstance] = instance
+		}
+		if !expires.IsZero() {
+			p.Annotations[sandbox.LabelExpires] = expires.Format(time.RFC3339)
+		}
+		return p
+	}
+	gone := func(id string) (bool, string) { return id == "dead", "its lock is free" }
+	future, past := now.Add(time.Hour), now.Add(-time.Hour)
+	tests := []struct {
+		name   string
+		pod    *corev1.Pod
+		opts   ReapOptions
+		remove bool
+	}{
+		{"held by a live run", pod("held", "me", time.Hour, corev1.PodRunning, past), ReapOptions{All: true}, false},
+		{"younger than the grace", pod("young", "dead", time.Second, corev1.PodRunning, past), ReapOptions{ExecutorGone: gone}, false},
+		{"executor gone", pod("a", "dead", time.Hour, corev1.PodRunning, future), ReapOptions{ExecutorGone: gone}, true},
+		{"another live executor's", pod("b", "alive", time.Hour, corev1.PodRunning, past), ReapOptions{ExecutorGone: gone}, false},
+		{"this executor's, not held", pod("c", "me", time.Hour, corev1.PodRunning, future), ReapOptions{}, true},
+		{"no instance, not All", pod("d", "", time.Hour, corev1.PodRunning, past), ReapOptions{}, false},
+		{"no instance, All, expired", pod("e", "", time.Hour, corev1.PodRunning, past), ReapOptions{All: true}, true},
+		{"no instance, All, not expired", pod("f", "", time.Hour, corev1.PodRunning, future), ReapOptions{All: true}, false},
+		{"All, finished", pod("g", "alive", time.Hour, corev1.PodSucceeded, future), ReapOptions{All: true}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := tc.opts
+			if opts.Grace == 0 {
+				opts.Grace = DefaultReapGrace
+			}
+			why, remove := b.reapReason(tc.pod, opts, now)
+			assert.Equal(t, tc.remove, remove, why)
+			if remove {
+				assert.NotEmpty(t, why)
+			}
+		})
+	}
+}
