@@ -154,12 +154,17 @@ func journalStarted(p *plan, wd *workdir, containerID string) {
 	})
 }
 
-// journalVerdict records how the run ended, before anything is stored.
-func journalVerdict(p *plan, wd *workdir, v verdict) {
+// journalVerdict records how the run ended, before anything is stored. The
+// container is still being removed meanwhile, so its removal stays pending
+// until the collect phase ends.
+func journalVerdict(p *plan, wd *workdir, v verdict, ex execution) {
 	journalUpdate(p, wd, func(rec *journal.Record) {
 		rec.Phase = journal.PhaseCollect
 		rec.Status, rec.Reason = v.status, v.reason
 		rec.Pending = []journal.Pending{journal.PendingPersist, journal.PendingReport, journal.PendingRelease}
+		if ex.ContainerID != "" {
+			rec.Pending = append([]journal.Pending{journal.PendingContainer}, rec.Pending...)
+		}
 	})
 }
 

@@ -102,7 +102,7 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 		ex, runErr = supervise(ctx, p, wd)
 	}
 	v := judge(ctx, p, ex, runErr)
-	journalVerdict(p, wd, v)
+	journalVerdict(p, wd, v, ex)
 
 	// Collecting and reporting happen even when ctx was cancelled, each with
 	// a deadline of its own, so a slow store cannot starve the final report.
@@ -111,6 +111,10 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	st, persistErr := collect(collectCtx, p, wd, ex, v)
 	stopCollect()
 	cancelCollect()
+	// The container was removed while the outputs were collected; the
+	// journal stops tracking it, and the run's uid and directory are
+	// released, only once it is gone.
+	ex.awaitRemoved()
 	journalCollected(p, wd, persistErr)
 	rec.Time(timings.Release, func() error { release(p, wd, persistErr); return nil })
 

@@ -58,6 +58,16 @@ type execution struct {
 	// running is closed once the RUNNING PATCH was sent (or gave up); nil
 	// when none was sent.
 	running <-chan struct{}
+	// removed is closed once the container is removed; nil when none was
+	// started.
+	removed <-chan struct{}
+}
+
+// awaitRemoved waits until the run's container is gone.
+func (ex execution) awaitRemoved() {
+	if ex.removed != nil {
+		<-ex.removed
+	}
 }
 
 // supervise runs the container: the model gateway, the output spools, the
@@ -104,6 +114,9 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	spec.Env = append(spec.Env, gw.env()...)
 	policy := wd.policy(p)
 	iso := newIsolation(p, policy)
+	// The engine's host facts, which the live audit needs, are read while
+	// the container is created and started.
+	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox)
 	var stderrSink io.Writer = stderr
 	if len(p.helpers) > 0 {
 		if stderrSink, err = iso.apply(&spec, p.helpers, stderr); err != nil {
@@ -124,39 +137,50 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	if err != nil {
 		return ex, fmt.Errorf("start sandbox: %w", err)
 	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		defer p.timings.Start(timings.Remove)()
-		if err := h.Close(closeCtx); err != nil {
-			p.log.Warn("remove container", "container", h.ID(), "err", err)
-		}
-	}()
+	// The container is removed in the background once the run is over, while
+	// its outputs are collected; Execute waits for it before the run's uid
+	// and directory are released.
+	defer func() { ex.removed = removeContainer(ctx, p, h) }()
 	ex.ContainerID, ex.Runtime, ex.ImageDigest = h.ID(), p.policy.Runtime, p.image.Digest()
-	journalStarted(p, wd, h.ID())
 	p.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", p.policy.Runtime)
 
-	// A container that is not confined as asked is stopped at once.
+	// The live audit runs beside the container: a container that is not
+	// confined as asked is stopped at once, and the run is refused whenever
+	// the audit ends, even after the container exited. RUNNING is reported
+	// once it passed.
 	waitCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	auditErr := p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.in.Sandbox, h) })
-	if iso.posture != nil {
-		ex.ImageDigest, ex.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
-		iso.imageDigest = ex.ImageDigest
-	}
-	if auditErr != nil {
-		stop()
-	}
+	audited := make(chan auditOutcome, 1)
+	go func() {
+		var a auditOutcome
+		a.err = p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.in.Sandbox, h, hostFacts) })
+		if a.err != nil {
+			stop()
+		} else {
+			running := ex
+			if iso.posture != nil {
+				running.ImageDigest, running.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
+			}
+			a.running = reportRunning(ctx, p, wd, running)
+		}
+		audited <- a
+	}()
+	journalStarted(p, wd, h.ID())
 	endDiskWatch := watchDisk(ctx, p, wd, stop)
 
 	followers := follow(ctx, p, stdout, stderr)
-	if auditErr == nil {
-		ex.running = reportRunning(ctx, p, wd, ex)
-	}
 
 	stopWait := p.timings.Start(timings.Wait)
 	res := h.Wait(waitCtx)
 	stopWait()
+	stopRecords := p.timings.Start(timings.Records)
+	a := <-audited
+	auditErr := a.err
+	ex.running = a.running
+	if iso.posture != nil {
+		ex.ImageDigest, ex.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
+		iso.imageDigest = ex.ImageDigest
+	}
 	diskErr := endDiskWatch()
 	ex.Exit = res
 	if res.ExitCode > 0 {
@@ -171,6 +195,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	// consumers deliver the tail and finish.
 	stdout.Close()
 	stderr.Close()
+	stopRecords()
 	stopDrain := p.timings.Start(timings.Drain)
 	followErr := followers.wait()
 	stopDrain()
@@ -181,6 +206,31 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
 	}
 	return ex, errors.Join(auditErr, diskErr, probeErr, egressErr, res.Err)
+}
+
+// auditOutcome is what the live audit decided, and the RUNNING report it
+// sent when the container passed.
+type auditOutcome struct {
+	err     error
+	running <-chan struct{}
+}
+
+// removeContainer removes the run's container in the background, on a
+// context detached from ctx's cancellation; the returned channel is closed
+// once it is gone (or removing it failed, which is logged: the reaper
+// finds it by its labels).
+func removeContainer(ctx context.Context, p *plan, h sandbox.Handle) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		defer p.timings.Start(timings.Remove)()
+		if err := h.Close(closeCtx); err != nil {
+			p.log.Warn("remove container", "container", h.ID(), "err", err)
+		}
+	}()
+	return done
 }
 
 // erofsTail is how much of the end of a failed run's stderr is searched

@@ -56,7 +56,7 @@ func TestPhasesAreTimed(t *testing.T) {
 		timings.Plan, timings.Preflight, timings.Admit, timings.Journal, timings.Prepare,
 		timings.Materialize, timings.Snapshot, timings.Gateway, timings.Launch, timings.Create,
 		timings.Start, timings.SelfCheck, timings.FirstByte, timings.LiveAudit, timings.Wait,
-		timings.Drain, timings.Remove, timings.Collect, timings.KeepLocal, timings.Persist,
+		timings.Records, timings.Drain, timings.Remove, timings.Collect, timings.KeepLocal, timings.Persist,
 		timings.Release, timings.Report, timings.Index,
 	} {
 		assert.Contains(t, spans, phase, "phase %s is timed", phase)

@@ -67,6 +67,9 @@ const (
 	FirstByte = "first_byte"
 	// Wait runs until the container exited and its streams were drained.
 	Wait = "wait"
+	// Records joins the live audit and writes the isolation record once the
+	// container exited.
+	Records = "records"
 	// Drain delivers the output's tail to its consumers.
 	Drain = "drain"
 	// Remove removes the container.

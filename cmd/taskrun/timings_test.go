@@ -32,7 +32,7 @@ func TestRunRecordsEveryPhase(t *testing.T) {
 		timings.Setup, timings.GC, timings.Plan, timings.Preflight, timings.Admit, timings.Journal,
 		timings.Prepare, timings.UIDLease, timings.DiskCap, timings.Materialize, timings.Snapshot,
 		timings.Gateway, timings.Launch, timings.Create, timings.Attach, timings.Start,
-		timings.SelfCheck, timings.LiveAudit, timings.FirstByte, timings.Wait, timings.Drain,
+		timings.SelfCheck, timings.LiveAudit, timings.FirstByte, timings.Wait, timings.Records, timings.Drain,
 		timings.Remove, timings.Collect, timings.KeepLocal, timings.Persist, timings.Release,
 		timings.Report, timings.Index,
 	}
