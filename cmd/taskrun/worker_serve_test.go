@@ -217,7 +217,9 @@ func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc, t
 	}
 	mounts, err := os.ReadFile("/proc/mounts")
 	require.NoError(t, err)
+	var roots []string
 	for _, p := range fleet.procs {
+		roots = append(roots, p.root)
 		assert.NotContains(t, string(mounts), p.root+"/", "a mount under a worker's root is left")
 		entries, _ := os.ReadDir(filepath.Join(p.root, "journal"))
 		for _, e := range entries {
@@ -225,4 +227,5 @@ func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc, t
 			assert.False(t, ours, "journal record %s left under %s", e.Name(), p.root)
 		}
 	}
+	assertNoLoopDevices(t, roots)
 }

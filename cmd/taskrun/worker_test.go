@@ -182,6 +182,32 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
+// assertNoLoopDevices checks that no loop device is (still, once the kernel
+// detached those of the last unmounts) backed by a file under one of roots:
+// a disk cap's image, deleted or not.
+func assertNoLoopDevices(t *testing.T, roots []string) {
+	t.Helper()
+	if _, err := exec.LookPath("losetup"); err != nil {
+		return
+	}
+	var left []string
+	assert.Eventually(t, func() bool {
+		out, err := exec.Command("losetup", "-l", "-n", "-O", "BACK-FILE").Output()
+		if err != nil {
+			return true // no loop devices at all
+		}
+		left = left[:0]
+		for _, line := range strings.Split(string(out), "\n") {
+			for _, root := range roots {
+				if strings.HasPrefix(strings.TrimSpace(line), root+"/") {
+					left = append(left, strings.TrimSpace(line))
+				}
+			}
+		}
+		return len(left) == 0
+	}, 15*time.Second, 100*time.Millisecond, "loop devices left: %v", &left)
+}
+
 // e2eRuns is how many runs the fleet test submits: TASKRUN_WORKER_E2E_RUNS,
 // else 30 (100 makes the full version).
 func e2eRuns(t *testing.T) int {
@@ -361,11 +387,14 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 	}
 	mounts, err := os.ReadFile("/proc/mounts")
 	require.NoError(t, err)
+	var roots []string
 	for _, p := range fleet.procs {
+		roots = append(roots, p.root)
 		assert.NotContains(t, string(mounts), p.root+"/", "a mount under a worker's root is left")
 		entries, _ := os.ReadDir(filepath.Join(p.root, "journal"))
 		for _, e := range entries {
 			assert.False(t, strings.HasPrefix(e.Name(), prefix), "journal record %s left under %s", e.Name(), p.root)
 		}
 	}
+	assertNoLoopDevices(t, roots)
 }
