@@ -56,7 +56,8 @@ demo: images
 setup:
 	@$(SETUP)
 
-## test: set up, vet, then unit, conformance and integration tests against the real Docker
+## test: set up, vet, then unit, conformance and integration tests (the worker fleet tests
+## with 100 runs) against the real Docker
 ## engine and a real single-node Kubernetes cluster (started for the tests, stopped after,
 ## unless it was already up: see kube-up)
 test: setup images vet
@@ -68,8 +69,8 @@ test: setup images vet
 	fi; \
 	trap '[ $$kube = 0 ] || scripts/kube-down.sh --release $$$$' EXIT; \
 	trap 'exit 130' INT TERM; \
-	echo "TASKRUN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./..."; \
-	TASKRUN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./...
+	echo "TASKRUN_WORKER_E2E_RUNS=100 TASKRUN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./..."; \
+	TASKRUN_WORKER_E2E_RUNS=100 TASKRUN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./...
 	@left=$$(docker ps -aq --filter label=dev.taskrun.managed | wc -l); \
 	  if [ "$$left" -gt 0 ]; then echo "containers left behind:"; docker ps -a --filter label=dev.taskrun.managed; exit 1; fi
 
