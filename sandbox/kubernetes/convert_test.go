@@ -347,7 +347,7 @@ func TestPostureFromConvertedPod(t *testing.T) {
 	assert.Equal(t, "Run_42", p.Labels[sandbox.LabelRun])
 	assert.Equal(t, "/runs/r1", p.Labels[sandbox.LabelRunDir])
 	assert.Equal(t, map[string]string{TmpPath: "rw,size=67108864"}, p.Tmpfs)
-	assert.Contains(t, p.Mounts, sandbox.PostureMount{Type: "volume", Source: VolumeData + "/m0", Destination: "/taskrun", RW: true})
+	assert.Contains(t, p.Mounts, sandbox.PostureMount{Type: "emptyDir", Source: VolumeData + "/m0", Destination: "/taskrun", RW: true})
 
 	pod.Spec.HostNetwork = true
 	pod.Spec.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"SYS_ADMIN"}
