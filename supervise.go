@@ -98,7 +98,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	spec := p.containerSpec()
 	spec.Env = append(spec.Env, gw.env()...)
 	policy := wd.policy(p)
-	iso := newIsolation(p, policy)
+	iso := newIsolation(p, policy, backendKind(p.in.Sandbox))
 	var stderrSink io.Writer = stderr
 	if len(p.helpers) > 0 {
 		if stderrSink, err = iso.apply(&spec, p.helpers, stderr); err != nil {

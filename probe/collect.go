@@ -38,6 +38,18 @@ type Config struct {
 	MaxWalkEntries int
 	// SocketTimeout bounds each Docker GET /info attempt.
 	SocketTimeout time.Duration
+	// SkipEgress leaves out the egress probes (Expectation.SkipEgressProbes).
+	SkipEgress bool
+	// TokenPaths are where a Kubernetes service account token would be
+	// mounted. Default ServiceAccountTokenPaths.
+	TokenPaths []string
+}
+
+// ServiceAccountTokenPaths are where Kubernetes mounts a Pod's service
+// account token.
+var ServiceAccountTokenPaths = []string{
+	"/var/run/secrets/kubernetes.io/serviceaccount/token",
+	"/run/secrets/kubernetes.io/serviceaccount/token",
 }
 
 // Defaults of Config.
@@ -76,6 +88,9 @@ func (c Config) withDefaults() Config {
 	if c.SocketTimeout <= 0 {
 		c.SocketTimeout = DefaultSocketTimeout
 	}
+	if len(c.TokenPaths) == 0 {
+		c.TokenPaths = ServiceAccountTokenPaths
+	}
 	return c
 }
 
@@ -102,7 +117,17 @@ func Collect(ctx context.Context, nonce string, cfg Config) Report {
 	note(err)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); r.Egress = probeEgress(ctx, cfg) }()
+	go func() {
+		defer wg.Done()
+		if !cfg.SkipEgress {
+			r.Egress = probeEgress(ctx, cfg)
+		}
+	}()
+	for _, p := range cfg.TokenPaths {
+		if _, err := os.Lstat(p); err == nil {
+			r.ServiceAccountTokens = append(r.ServiceAccountTokens, p)
+		}
+	}
 	var sockets, docker []string
 	var walkErr error
 	go func() { defer wg.Done(); sockets, docker, walkErr = findDockerSockets(ctx, cfg, r.Mounts) }()

@@ -62,7 +62,7 @@ func runMain(ctx context.Context, args []string, stderr io.Writer) ([]string, in
 		fmt.Fprintf(stderr, "taskrun-probe: --expect: %v\n", err)
 		return nil, exitUsage
 	}
-	rep := Collect(ctx, *nonce, Config{})
+	rep := Collect(ctx, *nonce, Config{SkipEgress: exp.SkipEgressProbes})
 	rep.Command = CheckCommand(fset.Args())
 	line, err := FormatLine(rep)
 	if err != nil {
