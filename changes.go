@@ -164,6 +164,7 @@ func indexRecord(p *plan, wd *workdir, ex execution, out *Outcome, st stored) *r
 		CompletionTokens: ex.CompletionTokens,
 		Isolation:        isolationVerdict(ex.record),
 	}
+	rec.Timings = p.timings.Spans()
 	if out == nil {
 		return rec
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -129,7 +130,10 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	}
 	// The local copy matters only if an upload fails: a full host disk
 	// that refuses it fails the persist only together with an upload.
+	stopLocal := p.timings.Start(timings.KeepLocal)
 	localErr := keepLocalState(p, wd, ex, v)
+	stopLocal()
+	stopPersist := p.timings.Start(timings.Persist)
 	keep(c.log(ctx, stdoutSpoolName, OutputLogName), "output log")
 	keep(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
 	keep(c.trace(ctx), "trace")
@@ -141,6 +145,7 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	keep(c.sessionState(ctx), "session state")
 	keep(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	keep(c.collectionRecord(ctx, ex), "collection record")
+	stopPersist()
 	if localErr != nil && len(errs) == 0 {
 		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
 	} else {

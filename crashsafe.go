@@ -10,6 +10,7 @@ import (
 
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/journal"
+	"github.com/taskrun/taskrun/timings"
 )
 
 // Deadlines of the phases after the container, each on a context detached
@@ -27,6 +28,14 @@ const (
 
 // JournalDirName is the journal's directory under the runs root.
 const JournalDirName = "journal"
+
+// PoolDirName is the warm pool's directory under the runs root: give
+// PoolDir(root) to warmpool.Config.Dir, so `taskrun gc` sweeps what a
+// crashed executor's pool left there.
+const PoolDirName = "pool"
+
+// PoolDir is the warm pool's directory under the runs root.
+func PoolDir(root string) string { return filepath.Join(root, PoolDirName) }
 
 // ExecutorsDirName is where executor instances keep their lock files, under
 // the runs root.
@@ -100,10 +109,16 @@ func beginJournal(p *plan) (*journal.Entry, error) {
 	if err != nil || d == nil {
 		return nil, err
 	}
+	var dc *journal.DiskCap
+	if p.slot != nil && p.slot.Unmount() != nil {
+		// A warm slot's cap is mounted already: one write records it.
+		dc = &journal.DiskCap{Image: diskcap.ImagePath(p.dirs.Dir), Mount: p.dirs.Dir, Mounted: true}
+	}
 	return d.Create(journal.Record{
-		RunID: p.ref.RunID, UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID,
+		DiskCap: dc,
+		RunID:   p.ref.RunID, UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID,
 		SessionID: p.in.SessionID, PreviousRunID: p.in.Run.PreviousRunID,
-		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir,
+		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir, PoolSlot: p.poolSlot(),
 		Store: journal.RedactURL(p.in.StoreURL), ControlPlane: p.in.ControlPlane,
 		KeepRunDir: p.keepRunDir, SessionExcludes: p.sessionExcludes, MaxOutputBytes: p.limits.maxOutput,
 		Timeout: p.spec.Timeout, Phase: journal.PhasePrepare,
@@ -117,6 +132,7 @@ func journalUpdate(p *plan, wd *workdir, change func(*journal.Record)) {
 	if wd == nil || wd.journal == nil {
 		return
 	}
+	defer p.timings.Start(timings.Journal)()
 	if err := wd.journal.Update(change); err != nil {
 		p.log.Warn("journal the run", "err", err)
 	}
@@ -138,12 +154,17 @@ func journalStarted(p *plan, wd *workdir, containerID string) {
 	})
 }
 
-// journalVerdict records how the run ended, before anything is stored.
-func journalVerdict(p *plan, wd *workdir, v verdict) {
+// journalVerdict records how the run ended, before anything is stored. The
+// container is still being removed meanwhile, so its removal stays pending
+// until the collect phase ends.
+func journalVerdict(p *plan, wd *workdir, v verdict, ex execution) {
 	journalUpdate(p, wd, func(rec *journal.Record) {
 		rec.Phase = journal.PhaseCollect
 		rec.Status, rec.Reason = v.status, v.reason
 		rec.Pending = []journal.Pending{journal.PendingPersist, journal.PendingReport, journal.PendingRelease}
+		if ex.ContainerID != "" {
+			rec.Pending = append([]journal.Pending{journal.PendingContainer}, rec.Pending...)
+		}
 	})
 }
 
@@ -173,6 +194,7 @@ func endJournal(p *plan, wd *workdir, keep bool) {
 	if wd == nil || wd.journal == nil {
 		return
 	}
+	defer p.timings.Start(timings.Journal)()
 	var err error
 	if keep {
 		err = wd.journal.Close()

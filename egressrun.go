@@ -90,7 +90,13 @@ func (e *runEgress) apply(spec *sandbox.Spec) {
 	dir := model.ContainerRunDir + "/" + egressDir
 	spec.Wrapper = append(spec.Wrapper, model.ContainerHelpersDir+"/"+RelayBinary, "--")
 	spec.Env = append(spec.Env, e.px.ContainerEnv(dir)...)
-	spec.Labels[sandbox.LabelEgress] = dir + "/" + egress.SocketName
+	spec.Labels[sandbox.LabelEgress] = egressSocketLabel()
+}
+
+// egressSocketLabel is the sandbox.LabelEgress value of a run with an
+// egress policy: the proxy socket's path inside the container.
+func egressSocketLabel() string {
+	return model.ContainerRunDir + "/" + egressDir + "/" + egress.SocketName
 }
 
 // finish stops the proxy once; after it, the record is complete. A spent

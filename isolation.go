@@ -55,10 +55,15 @@ func newIsolation(p *plan, policy sandbox.Policy, backendKind string) *isolation
 	return &isolation{
 		nonce:  strings.ToLower(rand.Text()),
 		expect: expectation(policy, backendKind),
-		opts: audit.Options{
-			Mounts:        audit.MountPolicy{RunDir: p.dirs.Dir, HelperFiles: p.helpers.Sources()},
-			RequireGVisor: policy.Runtime == sandbox.RuntimeGVisor,
-		},
+		opts:   auditOptions(p, policy),
+	}
+}
+
+// auditOptions are the live audit's options for a run of p under policy.
+func auditOptions(p *plan, policy sandbox.Policy) audit.Options {
+	return audit.Options{
+		Mounts:        audit.MountPolicy{RunDir: p.dirs.Dir, HelperFiles: p.helpers.Sources()},
+		RequireGVisor: policy.Runtime == sandbox.RuntimeGVisor,
 	}
 }
 
@@ -150,21 +155,45 @@ func podExpectation(p sandbox.Policy) probe.Expectation {
 // auditLive inspects the live container and checks it against the audit
 // rules. A failing rule refuses the run: the executor does not trust a
 // container it did not get exactly as asked.
-func (iso *isolation) auditLive(ctx context.Context, backend sandbox.Backend, h sandbox.Handle) error {
+func (iso *isolation) auditLive(ctx context.Context, backend sandbox.Backend, h sandbox.Handle, host <-chan hostFactsResult) error {
 	p, err := h.Posture(ctx)
 	if err != nil {
 		return fmt.Errorf("read container posture: %w", err)
 	}
 	iso.posture = &p
-	if d, ok := backend.(sandbox.EngineDescriber); ok {
-		if iso.host, err = d.HostFacts(ctx); err != nil {
-			return fmt.Errorf("%w: %w", ErrIsolation, err)
+	if _, ok := backend.(sandbox.EngineDescriber); ok {
+		facts := <-host
+		if facts.err != nil {
+			return fmt.Errorf("%w: %w", ErrIsolation, facts.err)
 		}
+		iso.host = facts.facts
 	}
 	if rep := audit.Check(p, iso.host, iso.opts); rep.Failed() {
 		return fmt.Errorf("%w: the container breaks %s", ErrIsolation, strings.Join(rep.FailedIDs(), ", "))
 	}
 	return nil
+}
+
+// hostFactsResult is the engine's answer to HostFacts.
+type hostFactsResult struct {
+	facts audit.HostFacts
+	err   error
+}
+
+// prefetchHostFacts asks backend for the engine's host facts in the
+// background; the channel yields the answer once (nothing for a backend
+// that describes no engine).
+func prefetchHostFacts(ctx context.Context, backend sandbox.Backend) <-chan hostFactsResult {
+	out := make(chan hostFactsResult, 1)
+	d, ok := backend.(sandbox.EngineDescriber)
+	if !ok {
+		return out
+	}
+	go func() {
+		facts, err := d.HostFacts(ctx)
+		out <- hostFactsResult{facts: facts, err: err}
+	}()
+	return out
 }
 
 // readProbe reads the self-check's report after the run and explains a

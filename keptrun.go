@@ -80,6 +80,9 @@ func RetryPersist(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	if err != nil {
 		return nil, err
 	}
+	if entry != nil {
+		p.adoptJournaledDirs(entry.Record())
+	}
 	kept, err := loadKept(p)
 	if errors.Is(err, ErrNothingKept) && entry != nil {
 		kept, err = keptFromRecord(entry.Record()), nil
@@ -106,6 +109,7 @@ func RecoverRun(ctx context.Context, input RunTaskInput, rec journal.Record) (*O
 	if err != nil {
 		return nil, err
 	}
+	p.adoptJournaledDirs(rec)
 	if p.dirs.Dir != rec.RunDir {
 		return nil, fmt.Errorf("%w: run %s was journaled at %s, not %s; pass the --root it ran with", ErrInvalidInput, rec.RunID, rec.RunDir, p.dirs.Dir)
 	}

@@ -17,6 +17,8 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
+	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -58,6 +60,12 @@ type plan struct {
 	// helpers are the helper files mounted into the container; nil when
 	// the run has no self-check.
 	helpers helpers.Files
+	// slot is the warm container the run claimed (claimWarm); nil for a
+	// cold run. The run's dirs are then the slot's.
+	slot *warmpool.Slot
+	// timings records how long each phase takes; nil records nothing (a
+	// persist retry).
+	timings *timings.Recorder
 	// pull is the run's pull policy.
 	pull sandbox.PullPolicy
 	// image is the run's image as the backend resolved it in preflight

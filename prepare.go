@@ -15,6 +15,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -50,8 +51,11 @@ type workdir struct {
 // policy is the run's policy with the agent's own user.
 func (wd *workdir) policy(p *plan) sandbox.Policy {
 	pol := p.policy
-	if wd.lease != nil {
+	switch {
+	case wd.lease != nil:
 		pol.User = wd.lease.User()
+	case p.slot != nil:
+		pol.User = p.slot.User()
 	}
 	return pol
 }
@@ -60,6 +64,11 @@ func (wd *workdir) policy(p *plan) sandbox.Policy {
 // one, and settles who owns the run's directories.
 func (wd *workdir) leaseUID(ctx context.Context, p *plan) error {
 	wd.owner = policyOwner(p.policy.User)
+	if p.slot != nil {
+		// The slot's container already runs as its own uid.
+		wd.lease, wd.owner = p.slot.Lease(), p.slot.Owner()
+		return nil
+	}
 	if p.in.UIDs == nil {
 		return nil
 	}
@@ -101,7 +110,7 @@ func policyOwner(user string) workspace.Owner {
 func prepare(ctx context.Context, p *plan) (*workdir, error) {
 	wd := &workdir{started: time.Now(), records: records.NewBudget(p.limits.records)}
 	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
-	if err := wd.leaseUID(ctx, p); err != nil {
+	if err := p.timings.Time(timings.UIDLease, func() error { return wd.leaseUID(ctx, p) }); err != nil {
 		return wd, err
 	}
 	if err := wd.createRunDirs(ctx, p); err != nil {
@@ -110,6 +119,8 @@ func prepare(ctx context.Context, p *plan) (*workdir, error) {
 	if err := os.MkdirAll(p.hostDir, 0o700); err != nil {
 		return wd, fmt.Errorf("create executor directory: %w", err)
 	}
+	stopMaterialize := p.timings.Start(timings.Materialize)
+	defer stopMaterialize()
 	if prev := p.in.Run.PreviousRunID; prev != "" {
 		// The previous run's home already holds the persistent files and the
 		// workspace as that run left them.
@@ -119,7 +130,8 @@ func prepare(ctx context.Context, p *plan) (*workdir, error) {
 	} else if err := materializeHome(ctx, p, wd.owner); err != nil {
 		return wd, err
 	}
-	snapshotChanges(ctx, p)
+	stopMaterialize()
+	p.timings.Time(timings.Snapshot, func() error { snapshotChanges(ctx, p); return nil })
 	if err := os.WriteFile(filepath.Join(p.dirs.Dir, model.PromptFileName), []byte(p.in.Task.Prompt), 0o644); err != nil {
 		return wd, fmt.Errorf("write prompt: %w", err)
 	}
@@ -135,12 +147,20 @@ func prepare(ctx context.Context, p *plan) (*workdir, error) {
 // also for runs whose directory outlives them (KeepRunDir: release turns it
 // into a plain copy). Elsewhere a watchdog caps the run during supervise.
 func (wd *workdir) createRunDirs(ctx context.Context, p *plan) error {
+	if p.slot != nil {
+		// The pool made the slot's directory as this would, disk cap
+		// included, before starting its container.
+		wd.owned, wd.unmount = true, p.slot.Unmount()
+		return nil
+	}
 	if err := workspace.CreateRunDir(p.dirs); err != nil {
 		return fmt.Errorf("create run directory: %w", err)
 	}
 	wd.owned = true
 	if p.limits.disk > 0 {
+		stopCap := p.timings.Start(timings.DiskCap)
 		unmount, err := diskcap.Mount(ctx, p.dirs.Dir, p.limits.disk)
+		stopCap()
 		switch {
 		case err == nil:
 			wd.unmount = unmount

@@ -17,6 +17,13 @@ func release(p *plan, wd *workdir, persistErr error) {
 	if wd != nil {
 		defer wd.releaseUID(p)
 	}
+	if p.slot != nil {
+		// A claimed container the run never released is removed before
+		// its uid is given back.
+		if err := p.slot.Close(context.Background()); err != nil {
+			p.log.Warn("remove the warm container", "slot", p.slot.ID(), "err", err)
+		}
+	}
 	if wd == nil || !wd.owned {
 		return // another run's directory, or none: never touch it
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -50,6 +51,9 @@ type Outcome struct {
 	// DroppedRecordBytes counts bytes of the host-side records (spools,
 	// trace lines, gateway record) refused by the run's record budget.
 	DroppedRecordBytes int64 `json:"dropped_record_bytes,omitempty"`
+	// Timings are the run's phases and how long each took, in order of
+	// their start; overlapping phases ran concurrently.
+	Timings []timings.Span `json:"timings,omitempty"`
 }
 
 // RunError is returned for a run that did not succeed. It matches
@@ -142,10 +146,15 @@ func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, 
 	if out.Status != model.StatusSucceeded {
 		err = &RunError{Status: out.Status, Reason: out.Reason, Err: errors.Join(v.err, persistErr)}
 	}
-	if perr := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req); perr != nil {
+	stopReport := p.timings.Start(timings.Report)
+	perr := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req)
+	stopReport()
+	if perr != nil {
 		err = errors.Join(err, reportError{fmt.Errorf("report %s: %w", out.Status, perr)})
 	}
+	stopIndex := p.timings.Start(timings.Index)
 	writeIndex(ctx, p, indexRecord(p, wd, ex, out, st))
+	stopIndex()
 	p.log.Info("run finished", "status", out.Status, "reason", out.Reason, "exit_code", out.Exit.ExitCode)
 	return out, err
 }

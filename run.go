@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/taskrun/taskrun/timings"
 )
 
 // ErrRunFailed matches (errors.Is) the *RunError that RunTask returns for a
@@ -30,7 +32,8 @@ func RunTask(ctx context.Context, input RunTaskInput) error {
 //
 // A run is a pipeline of phases, sequenced here and nowhere else:
 //
-//	plan      the input validated, defaulted and frozen (plan.go)
+//	plan      the input validated, defaulted and frozen (plan.go); a warm
+//	          container claimed from input.WarmPool, if one is ready (warm.go)
 //	prepare   the run directory on the host (prepare.go)
 //	supervise the container, its streams and its live checks (supervise.go)
 //	judge     the verdict on what happened (report.go)
@@ -42,33 +45,56 @@ func RunTask(ctx context.Context, input RunTaskInput) error {
 // result. Whatever fails, the later phases still run: a failed run persists
 // what exists and reports a final status.
 func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
+	rec := input.Timings
+	if rec == nil {
+		rec = timings.New(nil)
+	}
+	fail := func(err error) (*Outcome, error) {
+		out, err := failEarly(ctx, input, err)
+		out.Timings = rec.Spans()
+		return out, err
+	}
+	stopPlan := rec.Start(timings.Plan)
 	p, err := newPlan(input)
 	if err == nil && input.Sandbox == nil {
 		err = fmt.Errorf("%w: Sandbox is required", ErrInvalidInput)
 	}
+	stopPlan()
 	if err == nil {
-		err = p.preflight(ctx)
+		p.timings = rec
+		err = rec.Time(timings.Preflight, func() error { return p.preflight(ctx) })
+	}
+	if err == nil && input.WarmPool != nil {
+		// After preflight: the warm container must run the image the run
+		// resolved (a moved tag is another key).
+		rec.Since(timings.WarmClaim, claimWarm(ctx, p))
 	}
 	if err != nil {
-		return failEarly(ctx, input, err)
+		return fail(err)
 	}
 
 	// The run is journaled before anything of it exists on the host, and
 	// refused when the host has no room for it.
-	if err := admit(p); err != nil {
-		return failEarly(ctx, input, err)
+	if err := rec.Time(timings.Admit, func() error { return admit(p) }); err != nil {
+		discardWarm(ctx, p)
+		return fail(err)
 	}
+	stopJournal := rec.Start(timings.Journal)
 	j, err := beginJournal(p)
+	stopJournal()
 	if err != nil {
-		return failEarly(ctx, input, err)
+		discardWarm(ctx, p)
+		return fail(err)
 	}
 	// Once ctx is cancelled, everything left has ShutdownGrace at most.
 	hard, cancelHard := shutdownContext(ctx, input.ShutdownGrace)
 	defer cancelHard()
 
+	stopPrepare := rec.Start(timings.Prepare)
 	wd, runErr := prepare(ctx, p)
+	stopPrepare()
 	wd.journal = j
-	if wd.unmount != nil {
+	if wd.unmount != nil && p.slot == nil { // a warm run's is journaled from the start
 		journalDiskCap(p, wd)
 	}
 	var ex execution
@@ -76,19 +102,26 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 		ex, runErr = supervise(ctx, p, wd)
 	}
 	v := judge(ctx, p, ex, runErr)
-	journalVerdict(p, wd, v)
+	journalVerdict(p, wd, v, ex)
 
 	// Collecting and reporting happen even when ctx was cancelled, each with
 	// a deadline of its own, so a slow store cannot starve the final report.
 	collectCtx, cancelCollect := context.WithTimeout(hard, deadline(input.PersistTimeout, DefaultPersistTimeout))
+	stopCollect := rec.Start(timings.Collect)
 	st, persistErr := collect(collectCtx, p, wd, ex, v)
+	stopCollect()
 	cancelCollect()
+	// The container was removed while the outputs were collected; the
+	// journal stops tracking it, and the run's uid and directory are
+	// released, only once it is gone.
+	ex.awaitRemoved()
 	journalCollected(p, wd, persistErr)
-	release(p, wd, persistErr)
+	rec.Time(timings.Release, func() error { release(p, wd, persistErr); return nil })
 
 	reportCtx, cancelReport := context.WithTimeout(hard, deadline(input.ReportTimeout, DefaultReportTimeout))
 	defer cancelReport()
 	out, err := report(reportCtx, p, wd, ex, v, st, persistErr)
 	endJournal(p, wd, persistErr != nil || reportFailed(err))
+	out.Timings = rec.Spans()
 	return out, err
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/spool"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -57,6 +58,16 @@ type execution struct {
 	// running is closed once the RUNNING PATCH was sent (or gave up); nil
 	// when none was sent.
 	running <-chan struct{}
+	// removed is closed once the container is removed; nil when none was
+	// started.
+	removed <-chan struct{}
+}
+
+// awaitRemoved waits until the run's container is gone.
+func (ex execution) awaitRemoved() {
+	if ex.removed != nil {
+		<-ex.removed
+	}
 }
 
 // supervise runs the container: the model gateway, the output spools, the
@@ -65,7 +76,9 @@ type execution struct {
 // error is the run's failure, if any; the execution is filled as far as the
 // run got.
 func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err error) {
+	stopGateway := p.timings.Start(timings.Gateway)
 	gw, err := startGateway(ctx, p, wd.owner, wd.records)
+	stopGateway()
 	if err != nil {
 		return ex, err
 	}
@@ -76,7 +89,9 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		}
 	}()
 
+	stopEgress := p.timings.Start(timings.Egress)
 	eg, err := startEgress(ctx, p, wd.owner, wd.records)
+	stopEgress()
 	if err != nil {
 		return ex, err
 	}
@@ -99,6 +114,9 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	spec.Env = append(spec.Env, gw.env()...)
 	policy := wd.policy(p)
 	iso := newIsolation(p, policy, backendKind(p.in.Sandbox))
+	// The engine's host facts, which the live audit needs, are read while
+	// the container is created and started.
+	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox)
 	var stderrSink io.Writer = stderr
 	if len(p.helpers) > 0 {
 		if stderrSink, err = iso.apply(&spec, p.helpers, stderr); err != nil {
@@ -106,40 +124,63 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		}
 	}
 	eg.apply(&spec)
-	h, err := p.in.Sandbox.Start(ctx, spec, policy, sandbox.Streams{Stdout: stdout, Stderr: stderrSink})
+	// The backend splits its Start into create, attach and start through
+	// the context; the first stdout byte and the self-check's report (the
+	// first stderr line) are timed from the start request.
+	launched := p.timings.Now()
+	streams := sandbox.Streams{Stdout: p.timings.FirstWrite(stdout, timings.FirstByte, launched), Stderr: stderrSink}
+	if iso.interceptor != nil {
+		streams.Stderr = p.timings.FirstWrite(stderrSink, timings.SelfCheck, launched)
+	}
+	h, err := startContainer(timings.NewContext(ctx, p.timings), p, spec, policy, streams)
+	p.timings.Since(timings.Launch, launched)
 	if err != nil {
 		return ex, fmt.Errorf("start sandbox: %w", err)
 	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		if err := h.Close(closeCtx); err != nil {
-			p.log.Warn("remove container", "container", h.ID(), "err", err)
-		}
-	}()
+	// The container is removed in the background once the run is over, while
+	// its outputs are collected; Execute waits for it before the run's uid
+	// and directory are released.
+	defer func() { ex.removed = removeContainer(ctx, p, h) }()
 	ex.ContainerID, ex.Runtime, ex.ImageDigest = h.ID(), p.policy.Runtime, p.image.Digest()
-	journalStarted(p, wd, h.ID())
 	p.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", p.policy.Runtime)
 
-	// A container that is not confined as asked is stopped at once.
+	// The live audit runs beside the container: a container that is not
+	// confined as asked is stopped at once, and the run is refused whenever
+	// the audit ends, even after the container exited. RUNNING is reported
+	// once it passed.
 	waitCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	auditErr := iso.auditLive(ctx, p.in.Sandbox, h)
+	audited := make(chan auditOutcome, 1)
+	go func() {
+		var a auditOutcome
+		a.err = p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.in.Sandbox, h, hostFacts) })
+		if a.err != nil {
+			stop()
+		} else {
+			running := ex
+			if iso.posture != nil {
+				running.ImageDigest, running.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
+			}
+			a.running = reportRunning(ctx, p, wd, running)
+		}
+		audited <- a
+	}()
+	journalStarted(p, wd, h.ID())
+	endDiskWatch := watchDisk(ctx, p, wd, stop)
+
+	followers := follow(ctx, p, stdout, stderr)
+
+	stopWait := p.timings.Start(timings.Wait)
+	res := h.Wait(waitCtx)
+	stopWait()
+	stopRecords := p.timings.Start(timings.Records)
+	a := <-audited
+	auditErr := a.err
+	ex.running = a.running
 	if iso.posture != nil {
 		ex.ImageDigest, ex.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
 		iso.imageDigest = ex.ImageDigest
 	}
-	if auditErr != nil {
-		stop()
-	}
-	endDiskWatch := watchDisk(ctx, p, wd, stop)
-
-	followers := follow(ctx, p, stdout, stderr)
-	if auditErr == nil {
-		ex.running = reportRunning(ctx, p, wd, ex)
-	}
-
-	res := h.Wait(waitCtx)
 	diskErr := endDiskWatch()
 	ex.Exit = res
 	if res.ExitCode > 0 {
@@ -154,13 +195,42 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	// consumers deliver the tail and finish.
 	stdout.Close()
 	stderr.Close()
-	if err := followers.wait(); err != nil {
-		p.log.Warn("stream output", "err", err)
+	stopRecords()
+	stopDrain := p.timings.Start(timings.Drain)
+	followErr := followers.wait()
+	stopDrain()
+	if followErr != nil {
+		p.log.Warn("stream output", "err", followErr)
 	}
 	if ex.DroppedOutputBytes = stdout.Dropped() + stderr.Dropped(); ex.DroppedOutputBytes > 0 {
 		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
 	}
 	return ex, errors.Join(auditErr, diskErr, probeErr, egressErr, res.Err)
+}
+
+// auditOutcome is what the live audit decided, and the RUNNING report it
+// sent when the container passed.
+type auditOutcome struct {
+	err     error
+	running <-chan struct{}
+}
+
+// removeContainer removes the run's container in the background, on a
+// context detached from ctx's cancellation; the returned channel is closed
+// once it is gone (or removing it failed, which is logged: the reaper
+// finds it by its labels).
+func removeContainer(ctx context.Context, p *plan, h sandbox.Handle) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		defer p.timings.Start(timings.Remove)()
+		if err := h.Close(closeCtx); err != nil {
+			p.log.Warn("remove container", "container", h.ID(), "err", err)
+		}
+	}()
+	return done
 }
 
 // erofsTail is how much of the end of a failed run's stderr is searched

@@ -23,7 +23,9 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/uidpool"
+	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -126,6 +128,15 @@ type RunTaskInput struct {
 	// never share per-user kernel limits (inotify instances, processes).
 	// Without it every run is Policy.User.
 	UIDs *uidpool.Pool
+	// WarmPool, when set, starts the run in a container its pool parked
+	// ahead of time (package warmpool), when one of the run's key (its
+	// image, policy, helpers, disk cap, timeout and labels) is ready; else
+	// the run goes the cold path and the pool starts keeping containers of
+	// that key. A warm run is confined, checked and recorded exactly as a
+	// cold one; its run directory is the slot's, under the pool's
+	// directory. The pool must run on Sandbox and lease from UIDs; a run
+	// without the self-check (Helpers or HelpersDir) always goes cold.
+	WarmPool *warmpool.Pool
 	// Labels are added to the run's container next to the dev.taskrun.*
 	// labels, e.g. a test framework's session labels so its reaper finds it.
 	Labels map[string]string
@@ -168,6 +179,10 @@ type RunTaskInput struct {
 	PersistTimeout time.Duration
 	// ReportTimeout bounds the final report: DefaultReportTimeout when zero.
 	ReportTimeout time.Duration
+	// Timings, when set, records the run's phases (see package timings);
+	// by default Execute makes a Recorder. Either way the spans end up in
+	// Outcome.Timings and in the run's index record.
+	Timings *timings.Recorder
 	// ShutdownGrace bounds, once ctx is cancelled, everything the run still
 	// does (stopping the container, storing, reporting); what is left is in
 	// the journal for `taskrun gc`. Zero: the deadlines above only.

@@ -45,34 +45,36 @@ echo "== end"
 func TestEgressIsUnreachable(t *testing.T) {
 	t.Parallel()
 	for _, rt := range runtimes {
-		t.Run(rt.name, func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t)
-			h.requireRuntime(t, rt.runtime)
-			in, _ := h.input(t, "egress", egressScript)
-			in.Policy.Runtime = rt.runtime
+		for _, sp := range startPaths {
+			t.Run(rt.name+"/"+sp.name, func(t *testing.T) {
+				t.Parallel()
+				h := newHarnessOn(t, sp.warm)
+				h.requireRuntime(t, rt.runtime)
+				in, _ := h.input(t, "egress", egressScript)
+				in.Policy.Runtime = rt.runtime
 
-			out, err := taskrun.Execute(context.Background(), in)
-			require.NoError(t, err)
-			assert.Equal(t, model.StatusSucceeded, out.Status)
-			stdout := out.Result.OutputStr
-			require.Contains(t, stdout, "== end", "the script ran to the end")
-			assert.Equal(t, []string{"lo"}, interfaces(section(stdout, "netdev")), "the sandbox has only loopback")
-			for _, step := range []string{"tcp", "tcp443", "metadata", "dns", "dns-direct"} {
-				got := section(stdout, step)
-				assert.Regexp(t, unreachable, got, "%s: %q", step, got)
-				assert.Contains(t, got, "exit 1", "%s failed", step)
-				assert.NotContains(t, strings.ToLower(got), "timed out", step)
-			}
+				out, err := h.execute(in)
+				require.NoError(t, err)
+				assert.Equal(t, model.StatusSucceeded, out.Status)
+				stdout := out.Result.OutputStr
+				require.Contains(t, stdout, "== end", "the script ran to the end")
+				assert.Equal(t, []string{"lo"}, interfaces(section(stdout, "netdev")), "the sandbox has only loopback")
+				for _, step := range []string{"tcp", "tcp443", "metadata", "dns", "dns-direct"} {
+					got := section(stdout, step)
+					assert.Regexp(t, unreachable, got, "%s: %q", step, got)
+					assert.Contains(t, got, "exit 1", "%s failed", step)
+					assert.NotContains(t, strings.ToLower(got), "timed out", step)
+				}
 
-			rec := h.record(t, "egress")
-			require.NotNil(t, rec.Probe, "the self-check reported")
-			assert.Empty(t, rec.Probe.Interfaces)
-			require.NotEmpty(t, rec.Probe.Egress)
-			for _, e := range rec.Probe.Egress {
-				assert.False(t, e.Reachable, "self-check egress %s to %s", e.Name, e.Target)
-			}
-		})
+				rec := h.record(t, "egress")
+				require.NotNil(t, rec.Probe, "the self-check reported")
+				assert.Empty(t, rec.Probe.Interfaces)
+				require.NotEmpty(t, rec.Probe.Egress)
+				for _, e := range rec.Probe.Egress {
+					assert.False(t, e.Reachable, "self-check egress %s to %s", e.Name, e.Target)
+				}
+			})
+		}
 	}
 }
 
@@ -100,29 +102,31 @@ func interfaces(netdev string) []string {
 func TestDockerSocketIsAbsent(t *testing.T) {
 	t.Parallel()
 	for _, rt := range runtimes {
-		t.Run(rt.name, func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t)
-			h.requireRuntime(t, rt.runtime)
-			in, _ := h.input(t, "nosock", `ls -la /var/run/docker.sock /run/docker.sock 2>&1; echo "exit $?"`)
-			in.Policy.Runtime = rt.runtime
+		for _, sp := range startPaths {
+			t.Run(rt.name+"/"+sp.name, func(t *testing.T) {
+				t.Parallel()
+				h := newHarnessOn(t, sp.warm)
+				h.requireRuntime(t, rt.runtime)
+				in, _ := h.input(t, "nosock", `ls -la /var/run/docker.sock /run/docker.sock 2>&1; echo "exit $?"`)
+				in.Policy.Runtime = rt.runtime
 
-			out, err := taskrun.Execute(context.Background(), in)
-			require.NoError(t, err)
-			assert.Equal(t, model.StatusSucceeded, out.Status)
-			assert.Contains(t, out.Result.OutputStr, "/var/run/docker.sock: No such file or directory")
-			assert.Contains(t, out.Result.OutputStr, "/run/docker.sock: No such file or directory")
-			assert.Contains(t, out.Result.OutputStr, "exit 1")
+				out, err := h.execute(in)
+				require.NoError(t, err)
+				assert.Equal(t, model.StatusSucceeded, out.Status)
+				assert.Contains(t, out.Result.OutputStr, "/var/run/docker.sock: No such file or directory")
+				assert.Contains(t, out.Result.OutputStr, "/run/docker.sock: No such file or directory")
+				assert.Contains(t, out.Result.OutputStr, "exit 1")
 
-			rec := h.record(t, "nosock")
-			require.NotNil(t, rec.Probe, "the self-check reported")
-			assert.True(t, rec.Probe.SocketSearchComplete, "the socket walk finished: nothing was left unsearched")
-			assert.Empty(t, rec.Probe.DockerSockets, "a socket inside answers Docker's GET /info")
-			assert.Empty(t, rec.ProbeContradictions)
-			for _, f := range rec.Findings {
-				assert.NotEqual(t, audit.Fail, f.Status, "audit rule %s: %s", f.ID, f.Reason)
-			}
-		})
+				rec := h.record(t, "nosock")
+				require.NotNil(t, rec.Probe, "the self-check reported")
+				assert.True(t, rec.Probe.SocketSearchComplete, "the socket walk finished: nothing was left unsearched")
+				assert.Empty(t, rec.Probe.DockerSockets, "a socket inside answers Docker's GET /info")
+				assert.Empty(t, rec.ProbeContradictions)
+				for _, f := range rec.Findings {
+					assert.NotEqual(t, audit.Fail, f.Status, "audit rule %s: %s", f.ID, f.Reason)
+				}
+			})
+		}
 	}
 }
 
@@ -135,25 +139,26 @@ func TestDockerSocketIsAbsent(t *testing.T) {
 // fails with "Permission denied" for the non-root user only.
 func TestProcSysIsReadOnly(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	const corePattern = "/proc/sys/kernel/core_pattern"
-	before, err := os.ReadFile(corePattern)
-	require.NoError(t, err)
-	in, _ := h.input(t, "procsys", fmt.Sprintf(`(echo '|/tmp/pwn' > %[1]s) 2>&1; echo "exit $?"
+	onPaths(t, func(t *testing.T, h *harness) {
+		const corePattern = "/proc/sys/kernel/core_pattern"
+		before, err := os.ReadFile(corePattern)
+		require.NoError(t, err)
+		in, _ := h.input(t, "procsys", fmt.Sprintf(`(echo '|/tmp/pwn' > %[1]s) 2>&1; echo "exit $?"
 (sysctl -w kernel.core_pattern='|/tmp/pwn') 2>&1; echo "exit $?"`, corePattern))
 
-	out, err := taskrun.Execute(context.Background(), in)
-	require.NoError(t, err)
-	assert.Equal(t, model.StatusSucceeded, out.Status)
-	assert.Contains(t, out.Result.OutputStr, "can't create "+corePattern+": Read-only file system")
-	assert.NotContains(t, out.Result.OutputStr, "exit 0")
-	after, err := os.ReadFile(corePattern)
-	require.NoError(t, err)
-	assert.Equal(t, string(before), string(after), "the host's core_pattern changed")
+		out, err := h.execute(in)
+		require.NoError(t, err)
+		assert.Equal(t, model.StatusSucceeded, out.Status)
+		assert.Contains(t, out.Result.OutputStr, "can't create "+corePattern+": Read-only file system")
+		assert.NotContains(t, out.Result.OutputStr, "exit 0")
+		after, err := os.ReadFile(corePattern)
+		require.NoError(t, err)
+		assert.Equal(t, string(before), string(after), "the host's core_pattern changed")
 
-	rec := h.record(t, "procsys")
-	require.NotNil(t, rec.Probe)
-	assert.True(t, rec.Probe.ProcSysReadOnly, "the self-check saw /proc/sys read-only")
+		rec := h.record(t, "procsys")
+		require.NotNil(t, rec.Probe)
+		assert.True(t, rec.Probe.ProcSysReadOnly, "the self-check saw /proc/sys read-only")
+	})
 }
 
 // The executor's secrets are invisible inside: an environment variable of
@@ -185,35 +190,37 @@ echo "== end"
 `, secretFile)
 
 	for _, rt := range runtimes {
-		t.Run(rt.name, func(t *testing.T) {
-			h := newHarness(t)
-			h.requireRuntime(t, rt.runtime)
-			in, _ := h.input(t, "canary", script)
-			in.Policy.Runtime = rt.runtime
-			in.Task.Prompt = control
-			// Never contacted: the run makes no model request.
-			in.Model = config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-test", BaseURL: "http://127.0.0.1:9/v1", APIKeyEnv: "TASKRUN_CANARY_SECRET"}
+		for _, sp := range startPaths {
+			t.Run(rt.name+"/"+sp.name, func(t *testing.T) {
+				h := newHarnessOn(t, sp.warm)
+				h.requireRuntime(t, rt.runtime)
+				in, _ := h.input(t, "canary", script)
+				in.Policy.Runtime = rt.runtime
+				in.Task.Prompt = control
+				// Never contacted: the run makes no model request.
+				in.Model = config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-test", BaseURL: "http://127.0.0.1:9/v1", APIKeyEnv: "TASKRUN_CANARY_SECRET"}
 
-			out, err := taskrun.Execute(context.Background(), in)
-			require.NoError(t, err)
-			assert.Equal(t, model.StatusSucceeded, out.Status)
-			stdout := out.Result.OutputStr
-			require.Contains(t, stdout, "== end", "the script ran to the end")
-			// Controls: each search did find what is meant to be there.
-			assert.Contains(t, section(stdout, "env"), "TASKRUN_MODEL_SOCKET=")
-			assert.Contains(t, section(stdout, "environ"), "TASKRUN_RUN_ID=canary")
-			assert.Contains(t, section(stdout, "file"), "No such file or directory")
-			assert.Contains(t, section(stdout, "grep"), "/taskrun/prompt.txt:"+control)
+				out, err := h.execute(in)
+				require.NoError(t, err)
+				assert.Equal(t, model.StatusSucceeded, out.Status)
+				stdout := out.Result.OutputStr
+				require.Contains(t, stdout, "== end", "the script ran to the end")
+				// Controls: each search did find what is meant to be there.
+				assert.Contains(t, section(stdout, "env"), "TASKRUN_MODEL_SOCKET=")
+				assert.Contains(t, section(stdout, "environ"), "TASKRUN_RUN_ID=canary")
+				assert.Contains(t, section(stdout, "file"), "No such file or directory")
+				assert.Contains(t, section(stdout, "grep"), "/taskrun/prompt.txt:"+control)
 
-			stderr := h.runFile(t, "canary", taskrun.StderrLogName)
-			for _, secret := range []string{secretEnv, secretFileValue} {
-				assert.NotContains(t, stdout, secret, "stdout shows a host secret")
-				assert.NotContains(t, stderr, secret, "stderr shows a host secret")
-				for _, k := range h.storedKeys(t) {
-					assert.NotContains(t, h.objectText(t, k), secret, "object %s holds a host secret", k)
+				stderr := h.runFile(t, "canary", taskrun.StderrLogName)
+				for _, secret := range []string{secretEnv, secretFileValue} {
+					assert.NotContains(t, stdout, secret, "stdout shows a host secret")
+					assert.NotContains(t, stderr, secret, "stderr shows a host secret")
+					for _, k := range h.storedKeys(t) {
+						assert.NotContains(t, h.objectText(t, k), secret, "object %s holds a host secret", k)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -80,9 +80,34 @@ type harness struct {
 	cli *client.Client
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T) *harness { return newHarnessOn(t, false) }
+
+// startPaths are the two ways a run gets its container: created for it
+// (cold) or parked ahead of it by a warm pool (package warmpool). The
+// security-relevant tests run on both: escapes (network, Docker socket,
+// host secrets, /proc/sys), the kernel's attack surface, the disk cap and
+// the records one run could forge for another.
+var startPaths = []struct {
+	name string
+	warm bool
+}{{"cold", false}, {"warm", true}}
+
+// onPaths runs test on a cold harness and on a warm one.
+func onPaths(t *testing.T, test func(t *testing.T, h *harness)) {
 	t.Helper()
-	env := runtest.New(t, runtest.Options{Tenant: "abuse" + runtest.RandomID()})
+	for _, sp := range startPaths {
+		t.Run(sp.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, newHarnessOn(t, sp.warm))
+		})
+	}
+}
+
+// newHarnessOn is newHarness, with a warm pool when warm: execute then runs
+// each run in a container parked ahead of it.
+func newHarnessOn(t *testing.T, warm bool) *harness {
+	t.Helper()
+	env := runtest.New(t, runtest.Options{Tenant: "abuse" + runtest.RandomID(), Warm: warm})
 	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 	require.NoError(t, err)
 	t.Cleanup(func() { cli.Close() })
@@ -102,6 +127,12 @@ func (h *harness) input(t *testing.T, runID, script string) (taskrun.RunTaskInpu
 	in.Timeout = runTimeout
 	in.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
 	return in, rec
+}
+
+// execute runs in through taskrun.Execute: on a warm harness in a
+// container parked ahead of it, failing unless the run took one.
+func (h *harness) execute(in taskrun.RunTaskInput) (*taskrun.Outcome, error) {
+	return h.Env.Execute(context.Background(), in)
 }
 
 // runFile reads a run's object back from the store.

@@ -3,6 +3,7 @@ package abuse_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -19,7 +20,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
@@ -61,9 +61,16 @@ var kernelRuns sync.Map // configuration name -> *kernelRun
 // ("" for runc) and returns its results and the run's isolation record.
 func kernelCallsInRun(t *testing.T, runtime string) (kernelCalls, audit.Record) {
 	t.Helper()
-	h := newHarness(t)
+	return kernelCallsOnPath(t, runtime, false)
+}
+
+// kernelCallsOnPath is kernelCallsInRun, in a warm pool's parked container
+// when warm.
+func kernelCallsOnPath(t *testing.T, runtime string, warm bool) (kernelCalls, audit.Record) {
+	t.Helper()
+	h := newHarnessOn(t, warm)
 	h.requireRuntime(t, runtime)
-	v, _ := kernelRuns.LoadOrStore("run "+runtime, &kernelRun{})
+	v, _ := kernelRuns.LoadOrStore(fmt.Sprintf("run %s warm=%t", runtime, warm), &kernelRun{})
 	kr := v.(*kernelRun)
 	kr.once.Do(func() {
 		ws := t.TempDir()
@@ -71,7 +78,7 @@ func kernelCallsInRun(t *testing.T, runtime string) (kernelCalls, audit.Record) 
 		in, _ := h.input(t, "kernelcalls", "./kernelcalls")
 		in.Task.WorkspaceDir = ws
 		in.Policy.Runtime = runtime
-		out, err := taskrun.Execute(context.Background(), in)
+		out, err := h.execute(in)
 		require.NoError(t, err)
 		require.Equal(t, model.StatusSucceeded, out.Status, out.Reason)
 		rec := h.record(t, "kernelcalls")
@@ -170,6 +177,11 @@ func assertKernelClass(t *testing.T, names []string, check func(t *testing.T, na
 	var gvisor kernelCalls
 	if h := newHarness(t); h.hasRuntime(t, runtimes[1].runtime) {
 		gvisor, _ = kernelCallsInRun(t, runtimes[1].runtime)
+	}
+	// A warm run's container answers every call as a cold run's does.
+	warm, _ := kernelCallsOnPath(t, "", true)
+	for _, name := range names {
+		assert.Equal(t, runc[name], warm[name], "%s in a warm pool's container", name)
 	}
 	for _, name := range names {
 		t.Logf("%-18s runc+taskrun: %-8s gvisor+taskrun: %-8s runc+docker-default: %-8s runc+unconfined: %s",

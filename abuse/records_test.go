@@ -287,49 +287,50 @@ func fakeModel(t *testing.T) *httptest.Server {
 // collection uploads the forgeries over run 1's records.
 func TestLaterRunCannotForgeAnEarlierRunsRecords(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	upstream := fakeModel(t)
-	keyFile := filepath.Join(t.TempDir(), "key")
-	require.NoError(t, os.WriteFile(keyFile, []byte("sk-abuse"), 0o600))
-	in, _ := h.input(t, "owner1", `/.taskrun/bin/taskrun-relay -- sh -c 'wget -qO- --header "Content-Type: application/json" \
+	onPaths(t, func(t *testing.T, h *harness) {
+		upstream := fakeModel(t)
+		keyFile := filepath.Join(t.TempDir(), "key")
+		require.NoError(t, os.WriteFile(keyFile, []byte("sk-abuse"), 0o600))
+		in, _ := h.input(t, "owner1", `/.taskrun/bin/taskrun-relay -- sh -c 'wget -qO- --header "Content-Type: application/json" \
   --post-data "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" $OPENAI_BASE_URL/chat/completions'
 echo '{"agent":"run 1"}' >> /taskrun/global/traces/s1/rt_owner1.jsonl`)
-	in.Model = config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-test", BaseURL: upstream.URL, APIKeyFile: keyFile}
-	_, err := taskrun.Execute(context.Background(), in)
-	require.NoError(t, err)
-	read := func(rel string) string {
-		rc, err := h.Store.OpenGlobalFile(context.Background(), h.Tenant, rel)
-		require.NoError(t, err, rel)
-		defer rc.Close()
-		b, err := io.ReadAll(rc)
+		in.Model = config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-test", BaseURL: upstream.URL, APIKeyFile: keyFile}
+		_, err := h.execute(in)
 		require.NoError(t, err)
-		return string(b)
-	}
-	gw, trace := read("traces/s1/gw_owner1.jsonl"), read("traces/s1/rt_owner1.jsonl")
-	require.Contains(t, gw, "chat/completions", "run 1's gateway record holds its exchange")
-	require.Contains(t, trace, "run 1")
+		read := func(rel string) string {
+			rc, err := h.Store.OpenGlobalFile(context.Background(), h.Tenant, rel)
+			require.NoError(t, err, rel)
+			defer rc.Close()
+			b, err := io.ReadAll(rc)
+			require.NoError(t, err)
+			return string(b)
+		}
+		gw, trace := read("traces/s1/gw_owner1.jsonl"), read("traces/s1/rt_owner1.jsonl")
+		require.Contains(t, gw, "chat/completions", "run 1's gateway record holds its exchange")
+		require.Contains(t, trace, "run 1")
 
-	forger, _ := h.input(t, "forger2", `mkdir -p /taskrun/global/traces/s1
+		forger, _ := h.input(t, "forger2", `mkdir -p /taskrun/global/traces/s1
 echo '{"forged":true}' > /taskrun/global/traces/s1/gw_owner1.jsonl
 echo '{"forged":true}' > /taskrun/global/traces/s1/rt_owner1.jsonl
 echo '{"forged":true}' > /taskrun/global/traces/s1/gw_forger2.jsonl
 echo '{"agent":"run 2"}' > /taskrun/global/traces/s1/rt_forger2.jsonl`)
-	out, err := taskrun.Execute(context.Background(), forger)
-	require.NoError(t, err)
-	assert.Equal(t, model.StatusSucceeded, out.Status)
+		out, err := h.execute(forger)
+		require.NoError(t, err)
+		assert.Equal(t, model.StatusSucceeded, out.Status)
 
-	assert.Equal(t, gw, read("traces/s1/gw_owner1.jsonl"), "run 1's gateway record was replaced")
-	assert.Equal(t, trace, read("traces/s1/rt_owner1.jsonl"), "run 1's trace was replaced")
-	assert.Contains(t, read("traces/s1/rt_forger2.jsonl"), "run 2", "run 2's own trace is stored")
-	_, err = h.Store.OpenGlobalFile(context.Background(), h.Tenant, "traces/s1/gw_forger2.jsonl")
-	assert.Error(t, err, "a run without a model has no gateway record, and the agent cannot make one")
-	skips := skipsOf(out)
-	for _, p := range []string{"gw_owner1.jsonl", "rt_owner1.jsonl", "gw_forger2.jsonl"} {
-		assert.Contains(t, skips["global/traces/s1/"+p], "reserved", p)
-	}
-	var rec struct {
-		Skipped []taskrun.SkippedFile `json:"skipped"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(h.runFile(t, "forger2", taskrun.CollectionRecordName)), &rec))
-	assert.Len(t, rec.Skipped, len(out.Skipped))
+		assert.Equal(t, gw, read("traces/s1/gw_owner1.jsonl"), "run 1's gateway record was replaced")
+		assert.Equal(t, trace, read("traces/s1/rt_owner1.jsonl"), "run 1's trace was replaced")
+		assert.Contains(t, read("traces/s1/rt_forger2.jsonl"), "run 2", "run 2's own trace is stored")
+		_, err = h.Store.OpenGlobalFile(context.Background(), h.Tenant, "traces/s1/gw_forger2.jsonl")
+		assert.Error(t, err, "a run without a model has no gateway record, and the agent cannot make one")
+		skips := skipsOf(out)
+		for _, p := range []string{"gw_owner1.jsonl", "rt_owner1.jsonl", "gw_forger2.jsonl"} {
+			assert.Contains(t, skips["global/traces/s1/"+p], "reserved", p)
+		}
+		var rec struct {
+			Skipped []taskrun.SkippedFile `json:"skipped"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(h.runFile(t, "forger2", taskrun.CollectionRecordName)), &rec))
+		assert.Len(t, rec.Skipped, len(out.Skipped))
+	})
 }

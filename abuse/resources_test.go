@@ -186,22 +186,23 @@ func TestFillingTmpHitsItsCap(t *testing.T) {
 // size, or the watchdog). Without it the 256 MiB write lands on the host.
 func TestFillingRunDirHitsDiskCap(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	in, rec := h.input(t, "filldisk", `dd if=/dev/zero of=/taskrun/home/fill bs=1M count=256 2>&1; echo "dd exited $?"; sleep 3`)
-	in.DiskLimitBytes = 32 << 20
+	onPaths(t, func(t *testing.T, h *harness) {
+		in, rec := h.input(t, "filldisk", `dd if=/dev/zero of=/taskrun/home/fill bs=1M count=256 2>&1; echo "dd exited $?"; sleep 3`)
+		in.DiskLimitBytes = 32 << 20
 
-	out, err := taskrun.Execute(context.Background(), in)
-	if errors.Is(err, taskrun.ErrDiskLimit) {
-		assert.Equal(t, model.StatusFailed, out.Status, "the watchdog stopped the run")
-		assert.Equal(t, model.StatusFailed, last(t, rec).Status)
-		return
-	}
-	require.NoError(t, err)
-	assert.Equal(t, model.StatusSucceeded, out.Status)
-	assert.Contains(t, out.Result.OutputStr, "No space left on device")
-	assert.Contains(t, out.Result.OutputStr, "dd exited 1")
-	assert.Less(t, ddWrittenMiB(t, out.Result.OutputStr), 32, "dd wrote past the 32 MiB cap")
-	assert.Equal(t, out.Result.OutputStr, h.runFile(t, "filldisk", taskrun.OutputLogName))
+		out, err := h.execute(in)
+		if errors.Is(err, taskrun.ErrDiskLimit) {
+			assert.Equal(t, model.StatusFailed, out.Status, "the watchdog stopped the run")
+			assert.Equal(t, model.StatusFailed, last(t, rec).Status)
+			return
+		}
+		require.NoError(t, err)
+		assert.Equal(t, model.StatusSucceeded, out.Status)
+		assert.Contains(t, out.Result.OutputStr, "No space left on device")
+		assert.Contains(t, out.Result.OutputStr, "dd exited 1")
+		assert.Less(t, ddWrittenMiB(t, out.Result.OutputStr), 32, "dd wrote past the 32 MiB cap")
+		assert.Equal(t, out.Result.OutputStr, h.runFile(t, "filldisk", taskrun.OutputLogName))
+	})
 }
 
 // A process that ignores SIGTERM is killed at the timeout after the grace

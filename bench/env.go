@@ -29,6 +29,8 @@ type env struct {
 	backend *docker.Backend
 	store   *persist.Store
 	labels  map[string]string
+	// breakdown is filled by the cold CLI comparison.
+	breakdown *breakdown
 }
 
 func newEnv(ctx context.Context, c config) (*env, error) {

@@ -13,6 +13,9 @@
 //   - workspace materialization (workspace.CopyTree) against `cp -a`;
 //   - runs per minute through the worker (leases from a local control plane)
 //     against the same runs through RunTask directly.
+//   - the warm pool (package warmpool): claim → first stdout byte, median
+//     and p95, beside a cold RunTask's and `docker run`'s first byte, and
+//     runs per minute at 8 concurrent runs, warm against cold.
 //
 // Run it with `make bench` or `go run ./bench` (the image
 // taskrun/testbox:local must exist: `make images`). Every container it
@@ -43,6 +46,10 @@ type config struct {
 	files       int
 	copyRounds  int
 	workerRuns  int
+	warmRuns    int
+	helpersDir  string
+	taskrunBin  string
+	only        string
 	benchID     string
 }
 
@@ -53,19 +60,24 @@ func main() {
 	var c config
 	flag.StringVar(&c.image, "image", "taskrun/testbox:local", "local busybox image to run")
 	flag.IntVar(&c.runs, "n", 10, "runs of each variant in the cold-run and first-byte comparisons")
-	flag.IntVar(&c.sizeMiB, "size", 1024, "MiB of stdout in the throughput comparison")
-	flag.IntVar(&c.concurrency, "concurrent", 32, "runs started at once in the concurrency check")
-	flag.IntVar(&c.files, "files", 10000, "files in the workspace materialization comparison")
-	flag.IntVar(&c.copyRounds, "copy-rounds", 5, "rounds of CopyTree and cp -a each")
+	flag.IntVar(&c.sizeMiB, "size", 256, "MiB of stdout in the throughput comparison")
+	flag.IntVar(&c.concurrency, "concurrent", 8, "runs started at once in the concurrency check")
+	flag.IntVar(&c.files, "files", 5000, "files in the workspace materialization comparison")
+	flag.IntVar(&c.copyRounds, "copy-rounds", 3, "rounds of CopyTree and cp -a each")
+	flag.StringVar(&c.taskrunBin, "taskrun", "bin/taskrun", "the taskrun binary of the cold CLI comparison (`make build`)")
 	flag.IntVar(&c.workerRuns, "worker-runs", 24, "runs in the worker throughput comparison")
+	flag.IntVar(&c.warmRuns, "warm-n", 20, "claims (and cold runs, and docker runs) in the warm pool comparison; runs per path in its throughput check")
+	flag.StringVar(&c.helpersDir, "helpers-dir", "bin", "directory of the static taskrun-probe and taskrun-relay (make build); the warm pool parks at the self-check")
+	flag.StringVar(&c.only, "only", "", "run only the sections whose name contains this, e.g. \"cold\"")
 	flag.Parse()
 	c.benchID = "bench-" + strings.ToLower(rand.Text()[:10])
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	rows, err := runAll(ctx, c)
+	rows, b, err := runAll(ctx, c)
 	printTable(os.Stdout, c, rows)
+	printBreakdown(os.Stdout, b)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -80,15 +92,16 @@ type section struct {
 
 // runAll runs every section, keeping the rows of those that worked, and
 // checks at the end that no container was left behind.
-func runAll(ctx context.Context, c config) ([]row, error) {
+func runAll(ctx context.Context, c config) ([]row, *breakdown, error) {
 	e, err := newEnv(ctx, c)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer e.close()
 	var rows []row
 	var errs []string
 	for _, s := range []section{
+		{"cold CLI run", coldCLI},
 		{"cold run", coldRun},
 		{"kubernetes cold run", kubernetesColdRun},
 		{"first byte", firstByteLatency},
@@ -96,7 +109,12 @@ func runAll(ctx context.Context, c config) ([]row, error) {
 		{"concurrency", concurrent},
 		{"materialization", materialize},
 		{"worker", workerThroughput},
+		{"warm pool first byte", warmFirstByte},
+		{"warm pool throughput", warmThroughput},
 	} {
+		if !strings.Contains(s.name, c.only) {
+			continue
+		}
 		fmt.Fprintf(os.Stderr, "bench: %s...\n", s.name)
 		start := time.Now()
 		rs, err := s.run(ctx, e)
@@ -110,7 +128,7 @@ func runAll(ctx context.Context, c config) ([]row, error) {
 		errs = append(errs, fmt.Sprintf("containers left behind: %d (%v)", left, err))
 	}
 	if len(errs) > 0 {
-		return rows, fmt.Errorf("%s", strings.Join(errs, "; "))
+		return rows, e.breakdown, fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
-	return rows, nil
+	return rows, e.breakdown, nil
 }

@@ -23,6 +23,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/probe"
@@ -142,7 +144,7 @@ func fromExecutable(exe, cacheDir string) (Files, error) {
 		name, _ := os.Executable()
 		return nil, fmt.Errorf("taskrun binary %s is the in-sandbox helper and must run in any image: %w; build it with CGO_ENABLED=0 (`make build` does), or pass a helpers dir of static taskrun-probe and taskrun-relay", name, err)
 	}
-	path, err := cacheCopy(exe, cacheDir)
+	path, err := cachedCopy(exe, cacheDir)
 	if err != nil {
 		return nil, fmt.Errorf("helpers cache %s: %w", cacheDir, err)
 	}
@@ -151,6 +153,66 @@ func fromExecutable(exe, cacheDir string) (Files, error) {
 		files[name] = path
 	}
 	return files, nil
+}
+
+// cachedCopy is cacheCopy without reading and hashing the binary (tens of
+// MB) on every run: a stamp named after exe's identity (device, inode,
+// size, modification and change times) records which copy holds its
+// content and that copy's own identity. The stamp is trusted only while
+// both identities are unchanged; the change time cannot be set back by any
+// write or chmod, so a copy altered since it was stamped, or a rebuilt
+// binary, takes the full path again.
+func cachedCopy(exe, cacheDir string) (string, error) {
+	id, err := identity(exe)
+	if err != nil {
+		return "", err
+	}
+	stamp := filepath.Join(cacheDir, "stamps", id)
+	if data, err := os.ReadFile(stamp); err == nil {
+		dst, want, ok := strings.Cut(string(data), "\n")
+		if have, err := identity(dst); ok && err == nil && have == want && filepath.Dir(filepath.Dir(dst)) == filepath.Clean(cacheDir) {
+			return dst, nil
+		}
+	}
+	dst, err := cacheCopy(exe, cacheDir)
+	if err != nil {
+		return "", err
+	}
+	// A stamp that cannot be written only costs the next run the hash.
+	if dstID, err := identity(dst); err == nil {
+		_ = writeStamp(stamp, dst+"\n"+dstID)
+	}
+	return dst, nil
+}
+
+// identity names a file's identity: device, inode, size, modification and
+// change times.
+func identity(path string) (string, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d-%d-%d-%d.%d-%d.%d", st.Dev, st.Ino, st.Size, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec), nil
+}
+
+// writeStamp writes a stamp atomically.
+func writeStamp(path, content string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".stamp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.WriteString(content)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
 
 // cacheCopy copies exe to cacheDir/<sha256>/taskrun unless that file is

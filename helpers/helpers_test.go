@@ -131,3 +131,32 @@ func TestFromExecutableReplacesATamperedCopy(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, want, got, "a copy of the same size but other content is replaced")
 }
+
+// The stamp that spares later runs the hash is trusted only while the copy
+// is untouched: a rewrite that restores its size and modification time
+// still changes its change time, and the copy is made again.
+func TestFromExecutableStampDoesNotHideATamperedCopy(t *testing.T) {
+	exe := testbin.Program(t, "./internal/testbin/kernelcalls")
+	cache := t.TempDir()
+	files, err := fromExecutable(exe, cache)
+	require.NoError(t, err)
+	src := files[ProbeName]
+	again, err := fromExecutable(exe, cache)
+	require.NoError(t, err)
+	require.Equal(t, files, again, "the stamped copy is used")
+
+	info, err := os.Stat(src)
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(src, 0o755))
+	require.NoError(t, os.WriteFile(src, make([]byte, info.Size()), 0o755))
+	require.NoError(t, os.Chmod(src, 0o555))
+	require.NoError(t, os.Chtimes(src, info.ModTime(), info.ModTime()))
+
+	third, err := fromExecutable(exe, cache)
+	require.NoError(t, err)
+	want, err := os.ReadFile(exe)
+	require.NoError(t, err)
+	got, err := os.ReadFile(third[ProbeName])
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "the tampered copy is replaced despite its stamp")
+}

@@ -135,6 +135,10 @@ type Record struct {
 	RunDir string `json:"run_dir"`
 	// SpoolDir is the executor's private directory (output spools, records).
 	SpoolDir string `json:"spool_dir"`
+	// PoolSlot names the warm pool slot whose container and directory the
+	// run took over (package warmpool); RunDir and SpoolDir are then the
+	// slot's, not the runs root layout's.
+	PoolSlot string `json:"pool_slot,omitempty"`
 	// DiskCap is the run dir's capped filesystem, when one was mounted.
 	DiskCap *DiskCap `json:"disk_cap,omitempty"`
 	// Store is the blob store URL, without credentials.

@@ -38,6 +38,13 @@ type Config struct {
 	MaxWalkEntries int
 	// SocketTimeout bounds each Docker GET /info attempt.
 	SocketTimeout time.Duration
+	// Parked, when set, is what the self-check observed when its container
+	// parked at the gate (package warmpool), with nothing else run in it
+	// since. Its egress attempts and its walk of the filesystem for sockets
+	// are reused (the network and the read-only root cannot have changed);
+	// the mount targets and the well-known socket paths are checked again,
+	// and everything else is observed anew.
+	Parked *Report
 	// SkipEgress leaves out the egress probes (Expectation.SkipEgressProbes).
 	SkipEgress bool
 	// TokenPaths are where a Kubernetes service account token would be
@@ -115,6 +122,18 @@ func Collect(ctx context.Context, nonce string, cfg Config) Report {
 	}
 	r.Interfaces, err = upInterfaces()
 	note(err)
+	for _, p := range cfg.TokenPaths {
+		if _, err := os.Lstat(p); err == nil {
+			r.ServiceAccountTokens = append(r.ServiceAccountTokens, p)
+		}
+	}
+	if cfg.Parked != nil {
+		r.Egress = cfg.Parked.Egress
+		r.UnixSockets, r.DockerSockets, r.SocketSearchComplete = reuseSockets(ctx, cfg, r.Mounts, cfg.Parked)
+		r.ParkedAt = cfg.Parked.CollectedAt
+		r.CollectedAt = time.Now().UTC()
+		return r
+	}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -123,11 +142,6 @@ func Collect(ctx context.Context, nonce string, cfg Config) Report {
 			r.Egress = probeEgress(ctx, cfg)
 		}
 	}()
-	for _, p := range cfg.TokenPaths {
-		if _, err := os.Lstat(p); err == nil {
-			r.ServiceAccountTokens = append(r.ServiceAccountTokens, p)
-		}
-	}
 	var sockets, docker []string
 	var walkErr error
 	go func() { defer wg.Done(); sockets, docker, walkErr = findDockerSockets(ctx, cfg, r.Mounts) }()
@@ -296,6 +310,33 @@ func findDockerSockets(ctx context.Context, cfg Config, mounts []Mount) (all, do
 	}
 	sort.Strings(docker)
 	return all, docker, walkErr
+}
+
+// reuseSockets is the socket search of a parked container's release: the
+// mount targets and well-known paths checked now, the walk's findings
+// taken from parked.
+func reuseSockets(ctx context.Context, cfg Config, mounts []Mount, parked *Report) (all, docker []string, complete bool) {
+	found := map[string]bool{}
+	for _, s := range parked.UnixSockets {
+		found[s] = true
+		all = append(all, s)
+	}
+	docker = append(docker, parked.DockerSockets...)
+	direct := slices.Clone(wellKnownSockets)
+	for _, m := range mounts {
+		direct = append(direct, m.Target)
+	}
+	for _, p := range direct {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&fs.ModeSocket != 0 && !found[p] {
+			found[p] = true
+			all = append(all, p)
+			if answersDocker(ctx, p, cfg.SocketTimeout) {
+				docker = append(docker, p)
+			}
+		}
+	}
+	sort.Strings(docker)
+	return all, docker, parked.SocketSearchComplete
 }
 
 var errWalkBound = errors.New("socket walk stopped at its entry bound; sockets beyond it were not checked")

@@ -27,8 +27,19 @@ const exitUsage = 2
 // PATH), so the agent starts only after the report is out, and does not
 // return. Without CMD it returns 0 after the report. args are the arguments
 // after the program name.
+//
+// Run as "taskrun-probe --gate SOCKET" it is the gate of a container
+// parked ahead of its run (see GateFlag).
 func Main(args []string) int {
-	argv, code := runMain(context.Background(), args, os.Stderr)
+	if len(args) == 2 && args[0] == GateFlag {
+		return gateMain(args[1])
+	}
+	return mainWith(args, Config{})
+}
+
+// mainWith is Main with cfg for Collect.
+func mainWith(args []string, cfg Config) int {
+	argv, code := runMain(context.Background(), args, os.Stderr, cfg)
 	if argv == nil {
 		return code
 	}
@@ -44,7 +55,7 @@ func Main(args []string) int {
 
 // runMain does everything but the exec: it returns the command to exec, or
 // nil and the exit code.
-func runMain(ctx context.Context, args []string, stderr io.Writer) ([]string, int) {
+func runMain(ctx context.Context, args []string, stderr io.Writer, cfg Config) ([]string, int) {
 	fset := flag.NewFlagSet("taskrun-probe", flag.ContinueOnError)
 	fset.SetOutput(stderr)
 	nonce := fset.String("nonce", "", "per-run nonce echoed in the report line (required)")
@@ -62,7 +73,8 @@ func runMain(ctx context.Context, args []string, stderr io.Writer) ([]string, in
 		fmt.Fprintf(stderr, "taskrun-probe: --expect: %v\n", err)
 		return nil, exitUsage
 	}
-	rep := Collect(ctx, *nonce, Config{SkipEgress: exp.SkipEgressProbes})
+	cfg.SkipEgress = cfg.SkipEgress || exp.SkipEgressProbes
+	rep := Collect(ctx, *nonce, cfg)
 	rep.Command = CheckCommand(fset.Args())
 	line, err := FormatLine(rep)
 	if err != nil {

@@ -40,6 +40,12 @@ const (
 type Report struct {
 	// Nonce is the per-run value passed by the executor with --nonce.
 	Nonce string `json:"nonce"`
+	// ParkedAt is set for a container parked ahead of its run (package
+	// warmpool): Egress, UnixSockets, DockerSockets and
+	// SocketSearchComplete are then what the self-check observed when it
+	// parked, at ParkedAt, with nothing else run in the container since
+	// (see Config.Parked); the rest was observed at CollectedAt.
+	ParkedAt time.Time `json:"parked_at,omitzero"`
 	// UID and GID are the real ids; Groups are the supplementary groups.
 	UID    int   `json:"uid"`
 	GID    int   `json:"gid"`

@@ -20,6 +20,7 @@ import (
 	"github.com/taskrun/taskrun/changeset"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/timings"
 )
 
 // RecordVersion is the version of the Record layout this package writes.
@@ -94,6 +95,10 @@ type Record struct {
 	Stored    []persist.ObjectInfo `json:"stored,omitempty"`
 	Changes   *Changes             `json:"changes,omitempty"`
 	Execs     []Exec               `json:"execs,omitempty"`
+	// Timings are the run's phases as the executor timed them, in order of
+	// their start (package timings); the last ones (the index write itself
+	// and the journal's end) come after the record was written.
+	Timings []timings.Span `json:"timings,omitempty"`
 }
 
 // Ref returns the record's run reference.

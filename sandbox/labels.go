@@ -30,6 +30,11 @@ const (
 	// LabelEgress marks the container of a run with an egress policy; its
 	// value is the in-container path of the egress proxy's socket.
 	LabelEgress = "dev.taskrun.egress"
+	// LabelPool marks a container started ahead of its run by a warm pool
+	// (package warmpool); its value is the pool key (a digest of everything
+	// that shapes the container). Its dev.taskrun.run label is the slot's
+	// ID, which is also the last element of its run dir.
+	LabelPool = "dev.taskrun.pool"
 )
 
 // LabelPod holds, on Kubernetes, the name of the run's Pod, by which the

@@ -58,14 +58,19 @@ func (p *Paths) Run(ref model.RunRef) (RunDirs, error) {
 	if err := ref.Validate(); err != nil {
 		return RunDirs{}, err
 	}
-	dir := p.runDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID)
+	return RunDirsAt(p.runDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID)), nil
+}
+
+// RunDirsAt is the layout of a run directory at dir, wherever it lies (a
+// warm pool's slot directory is one). Nothing is created on disk.
+func RunDirsAt(dir string) RunDirs {
 	return RunDirs{
 		Dir:       dir,
 		Home:      filepath.Join(dir, "home"),
 		Artifacts: filepath.Join(dir, "artifacts"),
 		Global:    filepath.Join(dir, "global"),
 		Output:    filepath.Join(dir, "output"),
-	}, nil
+	}
 }
 
 func (p *Paths) userDir(userID string) string {

@@ -103,12 +103,23 @@ func execInRun(ctx context.Context, a *app, rec *runindex.Record, cmd []string, 
 	if err != nil {
 		return 0, err
 	}
-	if len(list) != 1 {
+	id := ""
+	switch {
+	case len(list) == 1:
+		id = list[0].ID
+	case len(list) == 0 && rec.ContainerID != "":
+		// A warm pool's container was labelled before its run claimed it:
+		// the run's record names it.
+		id = rec.ContainerID
+	default:
 		return 0, fmt.Errorf("run %s has %d running containers on this host: exec needs the host that runs it", rec.RunID, len(list))
 	}
-	info, err := cli.ContainerInspect(ctx, list[0].ID)
+	info, err := cli.ContainerInspect(ctx, id)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("run %s has no running container on this host (exec needs the host that runs it): %w", rec.RunID, err)
+	}
+	if info.State == nil || !info.State.Running || info.Config == nil || info.Config.Labels[sandbox.LabelManaged] != "true" {
+		return 0, fmt.Errorf("run %s has no running container on this host: exec needs the host that runs it", rec.RunID)
 	}
 	inFd, inTerm := term.GetFdInfo(stdinFile)
 	outFd, outTerm := term.GetFdInfo(a.stdout)
@@ -128,7 +139,7 @@ func execInRun(ctx context.Context, a *app, rec *runindex.Record, cmd []string, 
 			opts.ConsoleSize = &[2]uint{uint(ws.Height), uint(ws.Width)}
 		}
 	}
-	created, err := cli.ContainerExecCreate(ctx, list[0].ID, opts)
+	created, err := cli.ContainerExecCreate(ctx, id, opts)
 	if err != nil {
 		return 0, err
 	}

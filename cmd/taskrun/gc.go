@@ -26,8 +26,9 @@ taskrun persist --all.
 Then removes managed containers (label dev.taskrun.managed=true) that no live
 run owns: those of executors proven gone, or with --all of every executor on
 the host (exited ones, and running ones past their expiry). Containers created
-less than --grace ago are spared. --dry-run lists what would be done, and
-which runs are kept and why.
+less than --grace ago are spared. Last, removes the warm pool slots (run
+directories and disk caps under --root's pool/) that gone executors left.
+--dry-run lists what would be done, and which runs are kept and why.
 `
 
 func init() {
@@ -82,6 +83,7 @@ func runGC(ctx context.Context, a *app, root, token string, grace time.Duration,
 	rep.Runs, recoverErr = host.recoverRuns(ctx, backend, dryRun, lines)
 	rep.Containers, err = backend.Reap(ctx, host.reapOptions(grace, all, dryRun, rep.Runs))
 	if !dryRun {
+		err = errors.Join(err, host.sweepPools())
 		host.removeGoneExecutors()
 	}
 	if jsonOut {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/termsafe"
+	"github.com/taskrun/taskrun/timings"
 )
 
 const inspectHelp = `
@@ -108,6 +109,12 @@ func writeRecord(w io.Writer, r *runindex.Record) {
 	}
 	for _, e := range r.Execs {
 		line("Exec", fmt.Sprintf("%s by %s: %q exit %d", e.At.Local().Format(time.RFC3339), e.By, e.Command, e.Exit))
+	}
+	if len(r.Timings) > 0 {
+		fmt.Fprintf(w, "Timings:       %.1f ms in all (start and duration of each phase, ms)\n", timings.Total(r.Timings))
+		for _, s := range r.Timings {
+			fmt.Fprintf(w, "  %-14s %9.1f %9.1f\n", termsafe.String(s.Phase), s.StartMS, s.DurationMS)
+		}
 	}
 	if len(r.Stored) > 0 {
 		fmt.Fprintln(w, "Stored:")

@@ -18,6 +18,7 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/recovery"
 	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -198,6 +199,26 @@ func (h *hostState) reapOptions(grace time.Duration, all, dryRun bool, results [
 		}
 	}
 	return opts
+}
+
+// sweepPools removes the warm pool slots that gone executors left under
+// the root (their containers are reaped with the rest), sparing the
+// directories of journaled runs.
+func (h *hostState) sweepPools() error {
+	recs, err := h.journal.List()
+	if err != nil {
+		return err
+	}
+	journaled := map[string]bool{}
+	for _, r := range recs {
+		journaled[r.RunDir], journaled[r.SpoolDir] = true, true
+	}
+	gone := func(id string) bool { g, _ := h.executorGone(id); return g }
+	removed, err := warmpool.Sweep(taskrun.PoolDir(h.root), gone, func(path string) bool { return journaled[path] })
+	for _, dir := range removed {
+		h.log.Info("removed a gone executor's warm pool slot", "dir", dir)
+	}
+	return err
 }
 
 // removeGoneExecutors deletes the lock files of executors that are gone.

@@ -28,6 +28,7 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/termsafe"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
@@ -355,6 +356,10 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 			return nil, fmt.Errorf("%w: --workspace %q is not a directory; pass an existing directory", errCannotRun, o.workspace)
 		}
 	}
+	// The run's timings count from here: setting up and the start's gc are
+	// part of what a cold run costs.
+	rec := timings.New(nil)
+	stopSetup := rec.Start(timings.Setup)
 	root, err := filepath.Abs(o.root)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --root: %w", errCannotRun, err)
@@ -399,8 +404,11 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 		}
+		stopSetup()
 		if o.reap {
+			stopGC := rec.Start(timings.GC)
 			reapKubernetes(ctx, host, kb, log)
+			stopGC()
 		}
 		runBackend = kb
 	} else {
@@ -415,8 +423,11 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 		}
 		defer backend.Close()
+		stopSetup()
 		if o.reap {
+			stopGC := rec.Start(timings.GC)
 			collectGarbage(ctx, host, backend, log)
+			stopGC()
 		}
 		runBackend = backend
 	}
@@ -462,6 +473,7 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		UIDs:            uids,
 		Stderr:          liveErr,
 		Logger:          log,
+		Timings:         rec,
 		Executor:        inst.Info(),
 		StoreURL:        o.store,
 		// The run winds down a little before the backstop ends the process.
@@ -545,6 +557,9 @@ type jsonResult struct {
 	Changes *workerclient.ChangeSet `json:"changes,omitempty"`
 	// Skipped lists the agent's files that were not stored, with why.
 	Skipped []taskrun.SkippedFile `json:"skipped,omitempty"`
+	// Timings are the run's phases, each with its start (from the
+	// command's start) and duration in milliseconds.
+	Timings []timings.Span `json:"timings,omitempty"`
 }
 
 // jsonRunResult is the library's RunResult, except that the artifacts
@@ -572,6 +587,7 @@ func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err err
 		res.TraceKey = traceKey(out, ref.user)
 		res.Changes = out.Changes
 		res.Skipped = out.Skipped
+		res.Timings = out.Timings
 	}
 	if err != nil {
 		res.Error = oneLine(err)

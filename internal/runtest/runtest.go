@@ -26,10 +26,12 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/warmpool"
 )
 
 // Defaults of Options.
@@ -60,6 +62,9 @@ type Options struct {
 	Labels map[string]string
 	// Logger receives the backend's log; discarded when nil.
 	Logger *slog.Logger
+	// Warm gives the Env a warm pool (Env.Pool): Input sets it, and Execute
+	// runs each run in a container parked ahead of it.
+	Warm bool
 }
 
 // Env is a place for runs of one tenant. It is safe for concurrent runs.
@@ -73,6 +78,11 @@ type Env struct {
 	Tenant, ConversationID, TaskID, SessionID string
 	// Labels are on every run's container.
 	Labels map[string]string
+	// Pool is the Env's warm pool with Options.Warm, else nil.
+	Pool *warmpool.Pool
+	// Instance is the executor instance ID the backend labels containers
+	// with, with Options.Warm.
+	Instance string
 }
 
 // Open opens an Env; Close releases it.
@@ -96,12 +106,29 @@ func Open(ctx context.Context, opts Options) (*Env, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	backend, err := docker.New(ctx, docker.WithLogger(log))
+	var inst string
+	opts2 := []docker.Option{docker.WithLogger(log)}
+	if opts.Warm {
+		inst = instance.NewID()
+		opts2 = append(opts2, docker.WithInstance(inst))
+	}
+	backend, err := docker.New(ctx, opts2...)
 	if err != nil {
 		_ = store.Close()
 		return nil, err
 	}
+	var pool *warmpool.Pool
+	if opts.Warm {
+		pool, err = warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), Instance: inst, PerKey: 1, MaxSlots: 2, Logger: log})
+		if err != nil {
+			_ = backend.Close()
+			_ = store.Close()
+			return nil, err
+		}
+	}
 	return &Env{
+		Pool:           pool,
+		Instance:       inst,
 		Backend:        backend,
 		Store:          store,
 		Root:           root,
@@ -137,6 +164,15 @@ func New(tb testing.TB, opts Options) *Env {
 		if len(left) > 0 {
 			tb.Errorf("runtest: containers left behind for tenant %s: %v", e.Tenant, left)
 		}
+		if e.Pool != nil {
+			if err := e.Pool.Close(ctx); err != nil {
+				tb.Errorf("runtest: close the warm pool: %v", err)
+			}
+			parked, err := ListContainers(ctx, map[string]string{sandbox.LabelInstance: e.Instance})
+			if err != nil || len(parked) > 0 {
+				tb.Errorf("runtest: warm containers left behind: %v %v", parked, err)
+			}
+		}
 		if err := errors.Join(e.RemoveContainers(ctx), e.Close()); err != nil {
 			tb.Errorf("runtest: %v", err)
 		}
@@ -147,7 +183,35 @@ func New(tb testing.TB, opts Options) *Env {
 // Close releases the backend and the store; the directories are left to
 // their owner.
 func (e *Env) Close() error {
-	return errors.Join(e.Backend.Close(), e.Store.Close())
+	var poolErr error
+	if e.Pool != nil {
+		poolErr = e.Pool.Close(context.Background())
+	}
+	return errors.Join(poolErr, e.Backend.Close(), e.Store.Close())
+}
+
+// Execute runs in through taskrun.Execute. With a warm pool it first waits
+// until a container of in's key is parked, and fails unless the run took
+// it: a test meant for the warm path never passes on the cold one.
+func (e *Env) Execute(ctx context.Context, in taskrun.RunTaskInput) (*taskrun.Outcome, error) {
+	if e.Pool == nil {
+		return taskrun.Execute(ctx, in)
+	}
+	tmpl, err := taskrun.WarmTemplate(ctx, in)
+	if err != nil {
+		return nil, fmt.Errorf("runtest: warm template: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if err := e.Pool.WaitReady(wctx, tmpl, 1); err != nil {
+		return nil, fmt.Errorf("runtest: %w", err)
+	}
+	before := e.Pool.Stats().Claims
+	out, runErr := taskrun.Execute(ctx, in)
+	if e.Pool.Stats().Claims == before {
+		return out, errors.Join(runErr, fmt.Errorf("runtest: run %s did not take a warm container (%+v)", in.Run.ID, e.Pool.Stats()))
+	}
+	return out, runErr
 }
 
 // Paths is the layout of the Env's run directories.
@@ -167,10 +231,11 @@ func (e *Env) Input(runID, image string, cmd ...string) taskrun.RunTaskInput {
 		Sandbox:         e.Backend,
 		Image:           image,
 		// Tests reach no registry unless they ask for a pull.
-		Pull:    sandbox.PullNever,
-		Command: cmd,
-		Labels:  maps.Clone(e.Labels),
-		Timeout: DefaultTimeout,
+		Pull:     sandbox.PullNever,
+		Command:  cmd,
+		Labels:   maps.Clone(e.Labels),
+		Timeout:  DefaultTimeout,
+		WarmPool: e.Pool,
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 )
 
 // Defaults of the backend's options.
@@ -161,6 +162,8 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 	if spec.StopGrace <= 0 {
 		spec.StopGrace = b.stopGrace
 	}
+	rec := timings.FromContext(ctx)
+	stopCreate := rec.Start(timings.Create)
 	spec, err := b.resolveWrapper(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -173,11 +176,12 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 		// still being removed: keep it recognisable and make it unique.
 		created, err = b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name+"-"+strings.ToLower(rand.Text()[:8]))
 	}
+	stopCreate()
 	if err != nil {
 		return nil, b.createError(spec, err)
 	}
 	h := newHandle(b, created.ID, spec, streams)
-	if err := h.start(ctx); err != nil {
+	if err := h.start(ctx, rec); err != nil {
 		h.discard(ctx)
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 )
 
 // ErrStreamStuck is reported in Result.Err when the attach stream stayed open
@@ -73,7 +74,8 @@ func newHandle(b *Backend, id string, spec sandbox.Spec, streams sandbox.Streams
 
 // start attaches, registers the exit wait and starts the container, in that
 // order, so that neither the first byte nor a fast exit can be missed.
-func (h *handle) start(ctx context.Context) error {
+func (h *handle) start(ctx context.Context, rec *timings.Recorder) error {
+	stopAttach := rec.Start(timings.Attach)
 	att, err := h.b.api.ContainerAttach(ctx, h.id, container.AttachOptions{Stream: true, Stdout: true, Stderr: true})
 	if err != nil {
 		return fmt.Errorf("attach to container %s: %w", shortID(h.id), err)
@@ -91,6 +93,9 @@ func (h *handle) start(ctx context.Context) error {
 	default:
 	}
 	go h.watch(waitC, errC)
+	stopAttach()
+	stopStart := rec.Start(timings.Start)
+	defer stopStart()
 	if err := h.b.api.ContainerStart(ctx, h.id, container.StartOptions{}); err != nil {
 		if isInvalidArgument(err) {
 			// The runtime could not exec the command: the engine's

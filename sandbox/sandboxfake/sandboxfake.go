@@ -29,6 +29,7 @@ import (
 
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/seccomp"
+	"github.com/taskrun/taskrun/timings"
 )
 
 // Program is what a fake container runs. ctx ends when the container is
@@ -215,6 +216,8 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, policy sandbox.P
 			return nil, fmt.Errorf("sandboxfake: bind source: %w", err)
 		}
 	}
+	rec := timings.FromContext(ctx)
+	stopCreate := rec.Start(timings.Create)
 	args := command(spec)
 	b.mu.Lock()
 	if err := b.startErr; err != nil {
@@ -237,6 +240,8 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, policy sandbox.P
 	b.live[h.id] = h
 	b.started = append(b.started, spec)
 	b.mu.Unlock()
+	stopCreate()
+	defer rec.Start(timings.Start)()
 	go h.run(prog)
 	return h, nil
 }

@@ -1,0 +1,263 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/instance"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/timings"
+	"github.com/taskrun/taskrun/warmpool"
+)
+
+// warmTargetMedian is the warm pool's first-byte target.
+const warmTargetMedian = 30 * time.Millisecond
+
+// warmEnv is a pool on a backend of its own (labelled with an instance ID,
+// as an executor's is) and runs with the self-check, cold or warm.
+type warmEnv struct {
+	*env
+	backend *docker.Backend
+	pool    *warmpool.Pool
+	root    string
+}
+
+func newWarmEnv(ctx context.Context, e *env, perKey int) (*warmEnv, error) {
+	if e.c.helpersDir == "" {
+		return nil, errors.New("a warm pool parks at the self-check: pass -helpers-dir (make build puts them in bin/)")
+	}
+	inst := instance.NewID()
+	backend, err := docker.New(ctx, docker.WithInstance(inst))
+	if err != nil {
+		return nil, err
+	}
+	root, err := e.tempDir("warm-")
+	if err != nil {
+		backend.Close()
+		return nil, err
+	}
+	pool, err := warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), Instance: inst,
+		PerKey: perKey, MaxSlots: perKey, FillConcurrency: 4})
+	if err != nil {
+		backend.Close()
+		return nil, err
+	}
+	return &warmEnv{env: e, backend: backend, pool: pool, root: root}, nil
+}
+
+func (w *warmEnv) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_ = w.pool.Close(ctx)
+	w.backend.Close()
+}
+
+// input is a run of cmd with the self-check, on the pool's backend; warm
+// sets the pool.
+func (w *warmEnv) input(runID string, warm bool, cmd ...string) taskrun.RunTaskInput {
+	in := w.env.input(w.root, runID, &statusUpdater{}, cmd...)
+	in.Sandbox = w.backend
+	in.HelpersDir = w.c.helpersDir
+	if warm {
+		in.WarmPool = w.pool
+	}
+	return in
+}
+
+// waitReady waits for n parked containers of in's key.
+func (w *warmEnv) waitReady(ctx context.Context, in taskrun.RunTaskInput, n int) error {
+	tmpl, err := taskrun.WarmTemplate(ctx, in)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	return w.pool.WaitReady(ctx, tmpl, n)
+}
+
+// p95 is the 95th percentile (nearest rank).
+func p95(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (95*len(s)+99)/100 - 1
+	return s[max(i, 0)]
+}
+
+// warmFirstByte compares claim → first stdout byte of warm runs with the
+// first byte of cold runs (both through RunTask with the self-check) and
+// of `docker run`, over c.warmRuns runs each, alternating.
+func warmFirstByte(ctx context.Context, e *env) ([]row, error) {
+	w, err := newWarmEnv(ctx, e, 2)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	claimsBefore := w.pool.Stats().Claims
+	// The warm runs' phases, as the run's timings recorder saw them.
+	phases := map[string][]time.Duration{}
+	runTaskFirst := func(warm bool) variant {
+		return func(ctx context.Context, e *env, i int) (time.Duration, error) {
+			name := "cold"
+			if warm {
+				name = "warm"
+			}
+			in := w.input(fmt.Sprintf("%s-first-%d", name, i), warm, "echo", "x")
+			if warm {
+				if err := w.waitReady(ctx, in, 1); err != nil {
+					return 0, err
+				}
+			}
+			f := &firstByte{start: time.Now()}
+			in.Stdout = f
+			out, err := taskrun.Execute(ctx, in)
+			if err == nil && out.Status != model.StatusSucceeded {
+				err = errors.New("run " + in.Run.ID + " ended " + string(out.Status))
+			}
+			if err != nil {
+				return 0, err
+			}
+			if warm {
+				for _, sp := range out.Timings {
+					phases[sp.Phase] = append(phases[sp.Phase], time.Duration(sp.DurationMS*float64(time.Millisecond)))
+				}
+			}
+			if f.latency() == 0 {
+				return 0, errors.New("the run printed nothing")
+			}
+			return f.latency(), nil
+		}
+	}
+	dockerFirst := func(ctx context.Context, e *env, _ int) (time.Duration, error) {
+		dir, err := e.tempDir("cli-")
+		if err != nil {
+			return 0, err
+		}
+		cmd := exec.CommandContext(ctx, "docker", e.dockerRunArgs(dir, "echo", "x")...)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		var b [1]byte
+		_, readErr := io.ReadFull(out, b[:])
+		d := time.Since(start)
+		_, _ = io.Copy(io.Discard, out)
+		return d, errors.Join(readErr, cmd.Wait())
+	}
+	n := e.c.warmRuns
+	ds, err := alternate(ctx, e, n, runTaskFirst(true), runTaskFirst(false), dockerFirst)
+	if err != nil {
+		return nil, err
+	}
+	if got := w.pool.Stats().Claims - claimsBefore; got != n {
+		return nil, fmt.Errorf("%d of %d warm runs took a warm container", got, n)
+	}
+	warm, cold, cli := ds[0], ds[1], ds[2]
+	stats := func(ds []time.Duration) string {
+		return fmt.Sprintf("median %s, p95 %s", fmtDuration(median(ds)), fmtDuration(p95(ds)))
+	}
+	var breakdown []string
+	for _, ph := range []string{timings.Plan, timings.Preflight, timings.WarmClaim, timings.Admit, timings.Journal, timings.Prepare, timings.Launch, timings.SelfCheck, timings.FirstByte} {
+		if ds := phases[ph]; len(ds) > 0 {
+			breakdown = append(breakdown, fmt.Sprintf("%s %s", ph, fmtDuration(median(ds))))
+		}
+	}
+	return []row{
+		{
+			what:     fmt.Sprintf("warm pool: claim → first stdout byte, full RunTask with self-check (%d claims)", n),
+			taskrun:  stats(warm),
+			baseline: "docker run --rm: " + stats(cli),
+			ratio:    fmt.Sprintf("%.2f×", float64(median(warm))/float64(median(cli))),
+			target:   "median ≤ " + fmtDuration(warmTargetMedian),
+			verdict:  verdict(median(warm) <= warmTargetMedian),
+		},
+		{
+			what:    "warm pool: the warm runs' phases (package timings, medians; self_check and first_byte count from the gate's release)",
+			taskrun: strings.Join(breakdown, ", "),
+		},
+		{
+			what:     fmt.Sprintf("cold: start → first stdout byte, full RunTask with self-check (%d runs)", n),
+			taskrun:  stats(cold),
+			baseline: "docker run --rm: " + stats(cli),
+			ratio:    fmt.Sprintf("%.2f×", float64(median(cold))/float64(median(cli))),
+		},
+	}, nil
+}
+
+// warmThroughput runs c.warmRuns runs per path, 8 at a time, warm (from a
+// pool of 8 kept full in the background) and cold, and reports runs per
+// minute.
+func warmThroughput(ctx context.Context, e *env) ([]row, error) {
+	const concurrency = 8
+	w, err := newWarmEnv(ctx, e, concurrency)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	total := max(e.c.warmRuns, 2*concurrency)
+	run := func(warm bool) (time.Duration, error) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make([]error, concurrency)
+		start := time.Now()
+		for g := range concurrency {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					i := next.Add(1)
+					if i > int64(total) {
+						return
+					}
+					name := "cold"
+					if warm {
+						name = "warm"
+					}
+					in := w.input(fmt.Sprintf("%s-tp-%d", name, i), warm, "sh", "-c", "echo $TASKRUN_RUN_ID")
+					if err := runTask(ctx, in); err != nil && errs[g] == nil {
+						errs[g] = err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return time.Since(start), errors.Join(errs...)
+	}
+	if err := w.waitReady(ctx, w.input("probe", true, "sh", "-c", "echo $TASKRUN_RUN_ID"), concurrency); err != nil {
+		return nil, err
+	}
+	before := w.pool.Stats()
+	warmWall, err := run(true)
+	if err != nil {
+		return nil, fmt.Errorf("warm: %w", err)
+	}
+	after := w.pool.Stats()
+	coldWall, err := run(false)
+	if err != nil {
+		return nil, fmt.Errorf("cold: %w", err)
+	}
+	perMin := func(d time.Duration) float64 { return float64(total) / d.Minutes() }
+	return []row{{
+		what: fmt.Sprintf("runs per minute, %d runs 8 at a time, full RunTask with self-check (warm pool of 8, refilled in the background)", total),
+		taskrun: fmt.Sprintf("warm: %.0f runs/min (%d of %d took a parked container)", perMin(warmWall),
+			after.Claims-before.Claims, total),
+		baseline: fmt.Sprintf("cold: %.0f runs/min", perMin(coldWall)),
+		ratio:    fmt.Sprintf("%.2f×", perMin(warmWall)/perMin(coldWall)),
+	}}, nil
+}
