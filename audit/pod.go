@@ -50,7 +50,7 @@ var backendChecks = map[string]map[string]checkFunc{
 		"5.17":                      sameAsDocker,
 		"5.21":                      sameAsDocker,
 		"5.31":                      sameAsDocker,
-		"5.32":                      sameAsDocker,
+		"5.32":                      checkPodSockets,
 		"5.6":                       sameAsDocker,
 		"5.20":                      sameAsDocker,
 		"TR:only-run-mount":         checkPodMounts,
@@ -266,6 +266,19 @@ func checkPodLog(c checkCtx) (Status, string) {
 		return fail("no ephemeral-storage limit: the container's log is capped only by the node's log rotation")
 	}
 	return pass("the container's log counts against its ephemeral-storage limit of %d bytes (the kubelet evicts the Pod past it; the node's containerLogMaxSize rotates it)", c.p.EphemeralStorage)
+}
+
+// checkPodSockets: besides a runtime socket, a service account token is
+// the cluster's API handed to the agent.
+func checkPodSockets(c checkCtx) (Status, string) {
+	if c.p.ServiceAccountToken {
+		return fail("a service account token is mounted (automountServiceAccountToken not false, or a projected token): the agent could call the cluster's API")
+	}
+	st, why := checkSockets(c)
+	if st == Pass {
+		why += "; no service account token mounted"
+	}
+	return st, why
 }
 
 // GapsOf lists the findings that are declared gaps of the backend.

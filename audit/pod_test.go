@@ -110,10 +110,11 @@ func TestEachPodBreakFailsExactlyItsRule(t *testing.T) {
 		"persistent volume": {"TR:only-run-mount", func(p *Posture) {
 			p.Mounts = append(p.Mounts, Mount{Type: "volume", Source: "cache", Destination: "/cache"})
 		}},
-		"writable helper":  {"TR:only-run-mount", func(p *Posture) { p.Mounts[1].RW = true }},
-		"egress policy":    {"TR:egress", func(p *Posture) { p.Labels[sandbox.LabelEgress] = "/taskrun/.gateway/egress.sock" }},
-		"capability added": {"5.4", func(p *Posture) { p.CapAdd = []string{"NET_RAW"} }},
-		"root":             {"PSS:runAsNonRoot", func(p *Posture) { p.User = "0:0" }},
+		"writable helper":       {"TR:only-run-mount", func(p *Posture) { p.Mounts[1].RW = true }},
+		"egress policy":         {"TR:egress", func(p *Posture) { p.Labels[sandbox.LabelEgress] = "/taskrun/.gateway/egress.sock" }},
+		"service account token": {"5.32", func(p *Posture) { p.ServiceAccountToken = true }},
+		"capability added":      {"5.4", func(p *Posture) { p.CapAdd = []string{"NET_RAW"} }},
+		"root":                  {"PSS:runAsNonRoot", func(p *Posture) { p.User = "0:0" }},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
