@@ -51,10 +51,10 @@ type isolation struct {
 // newIsolation prepares the checks of a run of p under policy (p's policy
 // with the run's own user). The audit pins every helper mount to its host
 // file.
-func newIsolation(p *plan, policy sandbox.Policy) *isolation {
+func newIsolation(p *plan, policy sandbox.Policy, backendKind string) *isolation {
 	return &isolation{
 		nonce:  strings.ToLower(rand.Text()),
-		expect: expectation(policy),
+		expect: expectation(policy, backendKind),
 		opts:   auditOptions(p, policy),
 	}
 }
@@ -82,11 +82,32 @@ func (iso *isolation) apply(spec *sandbox.Spec, files helpers.Files, stderr io.W
 	return iso.interceptor, nil
 }
 
-// expectation is what the self-check must observe under policy. gVisor
-// virtualises /proc: it shows no NoNewPrivs line, no seccomp filter and no
-// cgroup files inside, and its /proc/sys is the sentry's own (no host kernel
-// tunable is reachable), so those are checked from the host only.
-func expectation(p sandbox.Policy) probe.Expectation {
+// backendKind names b's kind (sandbox.Kinder); a backend that does not
+// say is Docker.
+func backendKind(b sandbox.Backend) string {
+	if k, ok := b.(sandbox.Kinder); ok {
+		return k.Kind()
+	}
+	return sandbox.BackendDocker
+}
+
+// expectation is what the self-check must observe under policy on a
+// backend of the given kind. gVisor virtualises /proc: it shows no
+// NoNewPrivs line, no seccomp filter and no cgroup files inside, and its
+// /proc/sys is the sentry's own (no host kernel tunable is reachable), so
+// those are checked from the host only.
+//
+// A Kubernetes Pod guarantees what its security context says: no
+// capability, no_new_privs, the uid, a read-only root, a seccomp filter,
+// masked /proc, the memory limit, and no service account token. It has a
+// network interface by design (its NetworkPolicy confines it, see the
+// audit's rule 5.10), so the self-check neither expects none nor dials out
+// from it; and no per-Pod PIDs limit exists (a declared gap), so pids.max
+// is not expected.
+func expectation(p sandbox.Policy, backendKind string) probe.Expectation {
+	if backendKind == sandbox.BackendKubernetes {
+		return podExpectation(p)
+	}
 	e := probe.Expectation{
 		NonRoot:        true,
 		CapEffZero:     true,
@@ -103,6 +124,29 @@ func expectation(p sandbox.Policy) probe.Expectation {
 		e.NoNewPrivs = true
 		e.SeccompFilter = true
 		e.PidsMax = &p.PidsLimit
+		e.MemoryLimit = &p.MemoryBytes
+	}
+	return e
+}
+
+// podExpectation is expectation on Kubernetes.
+func podExpectation(p sandbox.Policy) probe.Expectation {
+	e := probe.Expectation{
+		NonRoot:               true,
+		CapEffZero:            true,
+		CapBndZero:            true,
+		RootfsReadOnly:        p.ReadOnlyRootfs,
+		NoDockerSocket:        true,
+		NoServiceAccountToken: true,
+		SkipEgressProbes:      true,
+	}
+	if uid, err := strconv.Atoi(strings.SplitN(p.User, ":", 2)[0]); err == nil {
+		e.UID = &uid
+	}
+	if p.Runtime != sandbox.RuntimeGVisor {
+		e.ProcSysReadOnly = true
+		e.NoNewPrivs = true
+		e.SeccompFilter = true
 		e.MemoryLimit = &p.MemoryBytes
 	}
 	return e

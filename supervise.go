@@ -113,7 +113,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	spec := p.containerSpec()
 	spec.Env = append(spec.Env, gw.env()...)
 	policy := wd.policy(p)
-	iso := newIsolation(p, policy)
+	iso := newIsolation(p, policy, backendKind(p.in.Sandbox))
 	// The engine's host facts, which the live audit needs, are read while
 	// the container is created and started.
 	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox)

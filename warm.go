@@ -46,7 +46,7 @@ func (p *plan) warmTemplate() warmpool.Template {
 	opts := auditOptions(p, p.policy)
 	opts.Mounts.RunDir = "" // each slot's own
 	leasing := p.in.UIDs != nil
-	expect := expectation(p.policy)
+	expect := expectation(p.policy, backendKind(p.in.Sandbox))
 	if leasing {
 		expect.UID = nil // each slot's own
 	}

@@ -34,17 +34,26 @@ type Record struct {
 	ProbeContradictions []string `json:"probe_contradictions,omitempty"`
 	// Egress is the run's egress policy and its proxy's totals; nil when
 	// the run had no policy (no proxy, no route out).
-	Egress    *EgressRecord `json:"egress,omitempty"`
-	Findings  []Finding     `json:"findings"`
-	CreatedAt time.Time     `json:"created_at"`
+	Egress *EgressRecord `json:"egress,omitempty"`
+	// Backend is the kind of sandbox backend that ran the container
+	// ("docker", "kubernetes").
+	Backend  string    `json:"backend"`
+	Findings []Finding `json:"findings"`
+	// Gaps are the findings the backend declared it cannot enforce: the
+	// protections this run did not have, each named by its rule.
+	Gaps      []Finding `json:"gaps,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // NewRecord checks p and builds the run's isolation record. probeReport and
 // contradictions may be nil. The record stores opts with every default filled
 // in, so it names the seccomp profile the run was checked against.
 func NewRecord(runID string, p Posture, host HostFacts, opts Options, probeReport *probe.Report, contradictions []string, now time.Time) Record {
+	findings := Check(p, host, opts).Findings
 	return Record{
 		Version:             RecordVersion,
+		Backend:             p.Kind(),
+		Gaps:                GapsOf(findings),
 		RunID:               runID,
 		ContainerID:         p.ID,
 		ImageDigest:         p.Image,
@@ -54,7 +63,7 @@ func NewRecord(runID string, p Posture, host HostFacts, opts Options, probeRepor
 		Posture:             p,
 		Probe:               probeReport,
 		ProbeContradictions: contradictions,
-		Findings:            Check(p, host, opts).Findings,
+		Findings:            findings,
 		CreatedAt:           now.UTC(),
 	}
 }

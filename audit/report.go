@@ -37,6 +37,9 @@ type Finding struct {
 	Status Status `json:"status"`
 	// Reason explains the status with the values that were read.
 	Reason string `json:"reason"`
+	// Gap is true for a NOT_APPLICABLE finding the backend declared as a
+	// protection it does not enforce (sandbox.Gap).
+	Gap bool `json:"gap,omitempty"`
 }
 
 // Report is the audit of one container: one Finding per rule, in rule order.

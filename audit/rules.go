@@ -30,8 +30,8 @@ func Check(p Posture, host HostFacts, opts Options) Report {
 	c := checkCtx{p: p, host: host, opts: opts.withDefaults()}
 	r := Report{ContainerID: p.ID, Name: p.Name}
 	for _, rl := range rules {
-		st, why := rl.check(c)
-		r.Findings = append(r.Findings, Finding{ID: rl.id, Source: rl.source, Title: rl.title, Status: st, Reason: why})
+		st, why, gap := evaluate(rl, c)
+		r.Findings = append(r.Findings, Finding{ID: rl.id, Source: rl.source, Title: rl.title, Status: st, Reason: why, Gap: gap})
 	}
 	return r
 }

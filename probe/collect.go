@@ -45,6 +45,18 @@ type Config struct {
 	// the mount targets and the well-known socket paths are checked again,
 	// and everything else is observed anew.
 	Parked *Report
+	// SkipEgress leaves out the egress probes (Expectation.SkipEgressProbes).
+	SkipEgress bool
+	// TokenPaths are where a Kubernetes service account token would be
+	// mounted. Default ServiceAccountTokenPaths.
+	TokenPaths []string
+}
+
+// ServiceAccountTokenPaths are where Kubernetes mounts a Pod's service
+// account token.
+var ServiceAccountTokenPaths = []string{
+	"/var/run/secrets/kubernetes.io/serviceaccount/token",
+	"/run/secrets/kubernetes.io/serviceaccount/token",
 }
 
 // Defaults of Config.
@@ -83,6 +95,9 @@ func (c Config) withDefaults() Config {
 	if c.SocketTimeout <= 0 {
 		c.SocketTimeout = DefaultSocketTimeout
 	}
+	if len(c.TokenPaths) == 0 {
+		c.TokenPaths = ServiceAccountTokenPaths
+	}
 	return c
 }
 
@@ -107,6 +122,11 @@ func Collect(ctx context.Context, nonce string, cfg Config) Report {
 	}
 	r.Interfaces, err = upInterfaces()
 	note(err)
+	for _, p := range cfg.TokenPaths {
+		if _, err := os.Lstat(p); err == nil {
+			r.ServiceAccountTokens = append(r.ServiceAccountTokens, p)
+		}
+	}
 	if cfg.Parked != nil {
 		r.Egress = cfg.Parked.Egress
 		r.UnixSockets, r.DockerSockets, r.SocketSearchComplete = reuseSockets(ctx, cfg, r.Mounts, cfg.Parked)
@@ -116,7 +136,12 @@ func Collect(ctx context.Context, nonce string, cfg Config) Report {
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); r.Egress = probeEgress(ctx, cfg) }()
+	go func() {
+		defer wg.Done()
+		if !cfg.SkipEgress {
+			r.Egress = probeEgress(ctx, cfg)
+		}
+	}()
 	var sockets, docker []string
 	var walkErr error
 	go func() { defer wg.Done(); sockets, docker, walkErr = findDockerSockets(ctx, cfg, r.Mounts) }()

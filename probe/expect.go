@@ -36,6 +36,14 @@ type Expectation struct {
 	// NoDockerSocket requires that no unix socket answers Docker's GET /info
 	// and that the socket search was complete.
 	NoDockerSocket bool `json:"no_docker_socket,omitempty"`
+	// NoServiceAccountToken requires that no Kubernetes service account
+	// token is mounted at its well-known paths.
+	NoServiceAccountToken bool `json:"no_service_account_token,omitempty"`
+	// SkipEgressProbes leaves out the egress probes: where the sandbox has
+	// a network interface by design (a Pod, confined by its NetworkPolicy),
+	// the self-check does not dial public or metadata addresses from it.
+	// It cannot be combined with NetworkNone.
+	SkipEgressProbes bool `json:"skip_egress_probes,omitempty"`
 }
 
 // ParseExpectation decodes the --expect JSON. Unknown fields are an error so
@@ -85,6 +93,8 @@ func (e Expectation) Contradictions(r Report) []string {
 	}
 	add(e.NoDockerSocket && len(r.DockerSockets) > 0, "Docker API reachable through %v", r.DockerSockets)
 	add(e.NoDockerSocket && !r.SocketSearchComplete, "socket search was incomplete, cannot confirm no Docker socket")
+	add(e.NoServiceAccountToken && len(r.ServiceAccountTokens) > 0, "service account token mounted at %v, expected none", r.ServiceAccountTokens)
+	add(e.SkipEgressProbes && e.NetworkNone, "expectation asks for network none but skips the egress probes that would confirm it")
 	return out
 }
 

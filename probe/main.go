@@ -73,6 +73,7 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, cfg Config) (
 		fmt.Fprintf(stderr, "taskrun-probe: --expect: %v\n", err)
 		return nil, exitUsage
 	}
+	cfg.SkipEgress = cfg.SkipEgress || exp.SkipEgressProbes
 	rep := Collect(ctx, *nonce, cfg)
 	rep.Command = CheckCommand(fset.Args())
 	line, err := FormatLine(rep)

@@ -264,3 +264,21 @@ func TestSocketWalkUnreadableRootIsIncomplete(t *testing.T) {
 	_, _, err := findDockerSockets(context.Background(), cfg, nil)
 	assert.Error(t, err)
 }
+
+func TestCollectFindsServiceAccountTokenAndCanSkipEgress(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	require.NoError(t, os.WriteFile(token, []byte("x"), 0o600))
+	cfg := Config{WalkRoot: dir, SkipEgress: true, TokenPaths: []string{filepath.Join(dir, "absent"), token}}
+	r := Collect(context.Background(), "host", cfg)
+	assert.Equal(t, []string{token}, r.ServiceAccountTokens)
+	assert.Empty(t, r.Egress, "no egress probe dials out when skipped")
+	assert.Equal(t, []string{"service account token mounted at [" + token + "], expected none"},
+		Expectation{NoServiceAccountToken: true}.Contradictions(r))
+	assert.Empty(t, Expectation{}.Contradictions(r))
+}
+
+func TestSkippingEgressProbesContradictsNetworkNone(t *testing.T) {
+	bad := Expectation{NetworkNone: true, SkipEgressProbes: true}.Contradictions(Report{})
+	assert.Contains(t, bad, "expectation asks for network none but skips the egress probes that would confirm it")
+}

@@ -86,6 +86,9 @@ type Report struct {
 	// it meant to (it did not stop at its entry bound, was not cancelled and
 	// could read its root); otherwise DockerSockets may miss some.
 	SocketSearchComplete bool `json:"socket_search_complete"`
+	// ServiceAccountTokens are the Kubernetes service account token files
+	// found at their well-known paths.
+	ServiceAccountTokens []string `json:"service_account_tokens,omitempty"`
 	// Command is set when the command to start cannot start as this uid;
 	// the self-check then does not start it.
 	Command *CommandProblem `json:"command,omitempty"`

@@ -6,6 +6,11 @@ package sandbox
 // The Docker backend reads it from the engine's inspect document; other
 // backends fill it from what they enforce.
 type Posture struct {
+	// Backend names the kind of sandbox backend that made the container:
+	// BackendDocker (also when empty, as in records written before the field
+	// existed) or BackendKubernetes. The audit evaluates each rule the way
+	// that backend enforces it.
+	Backend    string            `json:"backend,omitempty"`
 	ID         string            `json:"id"`
 	Name       string            `json:"name,omitempty"`
 	Image      string            `json:"image,omitempty"`
@@ -47,6 +52,71 @@ type Posture struct {
 	LogOpts         map[string]string `json:"log_opts,omitempty"`
 	Runtime         string            `json:"runtime,omitempty"`
 	Ulimits         []Ulimit          `json:"ulimits,omitempty"`
+	// ProcMount is a Pod container's procMount ("Default" or "Unmasked");
+	// empty for Docker, whose masks are MaskedPaths and ReadonlyPaths.
+	ProcMount string `json:"proc_mount,omitempty"`
+	// EphemeralStorage is a Pod container's ephemeral-storage limit in
+	// bytes (its writable layer, emptyDir volumes on disk and its log), 0
+	// when unlimited or not a Pod.
+	EphemeralStorage int64 `json:"ephemeral_storage,omitempty"`
+	// ServiceAccountToken is true when a Pod mounts a service account token
+	// (automountServiceAccountToken not false, or a projected token).
+	ServiceAccountToken bool `json:"service_account_token,omitempty"`
+	// NetworkPolicy is the NetworkPolicy the Kubernetes backend made for
+	// the Pod, nil when there is none (or not a Pod).
+	NetworkPolicy *PostureNetworkPolicy `json:"network_policy,omitempty"`
+	// Gaps are the protections the backend declares it cannot enforce or
+	// cannot observe, each named by the audit rule it leaves unmet. The
+	// audit reports such a rule NOT_APPLICABLE with the gap's reason, and
+	// the isolation record lists it; a rule that does not apply to a
+	// backend without a declared gap fails.
+	Gaps []Gap `json:"gaps,omitempty"`
+}
+
+// Backend kinds a Posture names.
+const (
+	// BackendDocker is a container of a Docker engine.
+	BackendDocker = "docker"
+	// BackendKubernetes is the run container of a Kubernetes Pod.
+	BackendKubernetes = "kubernetes"
+)
+
+// Kind is the posture's backend kind; an empty Backend is Docker.
+func (p Posture) Kind() string {
+	if p.Backend == "" {
+		return BackendDocker
+	}
+	return p.Backend
+}
+
+// PostureNetworkPolicy is what a NetworkPolicy says, as the audit reads it.
+type PostureNetworkPolicy struct {
+	Name string `json:"name"`
+	// PodSelector is the policy's podSelector.matchLabels.
+	PodSelector map[string]string `json:"pod_selector,omitempty"`
+	// SelectorExpressions counts podSelector.matchExpressions.
+	SelectorExpressions int `json:"selector_expressions,omitempty"`
+	// PolicyTypes are "Ingress" and/or "Egress".
+	PolicyTypes []string `json:"policy_types,omitempty"`
+	// IngressRules and EgressRules count the rules allowing traffic.
+	IngressRules int `json:"ingress_rules"`
+	EgressRules  int `json:"egress_rules"`
+}
+
+// Gap is one protection a backend declares it does not enforce (or cannot
+// see enforced), named by the audit rule that would check it.
+type Gap struct {
+	// Rule is the audit rule's ID, e.g. "5.29".
+	Rule string `json:"rule"`
+	// Reason says why the backend cannot enforce or observe it, and what
+	// bounds the risk instead.
+	Reason string `json:"reason"`
+}
+
+// Kinder is implemented by a Backend that names its kind (BackendDocker,
+// BackendKubernetes); a backend without it is taken for Docker.
+type Kinder interface {
+	Kind() string
 }
 
 // PostureMount is one filesystem mounted into a live container.

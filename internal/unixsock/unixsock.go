@@ -84,3 +84,22 @@ func share(path string, uid int) error {
 	}
 	return nil
 }
+
+// Dial connects to the unix socket at path, through the short
+// /proc/self/fd/N alias of its opened directory when path is too long for
+// connect(2) (as Listen binds it).
+func Dial(path string) (net.Conn, error) {
+	if len(path) <= MaxPath {
+		return net.Dial("unix", path)
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("open socket directory: %w", err)
+	}
+	defer dir.Close()
+	c, err := net.Dial("unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
+	if err != nil {
+		return nil, fmt.Errorf("dial %s (path longer than %d bytes): %w", path, MaxPath, err)
+	}
+	return c, nil
+}

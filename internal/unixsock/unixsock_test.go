@@ -1,6 +1,7 @@
 package unixsock
 
 import (
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -58,6 +59,31 @@ func TestListenOnPathLongerThanBindTakes(t *testing.T) {
 	defer c.Close()
 	buf := make([]byte, 2)
 	_, err = c.Read(buf)
+	require.NoError(t, err)
+	assert.Equal(t, "hi", string(buf))
+}
+
+func TestDialPathLongerThanConnectTakes(t *testing.T) {
+	deep := filepath.Join(t.TempDir(), "users", strings.Repeat("u", 60), "runs", strings.Repeat("r", 60))
+	sock := filepath.Join(deep, ".gateway", "model.sock")
+	require.Greater(t, len(sock), MaxPath)
+	ln, err := Listen(sock, os.Getuid())
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			_, _ = c.Write([]byte("hi"))
+			c.Close()
+		}
+	}()
+	_, err = net.Dial("unix", sock)
+	require.Error(t, err, "connect(2) takes no path this long: Dial must go through the alias")
+	c, err := Dial(sock)
+	require.NoError(t, err)
+	defer c.Close()
+	buf := make([]byte, 2)
+	_, err = io.ReadFull(c, buf)
 	require.NoError(t, err)
 	assert.Equal(t, "hi", string(buf))
 }

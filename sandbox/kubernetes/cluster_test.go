@@ -106,7 +106,16 @@ func TestPostureOfALivePod(t *testing.T) {
 	for _, id := range []string{"5.5", "5.4", "PSS:capabilities-drop-all", "5.26", "5.22", "5.13", "5.11", "5.12", "PSS:runAsNonRoot", "5.16", "5.17"} {
 		assert.False(t, slices.Contains(failed, id), "rule %s fails on taskrun's Pod", id)
 	}
-	assert.Contains(t, failed, "5.29", "a Pod has no pids limit: the rule must say so")
+	assert.Empty(t, failed, "taskrun's Pod passes the audit as Kubernetes enforces it: %v", rep.Findings)
+	byID := map[string]audit.Finding{}
+	for _, f := range rep.Findings {
+		byID[f.ID] = f
+	}
+	assert.Equal(t, audit.NotApplicable, byID["5.29"].Status, "a Pod has no pids limit: the rule must say so")
+	assert.True(t, byID["5.29"].Gap, "the missing pids limit is a declared gap")
+	assert.True(t, byID["5.19"].Gap, "the missing ulimits are a declared gap")
+	assert.Equal(t, audit.Pass, byID["5.10"].Status, "the deny-all NetworkPolicy is the network evidence")
+	assert.Contains(t, byID["5.10"].Reason, "network plugin")
 
 	// The run's NetworkPolicy selects exactly its Pod, and goes with it.
 	np, err := b.client.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
@@ -117,6 +126,13 @@ func TestPostureOfALivePod(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, sel.Matches(labels.Set(pod.Labels)))
 	assert.Empty(t, np.Spec.Egress)
+
+	// Without its NetworkPolicy the Pod's network is open: 5.10 fails.
+	require.NoError(t, b.client.NetworkingV1().NetworkPolicies(e.namespace).Delete(t.Context(), h.ID(), metav1.DeleteOptions{}))
+	p, err = h.Posture(t.Context())
+	require.NoError(t, err)
+	assert.Nil(t, p.NetworkPolicy)
+	assert.Equal(t, []string{"5.10"}, audit.Check(p, sandbox.HostFacts{Seccomp: true}, audit.Options{}).FailedIDs())
 	require.NoError(t, h.Close(t.Context()))
 	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelRun: "posture", sandbox.LabelInstance: e.instance})
 	require.NoError(t, err)

@@ -347,7 +347,35 @@ func TestPostureFromConvertedPod(t *testing.T) {
 	assert.Equal(t, "Run_42", p.Labels[sandbox.LabelRun])
 	assert.Equal(t, "/runs/r1", p.Labels[sandbox.LabelRunDir])
 	assert.Equal(t, map[string]string{TmpPath: "rw,size=67108864"}, p.Tmpfs)
-	assert.Contains(t, p.Mounts, sandbox.PostureMount{Type: "volume", Source: VolumeData + "/m0", Destination: "/taskrun", RW: true})
+	assert.Contains(t, p.Mounts, sandbox.PostureMount{Type: "emptyDir", Source: VolumeData + "/m0", Destination: "/taskrun", RW: true})
+	assert.Equal(t, sandbox.BackendKubernetes, p.Kind())
+	assert.Equal(t, "Default", p.ProcMount)
+	assert.Positive(t, p.EphemeralStorage)
+	assert.False(t, p.ServiceAccountToken)
+	var gaps []string
+	for _, g := range p.Gaps {
+		assert.NotEmpty(t, g.Reason)
+		gaps = append(gaps, g.Rule)
+	}
+	assert.Equal(t, []string{"5.29", "5.19", "TR:seccomp-profile"}, gaps, "what a Pod does not enforce is declared")
+	np := NetworkPolicyFacts(mustConvert(t, testSpec(), sandbox.DefaultPolicy(), cfg).NetworkPolicy)
+	assert.Equal(t, map[string]string{LabelPod: pod.Name}, np.PodSelector)
+	assert.Equal(t, []string{"Ingress", "Egress"}, np.PolicyTypes)
+	assert.Zero(t, np.IngressRules+np.EgressRules)
+
+	local := testConfig()
+	local.SeccompLocalhost = "taskrun/taskrun-v1.json"
+	lp, err := PostureFromPod(mustConvert(t, testSpec(), sandbox.DefaultPolicy(), local).Pod)
+	require.NoError(t, err)
+	assert.Len(t, lp.Gaps, 2, "taskrun's Localhost profile is no gap")
+
+	tok := true
+	pod.Spec.AutomountServiceAccountToken = &tok
+	pod.Spec.Containers[0].SecurityContext.ProcMount = ptrTo(corev1.UnmaskedProcMount)
+	p, err = PostureFromPod(pod)
+	require.NoError(t, err)
+	assert.True(t, p.ServiceAccountToken)
+	assert.Equal(t, "Unmasked", p.ProcMount)
 
 	pod.Spec.HostNetwork = true
 	pod.Spec.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"SYS_ADMIN"}
@@ -375,3 +403,5 @@ func TestConvertServesSocketsFromTheKeeperAlone(t *testing.T) {
 	}
 	assert.Empty(t, restrictedViolations(t, pod))
 }
+
+func ptrTo[T any](v T) *T { return &v }

@@ -232,13 +232,14 @@ func waitingError(pod *corev1.Pod, st *corev1.ContainerStatus) error {
 // ID is the Pod's name.
 func (h *handle) ID() string { return h.name }
 
-// Posture reads the live Pod's confinement from its spec and status.
+// Posture reads the live Pod's confinement from its spec and status, and
+// its NetworkPolicy.
 func (h *handle) Posture(ctx context.Context) (sandbox.Posture, error) {
 	pod, err := h.b.client.CoreV1().Pods(h.b.namespace).Get(ctx, h.name, metav1.GetOptions{})
 	if err != nil {
 		return sandbox.Posture{}, fmt.Errorf("get pod %s: %w", h.name, err)
 	}
-	return PostureFromPod(pod)
+	return podPosture(ctx, h.b.client, pod)
 }
 
 // Wait blocks until the run container exits, the Spec's timeout passes or

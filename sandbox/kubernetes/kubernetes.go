@@ -139,6 +139,10 @@ func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = 
 // Instance returns the executor instance ID the backend labels Pods with.
 func (b *Backend) Instance() string { return b.instance }
 
+// Kind names the backend's kind (sandbox.Kinder): the audit evaluates its
+// Pods on the rules as Kubernetes enforces them.
+func (b *Backend) Kind() string { return sandbox.BackendKubernetes }
+
 // Namespace returns the namespace the backend runs Pods in.
 func (b *Backend) Namespace() string { return b.namespace }
 

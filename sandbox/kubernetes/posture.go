@@ -9,7 +9,10 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8s "k8s.io/client-go/kubernetes"
 
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -55,6 +58,7 @@ func PostureFromPod(pod *corev1.Pod) (sandbox.Posture, error) {
 	}
 	maps.Copy(labels, pod.Labels)
 	p := sandbox.Posture{
+		Backend:       sandbox.BackendKubernetes,
 		ID:            pod.Name,
 		Name:          pod.Name,
 		Image:         run.Image,
@@ -107,6 +111,10 @@ func PostureFromPod(pod *corev1.Pod) (sandbox.Posture, error) {
 		p.Memory = m.Value()
 		p.MemorySwap = p.Memory
 	}
+	if e, ok := run.Resources.Limits[corev1.ResourceEphemeralStorage]; ok {
+		p.EphemeralStorage = e.Value()
+	}
+	p.ServiceAccountToken = pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken
 	if c, ok := run.Resources.Limits[corev1.ResourceCPU]; ok {
 		p.NanoCPUs = c.MilliValue() * 1_000_000
 	}
@@ -123,6 +131,14 @@ func PostureFromPod(pod *corev1.Pod) (sandbox.Posture, error) {
 		switch {
 		case v.HostPath != nil:
 			m.Type, m.Source = "bind", v.HostPath.Path
+		case v.Projected != nil:
+			for _, src := range v.Projected.Sources {
+				if src.ServiceAccountToken != nil {
+					p.ServiceAccountToken = true
+				}
+			}
+		case v.EmptyDir != nil && v.EmptyDir.Medium != corev1.StorageMediumMemory:
+			m.Type = "emptyDir"
 		case v.EmptyDir != nil && v.EmptyDir.Medium == corev1.StorageMediumMemory:
 			if p.Tmpfs == nil {
 				p.Tmpfs = map[string]string{}
@@ -146,8 +162,70 @@ func PostureFromPod(pod *corev1.Pod) (sandbox.Posture, error) {
 	for _, c := range run.Ports {
 		p.PortBindings = append(p.PortBindings, fmt.Sprintf("%d/%s->%s:%d", c.ContainerPort, c.Protocol, c.HostIP, c.HostPort))
 	}
+	p.ProcMount = string(corev1.DefaultProcMount)
 	if csc.ProcMount != nil && *csc.ProcMount == corev1.UnmaskedProcMount {
 		p.MaskedPaths = []string{}
+		p.ProcMount = string(corev1.UnmaskedProcMount)
+	}
+	p.Gaps = gaps(p)
+	return p, nil
+}
+
+// Gaps the Kubernetes backend declares: protections the Pod does not carry,
+// named by the audit rule that checks them on Docker.
+const (
+	gapPids    = "Kubernetes has no per-Pod PIDs limit: the node's kubelet podPidsLimit (or none) applies, which is node configuration the executor cannot read through the API; the Pod's CPU and memory limits still bound a fork bomb's cost"
+	gapUlimits = "Kubernetes has no per-Pod ulimits: the container runtime's defaults (containerd's, from its systemd unit) apply; the run's ephemeral-storage limit bounds core dumps on disk"
+	gapSeccomp = "the Pod runs under the runtime's default seccomp profile (RuntimeDefault), not taskrun's, which is not installed on the nodes: install it in the kubelet's seccomp dir and pass --seccomp-localhost to enforce it"
+)
+
+// gaps declares what p leaves unenforced.
+func gaps(p sandbox.Posture) []sandbox.Gap {
+	var out []sandbox.Gap
+	if p.PidsLimit == nil {
+		out = append(out, sandbox.Gap{Rule: "5.29", Reason: gapPids})
+	}
+	out = append(out, sandbox.Gap{Rule: "5.19", Reason: gapUlimits})
+	for _, o := range p.SecurityOpt {
+		if o == "seccomp=runtime/default" {
+			out = append(out, sandbox.Gap{Rule: "TR:seccomp-profile", Reason: gapSeccomp})
+		}
+	}
+	return out
+}
+
+// NetworkPolicyFacts is what the audit reads of a run's NetworkPolicy.
+func NetworkPolicyFacts(np *networkingv1.NetworkPolicy) *sandbox.PostureNetworkPolicy {
+	if np == nil {
+		return nil
+	}
+	f := &sandbox.PostureNetworkPolicy{
+		Name:                np.Name,
+		PodSelector:         maps.Clone(np.Spec.PodSelector.MatchLabels),
+		SelectorExpressions: len(np.Spec.PodSelector.MatchExpressions),
+		IngressRules:        len(np.Spec.Ingress),
+		EgressRules:         len(np.Spec.Egress),
+	}
+	for _, t := range np.Spec.PolicyTypes {
+		f.PolicyTypes = append(f.PolicyTypes, string(t))
+	}
+	return f
+}
+
+// podPosture reads a Pod's posture with its NetworkPolicy (the one named
+// after the Pod; none is a fact the audit refuses).
+func podPosture(ctx context.Context, client k8s.Interface, pod *corev1.Pod) (sandbox.Posture, error) {
+	p, err := PostureFromPod(pod)
+	if err != nil {
+		return p, err
+	}
+	np, err := client.NetworkingV1().NetworkPolicies(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return p, fmt.Errorf("get network policy %s: %w", pod.Name, err)
+	default:
+		p.NetworkPolicy = NetworkPolicyFacts(np)
 	}
 	return p, nil
 }
@@ -181,7 +259,7 @@ func (b *Backend) Postures(ctx context.Context, names ...string) ([]sandbox.Post
 	}
 	out := make([]sandbox.Posture, 0, len(pods))
 	for i := range pods {
-		p, err := PostureFromPod(&pods[i])
+		p, err := podPosture(ctx, b.client, &pods[i])
 		if err != nil {
 			return nil, err
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/taskrun/taskrun/internal/unixsock"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
 )
@@ -98,7 +99,7 @@ func (h *handle) tunnelPool(s podSocket, ready chan struct{}) {
 		go func() {
 			defer close(ended)
 			err := podhelper.Carry(outR, inW, markReady, func() { close(paired) }, func() (net.Conn, error) {
-				return net.Dial("unix", s.Host)
+				return unixsock.Dial(s.Host)
 			})
 			if err != nil && h.runCtx.Err() == nil {
 				h.b.log.Debug("tunnel session ended", "pod", h.name, "socket", s.Host, "err", err)
