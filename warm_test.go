@@ -18,6 +18,7 @@ import (
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
@@ -68,6 +69,24 @@ func TestWarmRunIsTheColdRun(t *testing.T) {
 	assert.Equal(t, cold.out.Result.OutputStr, warm.out.Result.OutputStr, "stdout")
 	assert.Equal(t, cold.stream, warm.stream, "every streamed byte")
 	assert.NotContains(t, warm.out.Result.OutputStr, ".gate", "nothing of the gate is left in the run dir")
+
+	// Both paths are timed phase by phase; only the warm one claimed a
+	// container, and it still ran the live audit and removed its container
+	// in the background.
+	phases := func(out *taskrun.Outcome) []string {
+		var names []string
+		for _, s := range out.Timings {
+			names = append(names, s.Phase)
+		}
+		return names
+	}
+	for _, phase := range []string{timings.Launch, timings.LiveAudit, timings.Wait, timings.Remove, timings.Collect, timings.Release} {
+		assert.Contains(t, phases(warm.out), phase, "warm run")
+		assert.Contains(t, phases(cold.out), phase, "cold run")
+	}
+	assert.Contains(t, phases(warm.out), timings.WarmClaim)
+	assert.NotContains(t, phases(warm.out), timings.Create, "a warm run creates no container")
+	assert.Contains(t, phases(cold.out), timings.Create)
 
 	require.NotNil(t, warm.record.Probe, "the self-check reported for the warm run")
 	assert.Empty(t, warm.record.ProbeContradictions)

@@ -74,7 +74,9 @@ type Containers interface {
 // rec.RunDir, whose disk cap is still mounted), reports rec.Status and
 // rec.Reason when a control plane was configured, and releases the run dir
 // as a finished run would. It returns an error when storing failed: the run
-// is then kept.
+// is then kept. A record in journal.PhaseReport was stored and released
+// before its executor died: it keeps its verdict, and only its report is
+// owed.
 type FinishFunc func(ctx context.Context, rec journal.Record) error
 
 // Recoverer recovers the runs of one journal.
@@ -191,12 +193,17 @@ func (r *Recoverer) recoverOne(ctx context.Context, found *journal.Record, dryRu
 		_ = e.Close()
 		return res
 	}
-	if err := e.Update(func(rec *journal.Record) {
-		rec.Phase = journal.PhaseCollect
-		rec.Status = model.StatusFailed
-		rec.Reason = joinReasons(rec.Reason, ReasonExecutorLost)
-	}); err != nil {
-		r.log().Warn("journal the recovery", "run", rec.RunID, "err", err)
+	// A run journaled in the report phase had stored everything and
+	// released its directory: its verdict stands and only its report is
+	// owed, which Finish sends. Any other run is finished as FAILED.
+	if rec.Phase != journal.PhaseReport {
+		if err := e.Update(func(rec *journal.Record) {
+			rec.Phase = journal.PhaseCollect
+			rec.Status = model.StatusFailed
+			rec.Reason = joinReasons(rec.Reason, ReasonExecutorLost)
+		}); err != nil {
+			r.log().Warn("journal the recovery", "run", rec.RunID, "err", err)
+		}
 	}
 	if err := r.Finish(ctx, e.Record()); err != nil {
 		res.Action, res.Why = ActionKept, err.Error()

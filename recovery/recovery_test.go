@@ -214,3 +214,43 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// A run whose executor died after storing everything and releasing its
+// directory, while it reported, keeps its verdict: Finish gets the record
+// in the report phase (only the report is owed), not a FAILED run to store
+// again from a directory that no longer exists.
+func TestRecoverOnlyReportsARunThatStoredEverything(t *testing.T) {
+	root := t.TempDir()
+	jd, err := journal.Open(filepath.Join(root, "journal"))
+	require.NoError(t, err)
+	self, err := instance.Self()
+	require.NoError(t, err)
+	self.ID = instance.NewID() // an executor that is gone
+	runID := "r" + strings.ToLower(instance.NewID())
+	e, err := jd.Create(journal.Record{
+		RunID: runID, UserID: "u", ConversationID: "c", TaskID: "t", SessionID: "s",
+		Executor: self, RunDir: filepath.Join(root, "runs", runID), SpoolDir: filepath.Join(root, "runs", runID+".executor"),
+		Store: "file:///nowhere", Phase: journal.PhasePrepare,
+	})
+	require.NoError(t, err)
+	require.NoError(t, e.Update(func(r *journal.Record) {
+		r.Phase, r.Status = journal.PhaseReport, model.StatusSucceeded
+		r.Pending = []journal.Pending{journal.PendingReport}
+	}))
+	require.NoError(t, e.Close())
+
+	var finished []journal.Record
+	r := &recovery.Recoverer{Journal: jd, Finish: func(_ context.Context, rec journal.Record) error {
+		finished = append(finished, rec)
+		return nil
+	}}
+	res, err := r.Recover(t.Context(), false)
+	require.NoError(t, err)
+	require.Len(t, res, 1)
+	assert.Equal(t, recovery.ActionRecovered, res[0].Action, res[0].Why)
+	require.Len(t, finished, 1)
+	assert.Equal(t, journal.PhaseReport, finished[0].Phase, "only the report is owed")
+	assert.Equal(t, model.StatusSucceeded, finished[0].Status, "the run's verdict stands")
+	_, err = jd.Load(runID)
+	require.ErrorIs(t, err, journal.ErrNotFound, "a recovered run leaves no record")
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/internal/testbin"
+	"github.com/taskrun/taskrun/timings"
 )
 
 // hostileScript is an agent that writes markup, script URLs and terminal
@@ -158,6 +159,11 @@ func TestRunPageRendersDiffAndIsolation(t *testing.T) {
 	assert.Positive(t, count(t, p, "#gateway ol.timeline li"), "model exchanges")
 	assert.Positive(t, count(t, p, "#trace ol.timeline li"), "trace entries")
 	assert.NotEmpty(t, strings.TrimSpace(textOf(t, p, "#output")))
+	// The phases the executor timed, from the run's index record.
+	for _, phase := range []string{timings.Prepare, timings.Launch, timings.LiveAudit, timings.Wait, timings.Collect} {
+		assert.Equal(t, 1, count(t, p, `#phases tr[data-phase="`+phase+`"]`), "phase %s", phase)
+	}
+	assert.NotContains(t, textOf(t, p, "#phases"), "no phase timings")
 
 	p.do(t, chromedp.Navigate(f.url("/runs/"+demoRun+"/isolation")))
 	rows := count(t, p, "#findings tbody tr")

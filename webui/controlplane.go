@@ -127,6 +127,7 @@ func (s *ControlPlaneSource) Run(ctx context.Context, id string) (Run, error) {
 	rec := &run.Record
 	rec.Keys, rec.Stored, rec.Changes, rec.Execs = idx.Keys, idx.Stored, idx.Changes, idx.Execs
 	rec.Isolation, rec.Limits, rec.Host, rec.ContainerName = idx.Isolation, idx.Limits, idx.Host, idx.ContainerName
+	rec.Timings, run.Phases = idx.Timings, phasesOf(idx.Timings)
 	if rec.Image == "" {
 		rec.Image = idx.Image
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/taskrun/taskrun/controlplane/sqlite"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/webui"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -151,6 +152,7 @@ echo served-second-line`}}, nil)
 	assert.Contains(t, textOf(t, run, "#run-status"), "SUCCEEDED")
 	assert.Contains(t, textOf(t, run, "#output"), "served-second-line")
 	assert.Contains(t, textOf(t, run, "#changes"), "result.txt")
+	assert.Equal(t, 1, count(t, run, `#phases tr[data-phase="`+timings.Launch+`"]`), "the phase timings of the stored record")
 	run.do(t, chromedp.Navigate(hs.URL+"/ui/runs/"+sub.RunID+"/isolation"))
 	assert.Positive(t, count(t, run, "#findings tbody tr"))
 	assert.Empty(t, p.Fired())

@@ -16,13 +16,16 @@
 package webui
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/runindex"
+	"github.com/taskrun/taskrun/timings"
 )
 
 // Errors a Source wraps.
@@ -70,9 +73,31 @@ type Run struct {
 
 // Phase is the time one phase of a run took.
 type Phase struct {
-	Name     string
+	Name string
+	// Start is when the phase began, from the first recorded phase's start.
+	Start    time.Duration
 	Duration time.Duration
 }
+
+// phasesOf are the phases of a run's recorded timing spans (the index
+// record's Timings), in the order they began.
+func phasesOf(spans []timings.Span) []Phase {
+	if len(spans) == 0 {
+		return nil
+	}
+	out := make([]Phase, len(spans))
+	for i, s := range spans {
+		out[i] = Phase{Name: s.Phase, Start: millis(s.StartMS), Duration: millis(s.DurationMS)}
+	}
+	slices.SortStableFunc(out, func(a, b Phase) int { return cmp.Compare(a.Start, b.Start) })
+	return out
+}
+
+// millis is ms milliseconds as a Duration.
+func millis(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
+
+// runOf is the interface's view of an index record.
+func runOf(rec runindex.Record) Run { return Run{Record: rec, Phases: phasesOf(rec.Timings)} }
 
 // Artifact is one file the run delivered.
 type Artifact struct {

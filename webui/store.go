@@ -43,7 +43,7 @@ func (s *StoreSource) Runs(ctx context.Context, f Filter) ([]Run, error) {
 	}
 	out := make([]Run, len(recs))
 	for i, r := range recs {
-		out[i] = Run{Record: r}
+		out[i] = runOf(r)
 	}
 	return out, nil
 }
@@ -57,7 +57,7 @@ func (s *StoreSource) Run(ctx context.Context, id string) (Run, error) {
 	if err != nil {
 		return Run{}, err
 	}
-	return Run{Record: *rec}, nil
+	return runOf(*rec), nil
 }
 
 // FollowOutput follows the live stream while there is one, else the stored

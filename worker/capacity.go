@@ -34,8 +34,11 @@ func (w *Worker) capacity(ctx context.Context) (workerclient.Capacity, string) {
 	if c.FreeSlots <= 0 {
 		return c, skipSlots
 	}
-	c.FreeMemoryBytes = w.cfg.MemoryBytes - memUsed
-	if c.FreeMemoryBytes < w.runMemory(0) {
+	// Parked warm containers hold their memory limit; a ready one is the
+	// next run's, so it does not keep the worker from leasing that run.
+	reserved, ready := w.warmReserved()
+	c.FreeMemoryBytes = max(w.cfg.MemoryBytes-memUsed-reserved, 0)
+	if c.FreeMemoryBytes < w.runMemory(0) && ready == 0 {
 		return c, skipMemory
 	}
 	free, err := w.cfg.FreeDisk(w.cfg.Root)

@@ -62,6 +62,7 @@ import (
 	"github.com/taskrun/taskrun/internal/backoff"
 	"github.com/taskrun/taskrun/recovery"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -137,6 +138,14 @@ type Config struct {
 	RetryKept func(ctx context.Context) int
 	// RetryBackoff spaces RetryKept; recovery.DefaultBackoff when zero.
 	RetryBackoff recovery.Backoff
+	// WarmPool, when set, is the warm pool (package warmpool) every run
+	// claims its container from: it must run on Template.Sandbox, lease
+	// uids from Template.UIDs and live under taskrun.PoolDir(Root). The
+	// worker keeps its template's key warm (its default image, runtime
+	// and policy), counts the parked containers' memory limits against
+	// MemoryBytes, exports the pool's state as metrics, and closes the
+	// pool when Run returns.
+	WarmPool *warmpool.Pool
 	// Registry receives the worker's metrics; a new registry when nil.
 	Registry *prometheus.Registry
 	// FreeDisk measures the free bytes of a directory; statfs when nil.
@@ -218,12 +227,18 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Template.Logger == nil {
 		cfg.Template.Logger = log
 	}
+	cfg.Template.WarmPool = cfg.WarmPool
 	w := &Worker{cfg: cfg, log: log, reg: cfg.Registry, live: map[string]*liveRun{}, freed: make(chan struct{})}
 	m, err := newMetrics(cfg.Registry, cfg.Slots)
 	if err != nil {
 		return nil, err
 	}
 	w.metrics = m
+	if cfg.WarmPool != nil {
+		if err := registerWarm(cfg.Registry, cfg.WarmPool); err != nil {
+			return nil, err
+		}
+	}
 	return w, nil
 }
 
@@ -265,14 +280,25 @@ func (w *Worker) Run(ctx context.Context) error {
 	// not cancel them.
 	runsCtx, cancelRuns := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelRuns(ErrShuttingDown)
+	// The parked containers go once the runs that may claim them drained.
+	defer w.closeWarm()
 
 	if w.cfg.Recover != nil {
 		if err := w.cfg.Recover(ctx); err != nil {
 			w.log.Warn("start-up recovery", "err", err)
 		}
 	}
+	var warm *warmpool.Template
+	if w.cfg.WarmPool != nil {
+		t, err := w.warmTemplate(ctx)
+		if err != nil {
+			w.log.Warn("no warm containers for the default runs: runs start cold", "err", err)
+		} else {
+			warm = &t
+		}
+	}
 	w.ready.Store(true)
-	w.log.Info("worker ready", "worker", w.cfg.WorkerID, "slots", w.cfg.Slots)
+	w.log.Info("worker ready", "worker", w.cfg.WorkerID, "slots", w.cfg.Slots, "warm", warm != nil)
 
 	retryCtx, stopRetry := context.WithCancel(runsCtx)
 	retryDone := make(chan struct{})
@@ -283,7 +309,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}()
 
-	w.leaseLoop(ctx, runsCtx)
+	w.leaseLoop(ctx, runsCtx, warm)
 
 	w.draining.Store(true)
 	w.log.Info("draining: no more leases", "live", len(w.Live()), "grace", w.cfg.DrainGrace)
@@ -303,10 +329,11 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // leaseLoop leases runs while ctx lasts.
-func (w *Worker) leaseLoop(ctx, runsCtx context.Context) {
+func (w *Worker) leaseLoop(ctx, runsCtx context.Context, warm *warmpool.Template) {
 	exp := backoff.Exponential{Initial: 200 * time.Millisecond, Max: 10 * time.Second}
 	failures := 0
 	for ctx.Err() == nil {
+		w.keepWarm(warm)
 		capacity, why := w.capacity(ctx)
 		if why != "" {
 			w.metrics.leaseSkipped.WithLabelValues(why).Inc()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/journal"
@@ -486,4 +487,44 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	require.NoError(t, err, "%s", gcOut)
 	assert.GreaterOrEqual(t, requireNumberedLines(t, e.outputLog(t, runID)), 10)
 	e.requireNothingLeft(t, runID)
+}
+
+// An executor that died after storing everything and releasing the run's
+// directory, while it sent the final report, leaves a record in the report
+// phase: gc only sends the report owed, with the run's own verdict, and
+// removes the record (it does not try to store the run again from a
+// directory that is gone, nor keep it).
+func TestRunKilledWhileReportingIsOnlyReported(t *testing.T) {
+	e := newCrashEnv(t)
+	const token = "crash-token"
+	cp := controlplanetest.New(t, token)
+	runID := "rep" + strings.ToLower(tenant(t)[:8])
+	jd, err := taskrun.OpenRunJournal(e.root)
+	require.NoError(t, err)
+	gone, err := instance.Self()
+	require.NoError(t, err)
+	gone.ID = instance.NewID()
+	dir := e.runDir(runID)
+	entry, err := jd.Create(journal.Record{
+		RunID: runID, UserID: e.user, ConversationID: defaultConversation, TaskID: "default", SessionID: "s1",
+		Executor: gone, RunDir: dir, SpoolDir: dir + ".executor", Store: e.store,
+		ControlPlane: &journal.ControlPlane{URL: cp.URL(), TokenEnv: envToken},
+		Phase:        journal.PhaseReport, Status: model.StatusSucceeded,
+		Pending: []journal.Pending{journal.PendingReport},
+	})
+	require.NoError(t, err)
+	require.NoError(t, entry.Close()) // the executor died
+
+	var gcOut, gcErr lockedbuf.Buffer
+	gc := e.command(t, []string{envToken + "=" + token}, "gc", "--root", e.root)
+	gc.Stdout, gc.Stderr = &gcOut, &gcErr
+	require.NoError(t, gc.Run(), "gc: %s %s", &gcOut, &gcErr)
+	assert.Contains(t, gcOut.String(), "recovered run "+runID)
+
+	patches := cp.Patches(runID)
+	require.NotEmpty(t, patches, "the owed report was sent")
+	assert.Equal(t, model.StatusSucceeded, patches[len(patches)-1].Status, "with the run's own verdict")
+	_, err = jd.Load(runID)
+	require.ErrorIs(t, err, journal.ErrNotFound, "no record is left: %s", &gcOut)
+	assert.NoDirExists(t, dir)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/uidpool"
+	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/worker"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -49,6 +50,12 @@ SIGTERM or SIGINT drains: no new lease, live runs get --drain-grace to finish,
 then they are cancelled (CANCELLED "run cancelled: worker shutting down"), and
 the worker exits 0. A second signal exits at once; the next start recovers.
 
+--warm N keeps N containers of the default --image, --runtime and policy
+started ahead of the runs, parked at the self-check: a run that matches
+takes one and its agent starts within milliseconds; any other run starts
+cold. Each parked container counts its --memory against --host-memory. The
+parked containers are removed when the worker stops.
+
 --metrics-listen serves /metrics (Prometheus), /healthz and /readyz (ready
 once recovery finished, until draining).
 `
@@ -68,6 +75,7 @@ type workerOptions struct {
 	metricsListen            string
 	leaseWait                time.Duration
 	memory                   int64
+	warm                     int
 
 	image         string
 	timeout       time.Duration
@@ -118,6 +126,7 @@ func (o *workerOptions) define(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.drainGrace, "drain-grace", worker.DefaultDrainGrace, "on SIGTERM, how long live runs may go on before they are cancelled")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics, /healthz and /readyz, e.g. 127.0.0.1:9464 (default: none)")
 	fs.DurationVar(&o.leaseWait, "lease-wait", worker.DefaultLeaseWait, "how long the control plane may hold one lease request (at most 30s)")
+	fs.IntVar(&o.warm, "warm", 0, "warm containers kept ready for runs of the default --image, --runtime and policy (each holds a run's --memory until a run claims it); 0: every run starts cold")
 	addSizeFlag(fs, &o.memory, "host-memory", "memory the worker may grant runs in all (default: the host's)")
 
 	fs.StringVar(&o.image, "image", taskrun.DefaultImage, "default run image; it must exist locally")
@@ -157,6 +166,12 @@ func (o *workerOptions) finish() error {
 	}
 	if o.slots < 1 {
 		return fmt.Errorf("--slots %d: give at least 1", o.slots)
+	}
+	if o.warm < 0 {
+		return fmt.Errorf("--warm %d: give 0 (no warm containers) or more", o.warm)
+	}
+	if o.warm > 0 && o.helpersDir == "" {
+		return errors.New("--warm needs the self-check, where a warm container waits: drop --helpers-dir \"\" or --warm")
 	}
 	if o.cpus <= 0 {
 		return fmt.Errorf("--cpus %v: give a positive number such as 1 or 0.5", o.cpus)
@@ -281,6 +296,14 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 		return exitCannotRun, err
 	}
 	defer backend.Close()
+	var pool *warmpool.Pool
+	if o.warm > 0 {
+		// The worker closes it once its runs drained.
+		if pool, err = warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), Instance: inst.ID(),
+			UIDs: uids, PerKey: o.warm, MaxSlots: o.warm, Logger: log}); err != nil {
+			return exitCannotRun, fmt.Errorf("--warm: %w", err)
+		}
+	}
 
 	hostname, _ := os.Hostname()
 	cp := &journal.ControlPlane{URL: journal.RedactURL(o.server)}
@@ -334,15 +357,22 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 			}
 			return still
 		},
-		Logger: log,
+		WarmPool: pool,
+		Logger:   log,
 	}
 	w, err := worker.New(cfg)
 	if err != nil {
+		if pool != nil {
+			_ = pool.Close(context.WithoutCancel(ctx))
+		}
 		return exitUsage, err
 	}
 	if o.metricsListen != "" {
 		l, err := net.Listen("tcp", o.metricsListen)
 		if err != nil {
+			if pool != nil {
+				_ = pool.Close(context.WithoutCancel(ctx))
+			}
 			return exitUsage, fmt.Errorf("--metrics-listen: %w", err)
 		}
 		srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 10 * time.Second}

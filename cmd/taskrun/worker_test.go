@@ -90,8 +90,8 @@ func (f *workerFleet) start(root string, slots int) *workerProc {
 	return f.startOn(f.server, root, slots)
 }
 
-// startOn starts a worker leasing from server.
-func (f *workerFleet) startOn(server, root string, slots int) *workerProc {
+// startOn starts a worker leasing from server, with extra flags.
+func (f *workerFleet) startOn(server, root string, slots int, extra ...string) *workerProc {
 	t := f.t
 	if root == "" {
 		root = t.TempDir()
@@ -105,6 +105,7 @@ func (f *workerFleet) startOn(server, root string, slots int) *workerProc {
 		"--store", f.env.store, "--root", root, "--image", testImage, "--labels", "runtime=runc,image="+testImage,
 		"--helpers-dir", f.env.helpers, "--drain-grace", "30s", "--lease-wait", "2s",
 		"--metrics-listen", p.metrics, "--disk", "64m", "--max-output", "16m", "--timeout", "2m")
+	p.cmd.Args = append(p.cmd.Args, extra...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	require.NoError(t, p.cmd.Start())
 	go func() {
@@ -397,4 +398,70 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 		}
 	}
 	assertNoLoopDevices(t, roots)
+}
+
+// `taskrun worker --warm 1` parks a container of its default key before it
+// leases anything; a leased run of that key runs in it (the run's container
+// is the parked one, the metrics count a claim and no miss), the pool
+// refills, and the drain removes every parked container and slot.
+func TestWorkerWarmFlag(t *testing.T) {
+	env := newCrashEnv(t)
+	cp := controlplanetest.New(t, workerToken)
+	fleet := newWorkerFleet(t, env, cp.URL())
+	w := fleet.startOn(cp.URL(), "", 1, "--warm", "1")
+	parkedUnder := func() []string {
+		out, err := exec.Command("docker", "ps", "-a", "--filter", "label=dev.taskrun.pool",
+			"--format", `{{.ID}} {{.Label "dev.taskrun.run-dir"}}`).Output()
+		require.NoError(t, err)
+		var ids []string
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			id, dir, _ := strings.Cut(line, " ")
+			if strings.HasPrefix(dir, w.root+"/") {
+				ids = append(ids, id)
+			}
+		}
+		return ids
+	}
+	var parked []string
+	require.Eventually(t, func() bool {
+		parked = parkedUnder()
+		return len(parked) == 1 && scrape(t, w.metrics)["taskrun_worker_warm_ready"] == 1
+	}, 2*time.Minute, 50*time.Millisecond, "the worker parks a container before any run")
+
+	id := env.user + "-warm"
+	cp.Enqueue(workerclient.Assignment{
+		Task: model.Task{ID: "twarm", UserID: env.user, ConversationID: "c1"}, Run: model.TaskRun{ID: id, TaskID: "twarm"},
+		SessionID: "s1", Image: testImage, Command: []string{"sh", "-c", "echo warm $TASKRUN_RUN_ID"},
+	})
+	require.Eventually(t, func() bool { return cp.Lease(id).Status.Terminal() }, 2*time.Minute, 20*time.Millisecond)
+	info := cp.Lease(id)
+	require.Equal(t, model.StatusSucceeded, info.Status, info.Reason)
+	data, _, _ := cp.Stream(id)
+	assert.Equal(t, "warm "+id+"\n", string(data))
+	var ran string
+	for _, p := range cp.Patches(id) {
+		if p.Container != nil && p.Container.ID != "" {
+			ran = p.Container.ID
+		}
+	}
+	assert.True(t, strings.HasPrefix(ran, parked[0]), "the run ran in the parked container %s, not %s", parked[0], ran)
+	m := scrape(t, w.metrics)
+	assert.Equal(t, 1.0, m["taskrun_worker_warm_claims_total"])
+	assert.Zero(t, m["taskrun_worker_warm_misses_total"])
+	assert.Zero(t, m["taskrun_worker_warm_audit_failures_total"])
+	require.Eventually(t, func() bool { return len(parkedUnder()) == 1 }, 2*time.Minute, 50*time.Millisecond, "the pool refills")
+
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-w.exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the worker did not exit")
+	}
+	assert.NoError(t, w.err, "a drained worker exits 0")
+	assert.Empty(t, parkedUnder(), "no parked container is left")
+	slots, _ := filepath.Glob(filepath.Join(w.root, "pool", "*", "*"))
+	assert.Empty(t, slots, "no slot directory is left")
+	mounts, err := os.ReadFile("/proc/mounts")
+	require.NoError(t, err)
+	assert.NotContains(t, string(mounts), w.root+"/", "no mount under the worker's root is left")
 }
