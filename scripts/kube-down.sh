@@ -129,7 +129,8 @@ fi
 # The iptables chains the kubelet made (those absent before it started), and
 # the rules jumping to them.
 if [ -f "$STATE/iptables.before" ]; then
-	iptables_kube_chains | grep -vxFf "$STATE/iptables.before" | while read -r cmd t chain; do
+	# grep finds nothing (exit 1) once the chains are gone: not an error.
+	iptables_kube_chains | { grep -vxFf "$STATE/iptables.before" || true; } | while read -r cmd t chain; do
 		"$cmd" -w -t "$t" -S | awk -v ch="$chain" '$1=="-A" && $2!=ch && / -j / { for (i=1;i<=NF;i++) if ($i=="-j" && $(i+1)==ch) { sub(/^-A/, "-D"); print; break } }' |
 			while read -r rule; do eval "\"\$cmd\" -w -t \"\$t\" $rule" || true; done
 		"$cmd" -w -t "$t" -F "$chain" 2>/dev/null || true
