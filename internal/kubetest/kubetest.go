@@ -202,17 +202,27 @@ func (c *Cluster) DeleteNamespace(ctx context.Context, name string) error {
 // cluster's containerd.
 func (c *Cluster) RequireImage(t testing.TB, ref string) {
 	t.Helper()
-	node, err := c.Client.CoreV1().Nodes().Get(context.Background(), NodeName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("kubetest: get node %s: %v", NodeName, err)
-	}
 	want := map[string]bool{ref: true, "docker.io/" + ref: true, "docker.io/library/" + ref: true}
-	for _, img := range node.Status.Images {
-		for _, n := range img.Names {
-			if want[n] {
-				return
+	// The kubelet reports its images with its node status, every few
+	// seconds: an image imported by a kube-up that just finished may not be
+	// listed yet.
+	deadline := time.Now().Add(imageReportWait)
+	for {
+		node, err := c.Client.CoreV1().Nodes().Get(context.Background(), NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("kubetest: get node %s: %v", NodeName, err)
+		}
+		for _, img := range node.Status.Images {
+			for _, n := range img.Names {
+				if want[n] {
+					return
+				}
 			}
 		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
 	}
 	msg := fmt.Sprintf("kubetest: the cluster has no image %s: build it (make images) and import it (scripts/kube-load-image.sh %s)", ref, ref)
 	if Required() {
@@ -220,6 +230,10 @@ func (c *Cluster) RequireImage(t testing.TB, ref string) {
 	}
 	t.Skip(msg)
 }
+
+// imageReportWait bounds how long RequireImage waits for the node to list
+// an image.
+const imageReportWait = 45 * time.Second
 
 // RestrictedPod is a Pod that the PodSecurity "restricted" level admits:
 // non-root user 65534, no privilege escalation, every capability dropped, the
