@@ -56,6 +56,11 @@ takes one and its agent starts within milliseconds; any other run starts
 cold. Each parked container counts its --memory against --host-memory. The
 parked containers are removed when the worker stops.
 
+--backend kubernetes runs each leased run as a Pod in --namespace of the
+cluster --kubeconfig names, exactly as taskrun run --backend kubernetes does
+(start-up recovery then reaps the Pods of gone executors); --warm needs the
+Docker backend.
+
 --metrics-listen serves /metrics (Prometheus), /healthz and /readyz (ready
 once recovery finished, until draining).
 `
@@ -90,6 +95,8 @@ type workerOptions struct {
 	modelSpec     string
 	model         config.ModelEntry
 	shutdownGrace time.Duration
+
+	backendFlags
 }
 
 func init() {
@@ -146,6 +153,7 @@ func (o *workerOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.model.APIKeyEnv, "model-api-key-env", "", "host environment variable holding --model's API key (it never enters the sandbox)")
 	fs.StringVar(&o.model.APIKeyFile, "model-api-key-file", "", "host file holding --model's API key (it never enters the sandbox)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "once a run is cancelled, how long it may take to stop, store and report")
+	o.backendFlags.define(fs)
 }
 
 func (o *workerOptions) finish() error {
@@ -169,6 +177,12 @@ func (o *workerOptions) finish() error {
 	}
 	if o.warm < 0 {
 		return fmt.Errorf("--warm %d: give 0 (no warm containers) or more", o.warm)
+	}
+	if err := o.backendFlags.check(); err != nil {
+		return err
+	}
+	if o.warm > 0 && o.backend != backendDocker {
+		return errors.New("--warm parks containers on this host's engine: it needs --backend docker")
 	}
 	if o.warm > 0 && o.helpersDir == "" {
 		return errors.New("--warm needs the self-check, where a warm container waits: drop --helpers-dir \"\" or --warm")
@@ -291,17 +305,36 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 		return exitCannotRun, err
 	}
 	defer inst.Close()
-	backend, err := docker.New(ctx, docker.WithLogger(log), docker.WithInstance(inst.ID()))
-	if err != nil {
-		return exitCannotRun, err
-	}
-	defer backend.Close()
+	var runBackend sandbox.Backend
+	var recoverHost func(context.Context)
 	var pool *warmpool.Pool
-	if o.warm > 0 {
-		// The worker closes it once its runs drained.
-		if pool, err = warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), Instance: inst.ID(),
-			UIDs: uids, PerKey: o.warm, MaxSlots: o.warm, Logger: log}); err != nil {
-			return exitCannotRun, fmt.Errorf("--warm: %w", err)
+	var command []string
+	if o.backend == backendKubernetes {
+		kb, err := o.kubernetesBackend(ctx, log, inst.ID())
+		if err != nil {
+			return exitCannotRun, err
+		}
+		runBackend = kb
+		recoverHost = func(ctx context.Context) { reapKubernetes(ctx, host, kb, log) }
+		if o.image == taskrun.DefaultImage {
+			// A cluster's images cannot be inspected from here: name the
+			// reference agent's command (its image's CMD) explicitly.
+			command = []string{agentCommand}
+		}
+	} else {
+		backend, err := docker.New(ctx, docker.WithLogger(log), docker.WithInstance(inst.ID()))
+		if err != nil {
+			return exitCannotRun, err
+		}
+		defer backend.Close()
+		runBackend = backend
+		recoverHost = func(ctx context.Context) { collectGarbage(ctx, host, backend, log) }
+		if o.warm > 0 {
+			// The worker closes it once its runs drained.
+			if pool, err = warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), Instance: inst.ID(),
+				UIDs: uids, PerKey: o.warm, MaxSlots: o.warm, Logger: log}); err != nil {
+				return exitCannotRun, fmt.Errorf("--warm: %w", err)
+			}
 		}
 	}
 
@@ -321,8 +354,9 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 			Paths:           taskrun.NewRuntimePathsFromRoot(root),
 			Persist:         store,
 			ArtifactStorage: store,
-			Sandbox:         backend,
+			Sandbox:         runBackend,
 			Image:           o.image,
+			Command:         command,
 			Policy:          o.policy,
 			Timeout:         o.timeout,
 			DiskLimitBytes:  o.disk,
@@ -339,7 +373,7 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 			Pull:            o.pull,
 			AllowedImages:   o.allowedImages,
 		},
-		Labels:      workerclient.WorkerLabels{Runtimes: o.runtimes, CanPull: o.pull != sandbox.PullNever, Backend: "docker"},
+		Labels:      workerclient.WorkerLabels{Runtimes: o.runtimes, CanPull: o.pull != sandbox.PullNever, Backend: o.backend},
 		Images:      o.images,
 		MemoryBytes: o.memory,
 		Workspaces:  store,
@@ -347,7 +381,7 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 		LeaseWait:   o.leaseWait,
 		DrainGrace:  o.drainGrace,
 		Recover: func(ctx context.Context) error {
-			collectGarbage(ctx, host, backend, log)
+			recoverHost(ctx)
 			return nil
 		},
 		RetryKept: func(ctx context.Context) int {
