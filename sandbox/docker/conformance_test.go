@@ -45,7 +45,7 @@ func (h *harness) NewBackend(t *testing.T) sandbox.Backend {
 }
 
 func (h *harness) Capabilities() sandboxtest.Capabilities {
-	return sandboxtest.Capabilities{Confinement: true, OOM: true, Runtimes: true, Reaper: h}
+	return sandboxtest.Capabilities{Confinement: true, OOM: true, Runtimes: true, LagTolerant: true, Reaper: h}
 }
 
 func (h *harness) Prepare(spec *sandbox.Spec, policy *sandbox.Policy) {

@@ -29,7 +29,9 @@ func (h *harness) NewBackend(*testing.T) sandbox.Backend {
 	return b
 }
 
-func (h *harness) Capabilities() sandboxtest.Capabilities { return sandboxtest.Capabilities{} }
+func (h *harness) Capabilities() sandboxtest.Capabilities {
+	return sandboxtest.Capabilities{LagTolerant: true}
+}
 
 func (h *harness) Prepare(spec *sandbox.Spec, _ *sandbox.Policy) { spec.Image = "sandboxfake" }
 

@@ -78,11 +78,14 @@ type Capabilities struct {
 	// Runtimes: Policy.Runtime selects the kernel the process sees
 	// ("runsc": gVisor's).
 	Runtimes bool
+	// LagTolerant: a reader that lags far behind the container still gets
+	// every byte of its output after the container exited.
+	LagTolerant bool
 	// Reaper, when non-nil, plants orphans and runs the backend's reaper.
 	Reaper Reaper
 	// Gaps says, for a capability the backend lacks, why; the cases that
 	// need it print the reason when they skip. Keys are the capabilities'
-	// field names ("Confinement", "OOM", "Runtimes", "Reaper").
+	// field names ("Confinement", "OOM", "Runtimes", "LagTolerant", "Reaper").
 	Gaps map[string]string
 }
 
@@ -333,6 +336,7 @@ func (s *suite) testFinalPartialLine(t *testing.T) {
 // every write, while the consumer of the spool reads nothing until the run is
 // over: the container must still finish and every byte must arrive.
 func (s *suite) testSlowConsumer(t *testing.T) {
+	s.needs(t, s.caps.LagTolerant, "LagTolerant", "a complete output for a reader that lags behind")
 	const size = 8 << 20
 	ctx := caseContext(t)
 	labels := s.caseLabels(t)
