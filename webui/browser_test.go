@@ -39,12 +39,18 @@ printf '{"type":"<script>taskrunPwned(\\"trace\\")</script>","message":"<img src
 exit 3
 `
 
-// textOf waits for sel and returns its text content.
+// textOf waits for sel and returns its text content. Query and read are one
+// script: live pages replace their rows, so a node found by one DevTools
+// call may be gone by the next.
 func textOf(t *testing.T, p *page, sel string) string {
 	t.Helper()
-	s, err := chromedp.Run(p.ctx, chromedp.TextContent(chromedp.CSS(sel)))
-	require.NoError(t, err, sel)
-	return s
+	var got *string
+	require.Eventually(t, func() bool {
+		s, err := chromedp.Run(p.ctx, chromedp.Evaluate[*string](`(function(){var e=document.querySelector(`+jsString(sel)+`);return e?e.textContent:null})()`))
+		got = s
+		return err == nil && s != nil
+	}, time.Minute, 50*time.Millisecond, "%s never appeared", sel)
+	return *got
 }
 
 // count is the number of elements matching sel.
