@@ -162,26 +162,7 @@ func (f *firstByte) latency() time.Duration {
 // at the consumer, for `echo x`.
 func firstByteLatency(ctx context.Context, e *env) ([]row, error) {
 	ds, err := alternate(ctx, e, e.c.runs,
-		func(ctx context.Context, e *env, _ int) (time.Duration, error) {
-			dir, err := e.tempDir("cli-")
-			if err != nil {
-				return 0, err
-			}
-			cmd := exec.CommandContext(ctx, "docker", e.dockerRunArgs(dir, "echo", "x")...)
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				return 0, err
-			}
-			start := time.Now()
-			if err := cmd.Start(); err != nil {
-				return 0, err
-			}
-			var b [1]byte
-			_, readErr := io.ReadFull(out, b[:])
-			d := time.Since(start)
-			_, _ = io.Copy(io.Discard, out)
-			return d, errors.Join(readErr, cmd.Wait())
-		},
+		dockerFirstByte,
 		func(ctx context.Context, e *env, _ int) (time.Duration, error) {
 			f := &firstByte{}
 			d, err := e.backendRun(ctx, sandbox.Streams{Stdout: f}, f, "echo", "x")
@@ -213,4 +194,27 @@ func firstByteLatency(ctx context.Context, e *env) ([]row, error) {
 		ratioRow("first stdout byte, sandbox/docker backend"+n, backend, cli, "docker run --rm", 0),
 		ratioRow("first stdout byte, full RunTask (live Stdout)"+n, full, cli, "docker run --rm", 0),
 	}, nil
+}
+
+// dockerFirstByte times `docker run ... echo x` from its start to the first
+// stdout byte at the consumer.
+func dockerFirstByte(ctx context.Context, e *env, _ int) (time.Duration, error) {
+	dir, err := e.tempDir("cli-")
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.CommandContext(ctx, "docker", e.dockerRunArgs(dir, "echo", "x")...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	var b [1]byte
+	_, readErr := io.ReadFull(out, b[:])
+	d := time.Since(start)
+	_, _ = io.Copy(io.Discard, out)
+	return d, errors.Join(readErr, cmd.Wait())
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -140,28 +138,8 @@ func warmFirstByte(ctx context.Context, e *env) ([]row, error) {
 			return f.latency(), nil
 		}
 	}
-	dockerFirst := func(ctx context.Context, e *env, _ int) (time.Duration, error) {
-		dir, err := e.tempDir("cli-")
-		if err != nil {
-			return 0, err
-		}
-		cmd := exec.CommandContext(ctx, "docker", e.dockerRunArgs(dir, "echo", "x")...)
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			return 0, err
-		}
-		start := time.Now()
-		if err := cmd.Start(); err != nil {
-			return 0, err
-		}
-		var b [1]byte
-		_, readErr := io.ReadFull(out, b[:])
-		d := time.Since(start)
-		_, _ = io.Copy(io.Discard, out)
-		return d, errors.Join(readErr, cmd.Wait())
-	}
 	n := e.c.warmRuns
-	ds, err := alternate(ctx, e, n, runTaskFirst(true), runTaskFirst(false), dockerFirst)
+	ds, err := alternate(ctx, e, n, runTaskFirst(true), runTaskFirst(false), dockerFirstByte)
 	if err != nil {
 		return nil, err
 	}
