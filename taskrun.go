@@ -112,8 +112,8 @@ type RunTaskInput struct {
 	// Policy confines the container; sandbox.DefaultPolicy() when zero.
 	Policy sandbox.Policy
 	// Helpers are the in-container helper files (package helpers), such as
-	// helpers.FromExecutable: the taskrun binary itself, which acts as the
-	// self-check and the relay. With Helpers or HelpersDir every run starts
+	// helpers.FromExecutable: the helpers installed with the taskrun binary,
+	// or the binary itself, which acts as the self-check and the relay. With Helpers or HelpersDir every run starts
 	// with the in-sandbox self-check; a contradiction with Policy refuses
 	// the run. Exactly the helper files are mounted, read-only, file by file
 	// under /.taskrun/bin. Set at most one of Helpers and HelpersDir; with

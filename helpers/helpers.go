@@ -6,15 +6,20 @@
 // name (Main), so a lone taskrun binary is all a host needs. Each run mounts
 // exactly the helper files, read-only and file by file, at fixed paths under
 // Dir; nothing else of the host's directories is visible. FromExecutable
-// prepares the running taskrun binary for that: it must be static, and it is
-// copied once into a private cache directory, so the mount never exposes the
-// directory taskrun is installed in (often /usr/local/bin) and an upgrade of
-// the installed binary never changes what live runs see. FromDir uses
-// separately built static helpers instead.
+// prepares the helpers installed with the running taskrun binary: the
+// separately built taskrun-probe and taskrun-relay of the same build beside
+// it (`make build` puts them there), which start in a fraction of the
+// binary's time because they link none of the executor, or else the binary
+// itself. Each must be static, and is copied once into a private cache
+// directory, so the mount never exposes the directory taskrun is installed
+// in (often /usr/local/bin) and an upgrade of the installed files never
+// changes what live runs see. FromDir uses a directory of separately built
+// static helpers as it is.
 package helpers
 
 import (
 	"crypto/sha256"
+	"debug/buildinfo"
 	"debug/elf"
 	"encoding/hex"
 	"errors"
@@ -22,6 +27,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -131,28 +137,106 @@ func FromDir(dir string) (Files, error) {
 // installed file was replaced.
 const selfExe = "/proc/self/exe"
 
-// FromExecutable returns the running taskrun binary as every helper. It
-// checks the binary is static and copies it, once per content, to
-// cacheDir/<sha256>/taskrun (created 0755, the file 0555), which is what the
-// runs mount.
+// FromExecutable returns the helpers installed with the running taskrun
+// binary, each copied once per content to cacheDir/<sha256>/<name> (created
+// 0755, the file 0555), which is what the runs mount. A helper is the
+// separately built program of its name beside the installed binary when that
+// is static and of the same build (SameBuild); otherwise it is the binary
+// itself, which then must be static.
 func FromExecutable(cacheDir string) (Files, error) {
-	return fromExecutable(selfExe, cacheDir)
+	installed, err := os.Executable()
+	if err != nil {
+		installed = ""
+	}
+	return fromExecutable(selfExe, filepath.Dir(installed), cacheDir)
 }
 
-func fromExecutable(exe, cacheDir string) (Files, error) {
-	if err := CheckStatic(exe); err != nil {
-		name, _ := os.Executable()
-		return nil, fmt.Errorf("taskrun binary %s is the in-sandbox helper and must run in any image: %w; build it with CGO_ENABLED=0 (`make build` does), or pass a helpers dir of static taskrun-probe and taskrun-relay", name, err)
-	}
-	path, err := cachedCopy(exe, cacheDir)
-	if err != nil {
-		return nil, fmt.Errorf("helpers cache %s: %w", cacheDir, err)
-	}
+// fromExecutable is FromExecutable for the executable exe, installed in dir
+// ("" to use exe alone).
+func fromExecutable(exe, dir, cacheDir string) (Files, error) {
 	files := Files{}
+	var self string
 	for _, name := range Names {
-		files[name] = path
+		if p := filepath.Join(dir, name); dir != "" && besideSameBuild(p, exe) {
+			path, err := cachedCopy(p, name, cacheDir)
+			if err != nil {
+				return nil, fmt.Errorf("helpers cache %s: %w", cacheDir, err)
+			}
+			files[name] = path
+			continue
+		}
+		if self == "" {
+			if err := CheckStatic(exe); err != nil {
+				name, _ := os.Executable()
+				return nil, fmt.Errorf("taskrun binary %s is the in-sandbox helper and must run in any image: %w; build it with CGO_ENABLED=0 (`make build` does), or pass a helpers dir of static taskrun-probe and taskrun-relay", name, err)
+			}
+			path, err := cachedCopy(exe, "taskrun", cacheDir)
+			if err != nil {
+				return nil, fmt.Errorf("helpers cache %s: %w", cacheDir, err)
+			}
+			self = path
+		}
+		files[name] = self
 	}
 	return files, nil
+}
+
+// besideSameBuild reports whether the file at path is a static program of
+// the same build as exe: a helper installed with it.
+func besideSameBuild(path, exe string) bool {
+	if info, err := os.Stat(path); err != nil || !info.Mode().IsRegular() || CheckStatic(path) != nil {
+		return false
+	}
+	helper, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	self, err := buildinfo.ReadFile(exe)
+	if err != nil {
+		return false
+	}
+	return SameBuild(helper, self)
+}
+
+// buildKeys are the build settings two programs of one build share.
+var buildKeys = []string{"-ldflags", "-tags", "-trimpath", "CGO_ENABLED", "GOARCH", "GOOS", "vcs.revision", "vcs.time", "vcs.modified"}
+
+// SameBuild reports whether two programs could come from one build of this
+// module: the same toolchain, module version and sum, build settings
+// (flags, platform and, where stamped, the source revision), and the same
+// version of every dependency both link. It tells an upgraded binary from
+// helpers left by an older release; two builds of one unstamped source tree
+// ("(devel)", or GOFLAGS=-buildvcs=false) look the same, so build the
+// helpers with the binary, as `make build` does.
+func SameBuild(a, b *debug.BuildInfo) bool {
+	if a.GoVersion != b.GoVersion || a.Main.Path != b.Main.Path || a.Main.Version != b.Main.Version || a.Main.Sum != b.Main.Sum {
+		return false
+	}
+	for _, k := range buildKeys {
+		if setting(a, k) != setting(b, k) {
+			return false
+		}
+	}
+	deps := make(map[string]debug.Module, len(b.Deps))
+	for _, d := range b.Deps {
+		deps[d.Path] = *d
+	}
+	for _, d := range a.Deps {
+		if o, ok := deps[d.Path]; ok && (o.Version != d.Version || o.Sum != d.Sum) {
+			return false
+		}
+	}
+	return true
+}
+
+// setting is the value of a build setting, "" when unset.
+func setting(bi *debug.BuildInfo, key string) string {
+	for _, s := range bi.Settings {
+		if s.Key == key {
+			return s.Value
+		}
+	}
+	return ""
 }
 
 // cachedCopy is cacheCopy without reading and hashing the binary (tens of
@@ -162,7 +246,7 @@ func fromExecutable(exe, cacheDir string) (Files, error) {
 // both identities are unchanged; the change time cannot be set back by any
 // write or chmod, so a copy altered since it was stamped, or a rebuilt
 // binary, takes the full path again.
-func cachedCopy(exe, cacheDir string) (string, error) {
+func cachedCopy(exe, name, cacheDir string) (string, error) {
 	id, err := identity(exe)
 	if err != nil {
 		return "", err
@@ -174,7 +258,7 @@ func cachedCopy(exe, cacheDir string) (string, error) {
 			return dst, nil
 		}
 	}
-	dst, err := cacheCopy(exe, cacheDir)
+	dst, err := cacheCopy(exe, name, cacheDir)
 	if err != nil {
 		return "", err
 	}
@@ -215,23 +299,23 @@ func writeStamp(path, content string) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// cacheCopy copies exe to cacheDir/<sha256>/taskrun unless that file is
-// there already with exactly exe's content.
-func cacheCopy(exe, cacheDir string) (string, error) {
+// cacheCopy copies exe to cacheDir/<sha256>/name unless that file is there
+// already with exactly exe's content.
+func cacheCopy(exe, name, cacheDir string) (string, error) {
 	data, err := os.ReadFile(exe)
 	if err != nil {
 		return "", err
 	}
 	sum := sha256.Sum256(data)
 	dir := filepath.Join(cacheDir, hex.EncodeToString(sum[:]))
-	dst := filepath.Join(dir, "taskrun")
+	dst := filepath.Join(dir, name)
 	if have, err := os.ReadFile(dst); err == nil && sha256.Sum256(have) == sum {
 		return dst, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	tmp, err := os.CreateTemp(dir, ".taskrun-*")
+	tmp, err := os.CreateTemp(dir, "."+name+"-*")
 	if err != nil {
 		return "", err
 	}

@@ -137,7 +137,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.policy.PidsLimit, "pids", o.policy.PidsLimit, "process limit")
 	addSizeFlag(fs, &o.maxOutput, "max-output", "cap on the stdout (and the stderr) kept from the run; the rest is dropped")
 	addSizeFlag(fs, &o.disk, "disk", "cap on what the run may store under /taskrun")
-	fs.StringVar(&o.helpersDir, "helpers-dir", helpersSelf, `in-sandbox helpers: "self" (this taskrun binary, which must be static), a directory of static taskrun-probe and taskrun-relay, or "" for no self-check`)
+	fs.StringVar(&o.helpersDir, "helpers-dir", helpersSelf, `in-sandbox helpers: "self" (the static taskrun-probe and taskrun-relay of the same build beside this taskrun binary, as make build installs them, else this binary itself, which must be static), a directory of static taskrun-probe and taskrun-relay, or "" for no self-check`)
 	fs.StringVar(&o.uidRange, "uid-range", uidpool.DefaultRange().String(), `host uids for runs, FIRST-LAST: each live run gets one of its own; "" runs every run as uid 10001`)
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
 	fs.StringArrayVar(&o.excludes, "session-exclude", nil, "glob pattern (relative to home) left out of the session state; repeatable (default: "+strings.Join(workspace.DefaultExcludes, ", ")+")")
@@ -255,7 +255,8 @@ func parseModel(spec string, m *config.ModelEntry) error {
 	return nil
 }
 
-// helpersSelf is the --helpers-dir value naming the taskrun binary itself.
+// helpersSelf is the --helpers-dir value naming the helpers installed with
+// the taskrun binary (helpers.FromExecutable).
 const helpersSelf = "self"
 
 // uidLeaseDir is where uid leases live: shared by every executor of the host

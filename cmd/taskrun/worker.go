@@ -144,7 +144,7 @@ func (o *workerOptions) define(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.policy.PidsLimit, "pids", o.policy.PidsLimit, "default process limit per run")
 	addSizeFlag(fs, &o.maxOutput, "max-output", "default cap on the stdout (and the stderr) kept from a run")
 	addSizeFlag(fs, &o.disk, "disk", "default cap on what a run may store under /taskrun")
-	fs.StringVar(&o.helpersDir, "helpers-dir", helpersSelf, `in-sandbox helpers: "self" (this taskrun binary, which must be static), a directory of static taskrun-probe and taskrun-relay, or "" for no self-check`)
+	fs.StringVar(&o.helpersDir, "helpers-dir", helpersSelf, `in-sandbox helpers: "self" (the static taskrun-probe and taskrun-relay of the same build beside this taskrun binary, as make build installs them, else this binary itself, which must be static), a directory of static taskrun-probe and taskrun-relay, or "" for no self-check`)
 	fs.StringVar(&o.uidRange, "uid-range", uidpool.DefaultRange().String(), `host uids for runs, FIRST-LAST: each live run gets one of its own; "" runs every run as uid 10001`)
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "default OCI runtime, e.g. runsc for gVisor")
 	fs.StringArrayVar(&o.excludes, "session-exclude", nil, "glob pattern (relative to home) left out of the session state; repeatable")
