@@ -96,11 +96,11 @@ func (c *collector) changes(ctx context.Context) error {
 	if res.patch, err = c.p.in.Persist.PutRunFile(ctx, c.p.ref, ChangesPatchName, pf, "text/x-diff; charset=utf-8"); err != nil {
 		return err
 	}
-	c.out.objects = append(c.out.objects, res.patch)
+	_ = c.stored(res.patch, nil)
 	if res.list, err = c.p.in.Persist.PutRunFile(ctx, c.p.ref, ChangesListName, bytes.NewReader(list), "application/json"); err != nil {
 		return err
 	}
-	c.out.objects = append(c.out.objects, res.list)
+	_ = c.stored(res.list, nil)
 	c.out.changes = res
 	c.p.log.Info("change set", "files", set.Summary.Files, "patch_bytes", set.Summary.PatchBytes, "tree_hash", set.TreeHash)
 	return nil

@@ -11,7 +11,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/persist"
@@ -122,34 +124,40 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 		return stored{}, nil // the agent never ran: there is nothing of it to keep
 	}
 	c := &collector{p: p, ledger: workspace.NewLedger(p.limits.collect)}
-	var errs []error
-	keep := func(err error, what string) {
-		if err != nil {
-			errs = append(errs, fmt.Errorf("persist %s: %w", what, err))
-		}
-	}
 	// The local copy matters only if an upload fails: a full host disk
 	// that refuses it fails the persist only together with an upload.
 	stopLocal := p.timings.Start(timings.KeepLocal)
 	localErr := keepLocalState(p, wd, ex, v)
 	stopLocal()
 	stopPersist := p.timings.Start(timings.Persist)
-	keep(c.log(ctx, stdoutSpoolName, OutputLogName), "output log")
-	keep(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
-	keep(c.trace(ctx), "trace")
-	keep(c.gatewayRecord(ctx), "gateway record")
-	keep(c.kept(ctx, egress.RecordName, egress.RecordName, "application/x-ndjson"), "egress record")
-	keep(c.artifacts(ctx), "artifacts")
-	keep(c.resultFiles(ctx), "output files")
-	keep(c.changes(ctx), "change set")
-	keep(c.sessionState(ctx), "session state")
-	keep(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
-	keep(c.collectionRecord(ctx, ex), "collection record")
+	// The executor's own records and the agent's files are stored side by
+	// side. The agent's files are walked one root after another, always in
+	// this order: the ledger admits a hard-linked file once, for the first
+	// walk that meets it, and bounds what all of them read together.
+	var records, files persistSteps
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		records.do(c.log(ctx, stdoutSpoolName, OutputLogName), "output log")
+		records.do(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
+		records.do(c.gatewayRecord(ctx), "gateway record")
+		records.do(c.kept(ctx, egress.RecordName, egress.RecordName, "application/x-ndjson"), "egress record")
+		records.do(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
+	})
+	files.do(c.trace(ctx), "trace")
+	files.do(c.artifacts(ctx), "artifacts")
+	files.do(c.resultFiles(ctx), "output files")
+	files.do(c.changes(ctx), "change set")
+	files.do(c.sessionState(ctx), "session state")
+	wg.Wait()
+	// The collection record lists what every walk skipped.
+	files.do(c.collectionRecord(ctx, ex), "collection record")
 	stopPersist()
+	slices.SortFunc(c.out.objects, func(a, b persist.ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	errs := append(records.errs, files.errs...)
 	if localErr != nil && len(errs) == 0 {
 		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
-	} else {
-		keep(localErr, "local copy")
+	} else if localErr != nil {
+		errs = append(errs, fmt.Errorf("persist local copy: %w", localErr))
 	}
 	if err := errors.Join(errs...); err != nil {
 		p.log.Error("persist failed; the run directory is kept for a retry", "dir", p.dirs.Dir, "err", err)
@@ -158,9 +166,22 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	return c.out, nil
 }
 
-// collector accumulates one collect call's result.
+// persistSteps gathers the errors of a sequence of collect steps.
+type persistSteps struct{ errs []error }
+
+// do records the error of the step storing what.
+func (s *persistSteps) do(err error, what string) {
+	if err != nil {
+		s.errs = append(s.errs, fmt.Errorf("persist %s: %w", what, err))
+	}
+}
+
+// collector accumulates one collect call's result. The executor's records
+// and the agent's files are stored concurrently (see collect): each field
+// of out is written by one of them only, but for objects, which mu guards.
 type collector struct {
 	p   *plan
+	mu  sync.Mutex
 	out stored
 	// ledger is shared by every walk of the run's files.
 	ledger *workspace.Ledger
@@ -333,7 +354,9 @@ func (c *collector) sessionState(ctx context.Context) error {
 // stored records a successful upload and passes err through.
 func (c *collector) stored(info persist.ObjectInfo, err error) error {
 	if err == nil {
+		c.mu.Lock()
 		c.out.objects = append(c.out.objects, info)
+		c.mu.Unlock()
 		c.p.log.Info("stored", "key", info.Key, "bytes", info.Size)
 	}
 	return err
