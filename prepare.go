@@ -110,10 +110,16 @@ func policyOwner(user string) workspace.Owner {
 func prepare(ctx context.Context, p *plan) (*workdir, error) {
 	wd := &workdir{started: time.Now(), records: records.NewBudget(p.limits.records)}
 	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
-	if err := p.timings.Time(timings.UIDLease, func() error { return wd.leaseUID(ctx, p) }); err != nil {
+	// The run's uid is leased while its directory is put under the disk
+	// cap: neither needs the other, and only the directories made inside
+	// the cap are the uid's.
+	leased := make(chan error, 1)
+	go func() { leased <- p.timings.Time(timings.UIDLease, func() error { return wd.leaseUID(ctx, p) }) }()
+	capErr := wd.createCappedRunDir(ctx, p)
+	if err := errors.Join(<-leased, capErr); err != nil {
 		return wd, err
 	}
-	if err := wd.createRunDirs(ctx, p); err != nil {
+	if err := wd.createRunDirs(p); err != nil {
 		return wd, err
 	}
 	if err := os.MkdirAll(p.hostDir, 0o700); err != nil {
@@ -141,12 +147,14 @@ func prepare(ctx context.Context, p *plan) (*workdir, error) {
 	return wd, nil
 }
 
-// createRunDirs creates the run directory on a size-capped filesystem when
-// the host allows it (root with loop devices: the kernel then enforces the
-// cap, and writes or fallocate past it fail with ENOSPC inside the sandbox),
-// also for runs whose directory outlives them (KeepRunDir: release turns it
-// into a plain copy). Elsewhere a watchdog caps the run during supervise.
-func (wd *workdir) createRunDirs(ctx context.Context, p *plan) error {
+// createCappedRunDir creates the run directory on a size-capped filesystem
+// when the host allows it (root with loop devices: the kernel then enforces
+// the cap, and writes or fallocate past it fail with ENOSPC inside the
+// sandbox), also for runs whose directory outlives them (KeepRunDir: release
+// turns it into a plain copy). Elsewhere a watchdog caps the run during
+// supervise. It touches only what release undoes of the directory (owned,
+// unmount), never the run's owner.
+func (wd *workdir) createCappedRunDir(ctx context.Context, p *plan) error {
 	if p.slot != nil {
 		// The pool made the slot's directory as this would, disk cap
 		// included, before starting its container.
@@ -169,6 +177,15 @@ func (wd *workdir) createRunDirs(ctx context.Context, p *plan) error {
 		default:
 			return fmt.Errorf("cap run directory: %w", err)
 		}
+	}
+	return nil
+}
+
+// createRunDirs creates the directories inside the run directory, owned by
+// the run's owner; a warm slot has them already.
+func (wd *workdir) createRunDirs(p *plan) error {
+	if p.slot != nil {
+		return nil
 	}
 	if err := workspace.CreateRunDirs(p.dirs, wd.owner); err != nil {
 		return fmt.Errorf("create run directory: %w", err)
