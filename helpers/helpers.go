@@ -154,10 +154,14 @@ func FromExecutable(cacheDir string) (Files, error) {
 // fromExecutable is FromExecutable for the executable exe, installed in dir
 // ("" to use exe alone).
 func fromExecutable(exe, dir, cacheDir string) (Files, error) {
+	var build *debug.BuildInfo
+	if dir != "" {
+		build, _ = buildinfo.ReadFile(exe) // nil: exe serves every helper
+	}
 	files := Files{}
 	var self string
 	for _, name := range Names {
-		if p := filepath.Join(dir, name); dir != "" && besideSameBuild(p, exe) {
+		if p := filepath.Join(dir, name); build != nil && installedWith(p, build) {
 			path, err := cachedCopy(p, name, cacheDir)
 			if err != nil {
 				return nil, fmt.Errorf("helpers cache %s: %w", cacheDir, err)
@@ -181,21 +185,14 @@ func fromExecutable(exe, dir, cacheDir string) (Files, error) {
 	return files, nil
 }
 
-// besideSameBuild reports whether the file at path is a static program of
-// the same build as exe: a helper installed with it.
-func besideSameBuild(path, exe string) bool {
+// installedWith reports whether the file at path is a static program of the
+// build described by build: a helper installed with that executable.
+func installedWith(path string, build *debug.BuildInfo) bool {
 	if info, err := os.Stat(path); err != nil || !info.Mode().IsRegular() || CheckStatic(path) != nil {
 		return false
 	}
 	helper, err := buildinfo.ReadFile(path)
-	if err != nil {
-		return false
-	}
-	self, err := buildinfo.ReadFile(exe)
-	if err != nil {
-		return false
-	}
-	return SameBuild(helper, self)
+	return err == nil && SameBuild(helper, build)
 }
 
 // buildKeys are the build settings two programs of one build share.
