@@ -303,7 +303,9 @@ func (d *Dir) Load(runID string) (*Record, error) {
 
 // List returns every record in the journal, in run ID order, with an error
 // for each file that could not be read. It removes temporary files older
-// than a minute (left by a writer killed mid-write).
+// than a minute (left by a writer killed mid-write) and the lock files of
+// runs without a record that no process holds (left by an executor killed
+// between locking a new run and journaling it).
 func (d *Dir) List() ([]*Record, error) {
 	entries, err := os.ReadDir(d.path)
 	if err != nil {
@@ -319,6 +321,10 @@ func (d *Dir) List() ([]*Record, error) {
 			}
 			continue
 		}
+		if runID, ok := strings.CutSuffix(name, lockSuffix); ok {
+			d.removeOrphanLock(runID)
+			continue
+		}
 		runID, ok := strings.CutSuffix(name, recordSuffix)
 		if !ok || model.ValidateID("run", runID) != nil {
 			continue
@@ -332,6 +338,24 @@ func (d *Dir) List() ([]*Record, error) {
 	}
 	slices.SortFunc(recs, func(a, b *Record) int { return strings.Compare(a.RunID, b.RunID) })
 	return recs, errors.Join(errs...)
+}
+
+// removeOrphanLock removes runID's lock file when the run has no record and
+// no process holds the lock. Only Create writes a new record, holding the
+// lock; a record found once the lock is taken keeps its lock file.
+func (d *Dir) removeOrphanLock(runID string) {
+	if model.ValidateID("run", runID) != nil {
+		return
+	}
+	if _, err := os.Lstat(d.recordPath(runID)); !errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	lock, err := instance.TryLock(d.lockPath(runID))
+	if err != nil {
+		return // held: the run is being created, or is live
+	}
+	_, err = os.Lstat(d.recordPath(runID))
+	_ = lock.Unlock(errors.Is(err, fs.ErrNotExist))
 }
 
 // Record returns a copy of the entry's current record.

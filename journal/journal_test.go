@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
 )
 
@@ -246,4 +247,36 @@ func TestWriteFileAtomicReplacesWhole(t *testing.T) {
 	entries, err := os.ReadDir(filepath.Dir(path))
 	require.NoError(t, err)
 	assert.Len(t, entries, 1, "no temporary file is left")
+}
+
+// An executor killed after locking a new run but before journaling it
+// leaves only the lock file; listing the journal removes it, but never the
+// lock of a run being created or of a kept run.
+func TestListRemovesTheLockOfARunNeverJournaled(t *testing.T) {
+	dir := t.TempDir()
+	d, err := journal.Open(dir)
+	require.NoError(t, err)
+	orphan, err := instance.TryLock(filepath.Join(dir, "r-orphan.lock"))
+	require.NoError(t, err)
+	require.NoError(t, orphan.Unlock(false), "the killed executor's flock is gone with it")
+
+	creating, err := instance.TryLock(filepath.Join(dir, "r-creating.lock"))
+	require.NoError(t, err)
+	defer creating.Unlock(true)
+
+	kept, err := d.Create(record("r-kept"))
+	require.NoError(t, err)
+	require.NoError(t, kept.Close())
+
+	recs, err := d.List()
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	assert.Equal(t, "r-kept", recs[0].RunID)
+	assert.NoFileExists(t, filepath.Join(dir, "r-orphan.lock"))
+	assert.FileExists(t, filepath.Join(dir, "r-creating.lock"), "held by a live executor")
+	assert.FileExists(t, filepath.Join(dir, "r-kept.lock"), "a kept run keeps its lock file")
+
+	again, err := d.Create(record("r-orphan"))
+	require.NoError(t, err, "the run ID is free again")
+	require.NoError(t, again.Remove())
 }
