@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/helpers"
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/probe"
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -46,6 +48,10 @@ type isolation struct {
 	// imageDigest names the image the run used (its repo digest, else its
 	// ID); empty keeps the posture's image ID.
 	imageDigest string
+	// hold keeps the agent from starting until the live audit passed; nil
+	// without the self-check, or where the container does not share the
+	// run directory's sockets (a Kubernetes Pod).
+	hold *probe.Hold
 }
 
 // newIsolation prepares the checks of a run of p under policy (p's policy
@@ -77,9 +83,48 @@ func (iso *isolation) apply(spec *sandbox.Spec, files helpers.Files, stderr io.W
 		return nil, err
 	}
 	spec.Mounts = append(spec.Mounts, files.Mounts()...)
-	spec.Wrapper = []string{helpers.ProbePath, "--nonce", iso.nonce, "--expect", string(expect), "--"}
+	spec.Wrapper = []string{helpers.ProbePath, "--nonce", iso.nonce, "--expect", string(expect)}
+	if iso.hold != nil {
+		spec.Wrapper = append(spec.Wrapper, probe.HoldFlag, model.ContainerRunDir+"/"+model.HoldSocketPath)
+	}
+	spec.Wrapper = append(spec.Wrapper, "--")
 	iso.interceptor = probe.NewInterceptor(stderr, iso.nonce)
 	return iso.interceptor, nil
+}
+
+// listenHold opens the run's hold in its run directory, shared with the
+// agent's uid, where the backend bind-mounts the run directory (Docker):
+// the self-check then starts the agent only once releaseHold sent the
+// go-ahead. A Pod has the run directory copied in, not shared, and starts
+// without a hold.
+func (iso *isolation) listenHold(p *plan, uid int, backendKind string) error {
+	if backendKind == sandbox.BackendKubernetes {
+		return nil
+	}
+	h, err := probe.ListenHold(filepath.Join(p.dirs.Dir, filepath.FromSlash(model.HoldSocketPath)), uid, iso.nonce)
+	if err != nil {
+		return err
+	}
+	iso.hold = h
+	return nil
+}
+
+// releaseHold lets the agent start: it waits for the self-check to ask,
+// until ctx ends or the hold is closed. It reports whether the agent got
+// the go-ahead (true without a hold).
+func (iso *isolation) releaseHold(ctx context.Context) bool {
+	if iso.hold == nil {
+		return true
+	}
+	return iso.hold.Release(ctx) == nil
+}
+
+// closeHold closes the hold without a go-ahead, if it is still open: a
+// self-check still waiting refuses the run.
+func (iso *isolation) closeHold() {
+	if iso.hold != nil {
+		_ = iso.hold.Close()
+	}
 }
 
 // backendKind names b's kind (sandbox.Kinder); a backend that does not

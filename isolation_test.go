@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,6 +18,7 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
@@ -149,4 +151,78 @@ func TestRunTaskRefusesMissingSelfCheck(t *testing.T) {
 	entries, err := os.ReadDir(h.Root)
 	require.NoError(t, err)
 	assert.Empty(t, entries, "nothing written on disk")
+}
+
+// slowAuditBackend runs containers confined as asked, but its engine answers
+// the live audit's inspect slowly, with the posture tamper makes of it, as a
+// loaded or compromised engine would.
+type slowAuditBackend struct {
+	*docker.Backend
+	delay  time.Duration
+	tamper func(*sandbox.Posture)
+}
+
+func (b slowAuditBackend) Start(ctx context.Context, spec sandbox.Spec, p sandbox.Policy, s sandbox.Streams) (sandbox.Handle, error) {
+	h, err := b.Backend.Start(ctx, spec, p, s)
+	if err != nil {
+		return nil, err
+	}
+	return slowAuditHandle{Handle: h, b: b}, nil
+}
+
+type slowAuditHandle struct {
+	sandbox.Handle
+	b slowAuditBackend
+}
+
+func (h slowAuditHandle) Posture(ctx context.Context) (sandbox.Posture, error) {
+	select {
+	case <-time.After(h.b.delay):
+	case <-ctx.Done():
+		return sandbox.Posture{}, ctx.Err()
+	}
+	p, err := h.Handle.Posture(ctx)
+	if err == nil && h.b.tamper != nil {
+		h.b.tamper(&p)
+	}
+	return p, err
+}
+
+// The self-check holds the agent until the host's live audit passed: when
+// the audit fails, however late, the agent never ran a single instruction.
+// (Without the hold the agent would run during the slow audit and leave its
+// mark.) A slow audit that passes only delays the agent.
+func TestRunTaskAgentWaitsForTheLiveAudit(t *testing.T) {
+	h := newHarness(t)
+	t.Run("refused", func(t *testing.T) {
+		rec := &controlplanetest.Recorder{}
+		in := h.input(rec, "held1", "sh", "-c", "echo escaped; touch /taskrun/output/agent-ran")
+		in.HelpersDir = testbin.Dir(t)
+		in.Sandbox = slowAuditBackend{Backend: h.Backend, delay: 2 * time.Second, tamper: func(p *sandbox.Posture) { p.NetworkMode = "bridge" }}
+
+		out, err := taskrun.Execute(context.Background(), in)
+		require.ErrorIs(t, err, taskrun.ErrIsolation)
+		assert.Contains(t, out.Reason, "5.10")
+		assert.NotContains(t, out.Result.OutputStr, "escaped", "the agent must never start")
+		_, err = h.Store.OpenRunFile(context.Background(), h.Ref("held1"), "output/agent-ran")
+		assert.ErrorIs(t, err, persist.ErrNotFound, "the agent must never start")
+		for _, u := range rec.Patches() {
+			assert.NotEqual(t, model.StatusRunning, u.Status, "no RUNNING for an agent that was never let go")
+		}
+	})
+	t.Run("passes", func(t *testing.T) {
+		rec := &controlplanetest.Recorder{}
+		in := h.input(rec, "held2", "sh", "-c", "echo agent ran")
+		in.HelpersDir = testbin.Dir(t)
+		in.Sandbox = slowAuditBackend{Backend: h.Backend, delay: time.Second}
+
+		out, err := taskrun.Execute(context.Background(), in)
+		require.NoError(t, err)
+		assert.Equal(t, "agent ran\n", out.Result.OutputStr)
+		live, ok := timings.Find(out.Timings, timings.LiveAudit)
+		require.True(t, ok)
+		first, ok := timings.Find(out.Timings, timings.FirstByte)
+		require.True(t, ok)
+		assert.GreaterOrEqual(t, first.StartMS+first.DurationMS, live.StartMS+live.DurationMS, "the agent's first byte came after the audit passed")
+	})
 }

@@ -273,8 +273,9 @@ func TestPhasesCancel(t *testing.T) {
 // probeProgram is a stand-in for taskrun-probe: it reads its --nonce, writes
 // report as its report line and exits as the real probe would.
 func probeProgram(report probe.Report) sandboxfake.Program {
-	return func(_ context.Context, p *sandboxfake.Process) int {
+	return func(ctx context.Context, p *sandboxfake.Process) int {
 		var expect probe.Expectation
+		var hold string
 		for i := 0; i+1 < len(p.Args); i++ {
 			switch p.Args[i] {
 			case "--nonce":
@@ -283,6 +284,8 @@ func probeProgram(report probe.Report) sandboxfake.Program {
 				if err := json.Unmarshal([]byte(p.Args[i+1]), &expect); err != nil {
 					return 2
 				}
+			case probe.HoldFlag:
+				hold = p.Args[i+1]
 			}
 		}
 		line, err := probe.FormatLine(report)
@@ -292,6 +295,12 @@ func probeProgram(report probe.Report) sandboxfake.Program {
 		_, _ = p.Stderr.Write(line)
 		if len(expect.Contradictions(report)) > 0 {
 			return probe.ExitContradiction
+		}
+		if hold != "" {
+			sock, _, ok := p.HostPath(hold)
+			if !ok || probe.AwaitGoAhead(ctx, sock, report.Nonce, 10*time.Second) != nil {
+				return probe.ExitContradiction
+			}
 		}
 		write(p.Stdout, "agent ran\n")
 		return 0

@@ -119,6 +119,10 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox)
 	var stderrSink io.Writer = stderr
 	if len(p.helpers) > 0 {
+		if err := iso.listenHold(p, wd.owner.UID, backendKind(p.in.Sandbox)); err != nil {
+			return ex, fmt.Errorf("self-check: %w", err)
+		}
+		defer iso.closeHold()
 		if stderrSink, err = iso.apply(&spec, p.helpers, stderr); err != nil {
 			return ex, fmt.Errorf("self-check: %w", err)
 		}
@@ -144,10 +148,10 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	ex.ContainerID, ex.Runtime, ex.ImageDigest = h.ID(), p.policy.Runtime, p.image.Digest()
 	p.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", p.policy.Runtime)
 
-	// The live audit runs beside the container: a container that is not
-	// confined as asked is stopped at once, and the run is refused whenever
-	// the audit ends, even after the container exited. RUNNING is reported
-	// once it passed.
+	// The live audit runs while the container starts; the self-check holds
+	// the agent until it passed. A container that is not confined as asked
+	// is stopped at once and its agent never runs. RUNNING is reported once
+	// the agent was let go.
 	waitCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	audited := make(chan auditOutcome, 1)
@@ -155,8 +159,9 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 		var a auditOutcome
 		a.err = p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.in.Sandbox, h, hostFacts) })
 		if a.err != nil {
+			iso.closeHold()
 			stop()
-		} else {
+		} else if iso.releaseHold(waitCtx) {
 			running := ex
 			if iso.posture != nil {
 				running.ImageDigest, running.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
@@ -174,6 +179,9 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	res := h.Wait(waitCtx)
 	stopWait()
 	stopRecords := p.timings.Start(timings.Records)
+	// A self-check that never asked for the go-ahead (it refused, or the
+	// run was stopped first) no longer holds the audit up.
+	iso.closeHold()
 	a := <-audited
 	auditErr := a.err
 	ex.running = a.running

@@ -18,3 +18,9 @@ const (
 // directory: the executor listens on it on the host, the agent finds it at
 // ContainerRunDir/GatewaySocketPath.
 const GatewaySocketPath = ".gateway/model.sock"
+
+// HoldSocketPath is the self-check's hold socket, relative to the run
+// directory: the executor listens on it on the host until its live audit of
+// the container passed, and the self-check waits on it, at
+// ContainerRunDir/HoldSocketPath, before the agent starts.
+const HoldSocketPath = ".hold/audit.sock"

@@ -18,15 +18,16 @@ const exitUsage = 2
 // sandbox (the taskrun binary runs it when invoked by that name, see package
 // helpers; cmd/taskrun-probe builds it alone):
 //
-//	taskrun-probe --nonce N [--expect JSON] [--mode enforce|report] -- CMD ARGS...
+//	taskrun-probe --nonce N [--expect JSON] [--mode enforce|report] [--hold SOCKET] -- CMD ARGS...
 //
 // It observes the sandbox, writes one line "TASKRUN-PROBE N <base64 JSON>" to
 // stderr, compares the observations with --expect and, in enforce mode (the
 // default), exits 86 with the reasons on stderr if anything contradicts the
-// expectation. Otherwise it replaces the process with CMD (looked up in
-// PATH), so the agent starts only after the report is out, and does not
-// return. Without CMD it returns 0 after the report. args are the arguments
-// after the program name.
+// expectation. With --hold it then waits for the host's go-ahead (see
+// AwaitGoAhead) and exits 86 without one. Otherwise it replaces the process
+// with CMD (looked up in PATH), so the agent starts only after the report is
+// out, and does not return. Without CMD it returns 0 after the report. args
+// are the arguments after the program name.
 //
 // Run as "taskrun-probe --gate SOCKET" it is the gate of a container
 // parked ahead of its run (see GateFlag).
@@ -61,11 +62,12 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, cfg Config) (
 	nonce := fset.String("nonce", "", "per-run nonce echoed in the report line (required)")
 	expect := fset.String("expect", "{}", "JSON probe.Expectation to enforce")
 	mode := fset.String("mode", "enforce", `"enforce" refuses to run CMD on a contradiction; "report" only warns`)
+	hold := fset.String(HoldFlag[2:], "", "unix socket of the host's hold: CMD starts only after the host's go-ahead on it")
 	if err := fset.Parse(args); err != nil {
 		return nil, exitUsage
 	}
 	if *nonce == "" || (*mode != "enforce" && *mode != "report") {
-		fmt.Fprintln(stderr, "taskrun-probe: usage: taskrun-probe --nonce N [--expect JSON] [--mode enforce|report] -- CMD ARGS...")
+		fmt.Fprintln(stderr, "taskrun-probe: usage: taskrun-probe --nonce N [--expect JSON] [--mode enforce|report] [--hold SOCKET] -- CMD ARGS...")
 		return nil, exitUsage
 	}
 	exp, err := ParseExpectation([]byte(*expect))
@@ -98,6 +100,12 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, cfg Config) (
 			return nil, ExitCommandNotFound
 		}
 		return nil, ExitCommandNotExecutable
+	}
+	if *hold != "" {
+		if err := AwaitGoAhead(ctx, *hold, *nonce, HoldTimeout); err != nil {
+			fmt.Fprintf(stderr, "taskrun-probe: %v; refusing to start the command\n", err)
+			return nil, ExitContradiction
+		}
 	}
 	return fset.Args(), 0
 }
