@@ -29,6 +29,10 @@ var ErrPodFailed = errors.New("run pod failed")
 // the fill container ended before it read the whole stream.
 var errFillEnded = errors.New("the fill container's session ended")
 
+// errAttachEnded is what the acknowledgements' writer sees once the attach
+// session to the run container ended.
+var errAttachEnded = errors.New("the run container's session ended")
+
 // handle is one run's Pod.
 type handle struct {
 	b       *Backend
@@ -45,9 +49,13 @@ type handle struct {
 	gate      *io.PipeWriter
 	// stderrFilter removes the gate's tokens from the run's stderr.
 	stderrFilter *podhelper.GateFilter
-	attached     bool
-	pumpDone     chan struct{}
-	pumpErr      error
+	// acker counts the output received and acknowledges it to the gate,
+	// which holds the container's exit until every byte is acknowledged.
+	acker    *podhelper.Acker
+	ackDone  chan struct{}
+	attached bool
+	pumpDone chan struct{}
+	pumpErr  error
 
 	waitOnce  sync.Once
 	result    sandbox.Result
@@ -101,11 +109,12 @@ func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) e
 	pr, pw := io.Pipe()
 	h.gate = pw
 	h.attached = true
+	h.acker = podhelper.NewAcker()
 	// The gate repeats its token on stderr until released: the first token
 	// that arrives proves the session receives stderr and stdout (attached
 	// first), so the command, started only now, loses no byte.
 	announced := make(chan struct{})
-	h.stderrFilter = podhelper.NewGateFilter(h.streams.Stderr, func() { close(announced) })
+	h.stderrFilter = podhelper.NewGateFilter(h.acker.Stderr(h.streams.Stderr), func() { close(announced) })
 	go h.pump(pr)
 	select {
 	case <-announced:
@@ -127,15 +136,26 @@ func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) e
 		return fmt.Errorf("attach to pod %s: %w", h.name, context.Cause(ctx))
 	}
 	h.started = time.Now()
+	// From now on the gate's stdin carries the acknowledgements; they end
+	// with the attach session (pump closes the pipe's reader).
+	h.ackDone = make(chan struct{})
+	go func() {
+		defer close(h.ackDone)
+		if err := h.acker.Run(h.runCtx, pw, 0); err != nil {
+			h.b.log.Debug("acknowledgements ended", "pod", h.name, "err", err)
+		}
+	}()
 	return nil
 }
 
-// pump attaches to the run container until it exits.
-func (h *handle) pump(stdin io.Reader) {
+// pump attaches to the run container until it exits. The gate exits only
+// once the acknowledgements cover every byte it forwarded, so the session
+// ends with the output delivered.
+func (h *handle) pump(stdin *io.PipeReader) {
 	defer close(h.pumpDone)
-	h.pumpErr = errors.Join(
-		h.b.attach(h.runCtx, h.name, ContainerRun, streamIO{Stdin: stdin, Stdout: h.streams.Stdout, Stderr: h.stderrFilter}),
-		h.stderrFilter.Flush())
+	err := h.b.attach(h.runCtx, h.name, ContainerRun, streamIO{Stdin: stdin, Stdout: h.acker.Stdout(h.streams.Stdout), Stderr: h.stderrFilter})
+	stdin.CloseWithError(errors.Join(err, errAttachEnded))
+	h.pumpErr = errors.Join(err, h.stderrFilter.Flush())
 }
 
 // fill sends the Spec's mounts to the fill container and waits for it to
@@ -406,6 +426,9 @@ func (h *handle) release() {
 	}
 	if h.attached {
 		<-h.pumpDone
+	}
+	if h.ackDone != nil {
+		<-h.ackDone
 	}
 }
 

@@ -8,12 +8,14 @@
 //   - fill DATA BIN, the Pod's init container: copies itself to BIN, where
 //     the run container finds it, and extracts the run's mounts from a fill
 //     stream (stream.go) read on stdin into the data volume DATA.
-//   - gate -- CMD..., the run container's first process: it waits for one
-//     byte on stdin, which the executor sends only once it is attached to
-//     the container's output, so not a byte of output is lost; then it runs
-//     CMD as its child with stdin on /dev/null, forwards signals to it, reaps
-//     orphans, and exits with CMD's status (128+signal when killed), as an
-//     init process does for Docker's --init.
+//   - gate [--ack-idle D] -- CMD..., the run container's first process: it
+//     waits for one byte on stdin, which the executor sends only once it is
+//     attached to the container's output, so not a byte of output is lost;
+//     then it runs CMD as its child with stdin on /dev/null, forwards its
+//     stdout and stderr, forwards signals to it, reaps orphans, and exits
+//     with CMD's status (128+signal when killed), as an init process does
+//     for Docker's --init, but only once the executor acknowledged every
+//     byte of that output (ack.go), or D passed without progress.
 //   - stop GRACE, exec'd in the run container to stop it: SIGTERM to the gate
 //     (which forwards it), and after GRACE SIGKILL to every process.
 //   - hold, the keeper container: it keeps the Pod, and so the data volume,
@@ -36,6 +38,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -76,11 +80,12 @@ func Main(args []string) int {
 		}
 		err = fill(ctx, os.Stdin, args[1], args[2])
 	case "gate":
-		if len(args) < 3 || args[1] != "--" {
-			err = errors.New("usage: taskrun-pod gate -- CMD [ARG...]")
+		idle, argv, perr := parseGateArgs(args[1:])
+		if perr != nil {
+			err = perr
 			break
 		}
-		return gate(os.Stdin, args[2:])
+		return gate(os.Stdin, argv, idle)
 	case "stop":
 		var grace time.Duration
 		if len(args) == 2 {
@@ -200,16 +205,26 @@ const (
 	gateIntervalMax = 200 * time.Millisecond
 )
 
+// GateOpen is what the gate writes on stderr once released, right before
+// it starts the command: the executor removes it with the leading tokens,
+// and counts stderr from there on (ack.go).
+const GateOpen = "\x00taskrun-pod-gate-open\x00\n"
+
 // gate waits for the executor's byte on stdin, announcing itself on stderr
-// meanwhile, then runs argv as init.
-func gate(stdin *os.File, argv []string) int {
+// meanwhile, then runs argv as init and holds its exit until the executor
+// acknowledged all of argv's output, or ackIdle passed without progress.
+func gate(stdin *os.File, argv []string, ackIdle time.Duration) int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
+	l := newLedger(2)
 	released := make(chan bool, 1)
 	go func() {
 		var b [1]byte
 		n, _ := stdin.Read(b[:])
 		released <- n == 1
+		if n == 1 {
+			readAcks(stdin, l)
+		}
 	}()
 	ok := false
 	for d := gateIntervalMin; ; d = min(2*d, gateIntervalMax) {
@@ -227,34 +242,82 @@ func gate(stdin *os.File, argv []string) int {
 		fmt.Fprintln(os.Stderr, "taskrun-pod gate: stdin closed before the executor attached; not starting the command")
 		return GateClosedExitCode
 	}
+	// Not dumpable: the command runs as the same user, and must not open the
+	// gate's stdin (to forge acknowledgements) or its stdout and stderr (to
+	// write past the count) through /proc/1/fd.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "taskrun-pod gate: make the gate undumpable:", err)
+		return GateClosedExitCode
+	}
+	if _, err := os.Stderr.WriteString(GateOpen); err != nil {
+		return GateClosedExitCode
+	}
+	stdout := &countingWriter{w: os.Stdout, l: l}
+	stderr := &countingWriter{w: os.Stderr, l: l, stderr: true}
+	code := runForwarding(argv, stdout, stderr, l, sigs)
+	// Whatever the outcome, the status is the command's: a lost tail is
+	// the executor's to notice (its counts fall short), and a stalled or
+	// gone executor must not keep the Pod.
+	_ = l.settle(ackIdle)
+	return code
+}
+
+// runForwarding runs argv with its stdout and stderr on pipes that it
+// forwards to stdout and stderr, forwards signals to it, reaps orphans, and
+// returns its status once it exited. As init of the container it then kills
+// what argv left running, which would hold the pipes open.
+func runForwarding(argv []string, stdout, stderr io.Writer, l *ledger, sigs <-chan os.Signal) int {
+	fail := func(code int, format string, args ...any) int {
+		fmt.Fprintf(stderr, "taskrun-pod gate: "+format+"\n", args...)
+		l.streamDone()
+		l.streamDone()
+		return code
+	}
 	null, err := os.Open(os.DevNull)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "taskrun-pod gate:", err)
-		return GateClosedExitCode
+		return fail(GateClosedExitCode, "%v", err)
 	}
-	if err := syscall.Dup2(int(null.Fd()), 0); err != nil {
-		fmt.Fprintln(os.Stderr, "taskrun-pod gate:", err)
-		return GateClosedExitCode
-	}
-	null.Close()
+	defer null.Close()
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "taskrun-pod gate: %v\n", err)
-		return 127
+		return fail(127, "%v", err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return fail(126, "%v", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return fail(126, "%v", err)
 	}
 	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
 		Env:   os.Environ(),
-		Files: []uintptr{0, 1, 2},
+		Files: []uintptr{null.Fd(), outW.Fd(), errW.Fd()},
 	})
+	outW.Close()
+	errW.Close()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "taskrun-pod gate: start %s: %v\n", argv[0], err)
-		return 126
+		outR.Close()
+		errR.Close()
+		return fail(126, "start %s: %v", argv[0], err)
 	}
+	forward := func(dst io.Writer, src *os.File) {
+		defer l.streamDone()
+		// On a failed write, closing the pipe fails the command's writes
+		// instead of blocking them.
+		defer src.Close()
+		_, _ = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 32<<10))
+	}
+	go forward(stdout, outR)
+	go forward(stderr, errR)
 	go func() {
 		for s := range sigs {
 			_ = syscall.Kill(pid, s.(syscall.Signal))
 		}
 	}()
+	code := 0
 	for {
 		var ws syscall.WaitStatus
 		got, err := syscall.Wait4(-1, &ws, 0, nil)
@@ -262,16 +325,36 @@ func gate(stdin *os.File, argv []string) int {
 			continue
 		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "taskrun-pod gate: wait:", err)
-			return 1
+			fmt.Fprintln(stderr, "taskrun-pod gate: wait:", err)
+			code = 1
+			break
 		}
 		if got != pid {
 			continue // an orphan reaped
 		}
 		if ws.Signaled() {
-			return 128 + int(ws.Signal())
+			code = 128 + int(ws.Signal())
+		} else {
+			code = ws.ExitStatus()
 		}
-		return ws.ExitStatus()
+		break
+	}
+	if os.Getpid() == 1 {
+		// The container would end them as it exits; ending them now closes
+		// the pipes they hold, so the forwarding reaches its end.
+		_ = syscall.Kill(-1, syscall.SIGKILL)
+		go reapOrphans()
+	}
+	return code
+}
+
+// reapOrphans reaps the processes killed after the command exited.
+func reapOrphans() {
+	for {
+		var ws syscall.WaitStatus
+		if _, err := syscall.Wait4(-1, &ws, 0, nil); err != nil && !errors.Is(err, syscall.EINTR) {
+			return
+		}
 	}
 }
 
@@ -298,6 +381,23 @@ func holdServing(control string, sockets []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	return Serve(ctx, control, sockets)
+}
+
+// parseGateArgs parses "[--ack-idle D] -- CMD [ARG...]".
+func parseGateArgs(args []string) (time.Duration, []string, error) {
+	usage := errors.New("usage: taskrun-pod gate [--ack-idle DURATION] -- CMD [ARG...]")
+	idle := DefaultAckIdle
+	if len(args) >= 2 && args[0] == "--ack-idle" {
+		d, err := time.ParseDuration(args[1])
+		if err != nil || d <= 0 {
+			return 0, nil, usage
+		}
+		idle, args = d, args[2:]
+	}
+	if len(args) < 2 || args[0] != "--" {
+		return 0, nil, usage
+	}
+	return idle, args[1:], nil
 }
 
 // StopCommand is the command that stops the run container with grace.
