@@ -29,10 +29,6 @@ var ErrPodFailed = errors.New("run pod failed")
 // the fill container ended before it read the whole stream.
 var errFillEnded = errors.New("the fill container's session ended")
 
-// errAttachEnded is what the acknowledgements' writer sees once the attach
-// session to the run container ended.
-var errAttachEnded = errors.New("the run container's session ended")
-
 // handle is one run's Pod.
 type handle struct {
 	b       *Backend
@@ -151,10 +147,12 @@ func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) e
 // pump attaches to the run container until it exits. The gate exits only
 // once the acknowledgements cover every byte it forwarded, so the session
 // ends with the output delivered.
-func (h *handle) pump(stdin *io.PipeReader) {
+func (h *handle) pump(stdin io.Reader) {
 	defer close(h.pumpDone)
 	err := h.b.attach(h.runCtx, h.name, ContainerRun, streamIO{Stdin: stdin, Stdout: h.acker.Stdout(h.streams.Stdout), Stderr: h.stderrFilter})
-	stdin.CloseWithError(errors.Join(err, errAttachEnded))
+	// Acknowledgements written from now on fail; the session's stdin copy,
+	// which may outlive the session, sees a clean end.
+	h.gate.Close()
 	h.pumpErr = errors.Join(err, h.stderrFilter.Flush())
 }
 
