@@ -138,3 +138,36 @@ func TestPostureOfALivePod(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }
+
+// TestCommandCannotReachTheGate runs a command that tries to forge the
+// executor's acknowledgement on the gate's stdin and to write to the
+// container's stdout and stderr behind the gate's count, through
+// /proc/1/fd: the gate (PID 1) is not dumpable, so its descriptors belong
+// to root and every attempt is refused; the output arrives whole.
+func TestCommandCannotReachTheGate(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	script := `echo "owner=$(stat -c %u /proc/1/fd)"
+for fd in 0 1 2; do
+  if (echo 'ack 999999999 999999999' >/proc/1/fd/$fd) 2>/dev/null; then echo "fd$fd=open"; else echo "fd$fd=refused"; fi
+done
+head -c 200000 /dev/zero | tr '\0' z
+echo end`
+	var out, errOut lockedbuf.Buffer
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", script},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "forge"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
+	pol := sandbox.DefaultPolicy()
+	pol.NanoCPUs = 500_000_000
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	res := h.Wait(t.Context())
+	require.NoError(t, res.Err)
+	require.Equal(t, 0, res.ExitCode, "stderr: %s", errOut.String())
+	want := "owner=0\nfd0=refused\nfd1=refused\nfd2=refused\n" + strings.Repeat("z", 200000) + "end\n"
+	got := out.String()
+	require.Equal(t, len(want), len(got), "stdout: %.200q", got)
+	assert.True(t, want == got, "stdout differs: %.200q", got)
+	assert.Empty(t, errOut.String())
+	require.NoError(t, h.Close(t.Context()))
+}
