@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,11 @@ const pollInterval = 200 * time.Millisecond
 // ErrPodFailed is wrapped when the Pod could not run the command: the fill
 // failed, an image is missing, the Pod was evicted or refused.
 var ErrPodFailed = errors.New("run pod failed")
+
+// ErrOutputIncomplete is wrapped in a Result's Err when the run container
+// exited before the executor acknowledged all of its output (the executor
+// took in nothing for podhelper.DefaultAckIdle): the tail may be missing.
+var ErrOutputIncomplete = errors.New("run output may be incomplete")
 
 // errFillEnded is what a fill stream writer sees when the attach session to
 // the fill container ended before it read the whole stream.
@@ -305,6 +311,9 @@ func (h *handle) wait(ctx context.Context) sandbox.Result {
 		res.FinishedAt = term.FinishedAt.Time
 		if res.FinishedAt.Before(res.StartedAt) {
 			res.FinishedAt = res.StartedAt
+		}
+		if why, ok := strings.CutPrefix(term.Message, podhelper.UnacknowledgedPrefix); ok {
+			errs = append(errs, fmt.Errorf("%w: pod %s: %s", ErrOutputIncomplete, h.name, why))
 		}
 	}
 	errs = append(errs, h.stdout.Err(), h.stderr.Err(), h.copyOut(dctx))

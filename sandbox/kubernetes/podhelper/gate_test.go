@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -244,18 +245,52 @@ func TestGateDoesNotWaitForAGoneExecutor(t *testing.T) {
 }
 
 func TestGateArguments(t *testing.T) {
-	idle, argv, err := parseGateArgs([]string{"--", "sh", "-c", "x"})
+	opts, argv, err := parseGateArgs([]string{"--", "sh", "-c", "x"})
 	require.NoError(t, err)
-	assert.Equal(t, DefaultAckIdle, idle)
+	assert.Equal(t, gateOptions{ackIdle: DefaultAckIdle, terminationLog: TerminationLog}, opts)
 	assert.Equal(t, []string{"sh", "-c", "x"}, argv)
-	idle, argv, err = parseGateArgs([]string{"--ack-idle", "2s", "--", "true"})
+	opts, argv, err = parseGateArgs([]string{"--termination-log", "/tmp/t", "--ack-idle", "2s", "--", "true", "--ack-idle"})
 	require.NoError(t, err)
-	assert.Equal(t, 2*time.Second, idle)
-	assert.Equal(t, []string{"true"}, argv)
-	for _, bad := range [][]string{{}, {"--"}, {"sh"}, {"--ack-idle", "x", "--", "true"}, {"--ack-idle", "0s", "--", "true"}, {"--ack-idle", "--", "true"}} {
+	assert.Equal(t, gateOptions{ackIdle: 2 * time.Second, terminationLog: "/tmp/t"}, opts)
+	assert.Equal(t, []string{"true", "--ack-idle"}, argv)
+	for _, bad := range [][]string{{}, {"--"}, {"sh"}, {"--ack-idle", "x", "--", "true"}, {"--ack-idle", "0s", "--", "true"},
+		{"--ack-idle", "--", "true"}, {"--termination-log", "", "--", "true"}, {"--other", "x", "--", "true"}} {
 		_, _, err := parseGateArgs(bad)
 		assert.Error(t, err, "%q", bad)
 	}
+}
+
+func TestGateTerminationMessageSaysWhetherOutputMayBeLost(t *testing.T) {
+	// The command writes a message of its own there; the gate's replaces it.
+	forge := func(path string) string {
+		return fmt.Sprintf("printf '%s forged' > %s; echo out", UnacknowledgedPrefix, path)
+	}
+	log := t.TempDir() + "/termination-log"
+	require.NoError(t, os.WriteFile(log, nil, 0o666))
+	e := startGate(t, nil, "--termination-log", log, "--", "sh", "-c", forge(log))
+	e.release(t)
+	e.acknowledge(t)
+	assert.Equal(t, 0, e.wait(t, 10*time.Second))
+	data, err := os.ReadFile(log)
+	require.NoError(t, err)
+	assert.Empty(t, string(data), "everything acknowledged: no message, whatever the command wrote")
+
+	lost := t.TempDir() + "/termination-log"
+	require.NoError(t, os.WriteFile(lost, nil, 0o666))
+	e = startGate(t, nil, "--ack-idle", "200ms", "--termination-log", lost, "--", "sh", "-c", "echo out; echo err >&2")
+	e.release(t)
+	assert.Equal(t, 0, e.wait(t, 10*time.Second))
+	data, err = os.ReadFile(lost)
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(string(data), UnacknowledgedPrefix), "%q", data)
+	assert.Contains(t, string(data), "0 of 4 bytes of stdout, 0 of 4 of stderr")
+
+	// No termination message file (not in a Pod): none is created.
+	missing := t.TempDir() + "/none"
+	e = startGate(t, nil, "--ack-idle", "100ms", "--termination-log", missing, "--", "true")
+	e.release(t)
+	assert.Equal(t, 0, e.wait(t, 10*time.Second))
+	assert.NoFileExists(t, missing)
 }
 
 // syncBuffer is a bytes.Buffer safe for one writer and one reader.

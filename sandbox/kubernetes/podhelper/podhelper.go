@@ -8,14 +8,16 @@
 //   - fill DATA BIN, the Pod's init container: copies itself to BIN, where
 //     the run container finds it, and extracts the run's mounts from a fill
 //     stream (stream.go) read on stdin into the data volume DATA.
-//   - gate [--ack-idle D] -- CMD..., the run container's first process: it
+//   - gate [--ack-idle D] [--termination-log PATH] -- CMD..., the run
+//     container's first process: it
 //     waits for one byte on stdin, which the executor sends only once it is
 //     attached to the container's output, so not a byte of output is lost;
 //     then it runs CMD as its child with stdin on /dev/null, forwards its
 //     stdout and stderr, forwards signals to it, reaps orphans, and exits
 //     with CMD's status (128+signal when killed), as an init process does
 //     for Docker's --init, but only once the executor acknowledged every
-//     byte of that output (ack.go), or D passed without progress.
+//     byte of that output (ack.go), or D passed without progress; its
+//     termination message (PATH) then says whether output may be lost.
 //   - stop GRACE, exec'd in the run container to stop it: SIGTERM to the gate
 //     (which forwards it), and after GRACE SIGKILL to every process.
 //   - hold, the keeper container: it keeps the Pod, and so the data volume,
@@ -80,12 +82,12 @@ func Main(args []string) int {
 		}
 		err = fill(ctx, os.Stdin, args[1], args[2])
 	case "gate":
-		idle, argv, perr := parseGateArgs(args[1:])
+		opts, argv, perr := parseGateArgs(args[1:])
 		if perr != nil {
 			err = perr
 			break
 		}
-		return gate(os.Stdin, argv, idle)
+		return gate(os.Stdin, argv, opts)
 	case "stop":
 		var grace time.Duration
 		if len(args) == 2 {
@@ -210,10 +212,20 @@ const (
 // and counts stderr from there on (ack.go).
 const GateOpen = "\x00taskrun-pod-gate-open\x00\n"
 
+// TerminationLog is the run container's termination message file (the
+// Pod's default terminationMessagePath).
+const TerminationLog = "/dev/termination-log"
+
+// UnacknowledgedPrefix starts the run container's termination message when
+// the gate exited before the executor acknowledged all of the output: the
+// executor then reports the output as incomplete.
+const UnacknowledgedPrefix = "taskrun-pod gate: output not acknowledged: "
+
 // gate waits for the executor's byte on stdin, announcing itself on stderr
 // meanwhile, then runs argv as init and holds its exit until the executor
-// acknowledged all of argv's output, or ackIdle passed without progress.
-func gate(stdin *os.File, argv []string, ackIdle time.Duration) int {
+// acknowledged all of argv's output, or opts.ackIdle passed without
+// progress.
+func gate(stdin *os.File, argv []string, opts gateOptions) int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	l := newLedger(2)
@@ -254,24 +266,48 @@ func gate(stdin *os.File, argv []string, ackIdle time.Duration) int {
 	}
 	stdout := &countingWriter{w: os.Stdout, l: l}
 	stderr := &countingWriter{w: os.Stderr, l: l, stderr: true}
-	code := runForwarding(argv, stdout, stderr, l, sigs)
-	// Whatever the outcome, the status is the command's: a lost tail is
-	// the executor's to notice (its counts fall short), and a stalled or
-	// gone executor must not keep the Pod.
-	_ = l.settle(ackIdle)
+	code, reaped := runForwarding(argv, stdout, stderr, l, sigs)
+	// Whatever the outcome, the status is the command's, and a stalled or
+	// gone executor must not keep the Pod. The termination message says
+	// whether output may be lost; it is the gate's alone once everything
+	// the command left is gone, so the command can neither forge nor clear
+	// it.
+	msg := ""
+	if err := l.settle(opts.ackIdle); err != nil {
+		msg = UnacknowledgedPrefix + err.Error()
+	}
+	select {
+	case <-reaped:
+	case <-time.After(time.Second):
+	}
+	writeTerminationMessage(opts.terminationLog, msg)
 	return code
+}
+
+// writeTerminationMessage replaces the content of the termination message
+// file at path, when there is one, with msg.
+func writeTerminationMessage(path, msg string) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return
+	}
+	_, _ = f.WriteString(msg)
+	_ = f.Close()
 }
 
 // runForwarding runs argv with its stdout and stderr on pipes that it
 // forwards to stdout and stderr, forwards signals to it, reaps orphans, and
 // returns its status once it exited. As init of the container it then kills
-// what argv left running, which would hold the pipes open.
-func runForwarding(argv []string, stdout, stderr io.Writer, l *ledger, sigs <-chan os.Signal) int {
-	fail := func(code int, format string, args ...any) int {
+// what argv left running, which would hold the pipes open; reaped is closed
+// once they are all gone.
+func runForwarding(argv []string, stdout, stderr io.Writer, l *ledger, sigs <-chan os.Signal) (code int, reaped <-chan struct{}) {
+	done := make(chan struct{})
+	fail := func(code int, format string, args ...any) (int, <-chan struct{}) {
 		fmt.Fprintf(stderr, "taskrun-pod gate: "+format+"\n", args...)
 		l.streamDone()
 		l.streamDone()
-		return code
+		close(done)
+		return code, done
 	}
 	null, err := os.Open(os.DevNull)
 	if err != nil {
@@ -317,7 +353,6 @@ func runForwarding(argv []string, stdout, stderr io.Writer, l *ledger, sigs <-ch
 			_ = syscall.Kill(pid, s.(syscall.Signal))
 		}
 	}()
-	code := 0
 	for {
 		var ws syscall.WaitStatus
 		got, err := syscall.Wait4(-1, &ws, 0, nil)
@@ -339,17 +374,21 @@ func runForwarding(argv []string, stdout, stderr io.Writer, l *ledger, sigs <-ch
 		}
 		break
 	}
-	if os.Getpid() == 1 {
-		// The container would end them as it exits; ending them now closes
-		// the pipes they hold, so the forwarding reaches its end.
-		_ = syscall.Kill(-1, syscall.SIGKILL)
-		go reapOrphans()
+	if os.Getpid() != 1 {
+		close(done)
+		return code, done
 	}
-	return code
+	// The container would end them as it exits; ending them now closes the
+	// pipes they hold, so the forwarding reaches its end.
+	_ = syscall.Kill(-1, syscall.SIGKILL)
+	go reapOrphans(done)
+	return code, done
 }
 
-// reapOrphans reaps the processes killed after the command exited.
-func reapOrphans() {
+// reapOrphans reaps the processes killed after the command exited, and
+// closes done when none is left.
+func reapOrphans(done chan<- struct{}) {
+	defer close(done)
 	for {
 		var ws syscall.WaitStatus
 		if _, err := syscall.Wait4(-1, &ws, 0, nil); err != nil && !errors.Is(err, syscall.EINTR) {
@@ -383,21 +422,41 @@ func holdServing(control string, sockets []string) error {
 	return Serve(ctx, control, sockets)
 }
 
-// parseGateArgs parses "[--ack-idle D] -- CMD [ARG...]".
-func parseGateArgs(args []string) (time.Duration, []string, error) {
-	usage := errors.New("usage: taskrun-pod gate [--ack-idle DURATION] -- CMD [ARG...]")
-	idle := DefaultAckIdle
-	if len(args) >= 2 && args[0] == "--ack-idle" {
-		d, err := time.ParseDuration(args[1])
-		if err != nil || d <= 0 {
-			return 0, nil, usage
+// gateOptions are the gate's flags.
+type gateOptions struct {
+	// ackIdle bounds the wait for acknowledgements without progress.
+	ackIdle time.Duration
+	// terminationLog is the container's termination message file.
+	terminationLog string
+}
+
+// parseGateArgs parses "[--ack-idle D] [--termination-log PATH] -- CMD
+// [ARG...]".
+func parseGateArgs(args []string) (gateOptions, []string, error) {
+	usage := errors.New("usage: taskrun-pod gate [--ack-idle DURATION] [--termination-log PATH] -- CMD [ARG...]")
+	opts := gateOptions{ackIdle: DefaultAckIdle, terminationLog: TerminationLog}
+	for len(args) >= 2 && args[0] != "--" {
+		switch args[0] {
+		case "--ack-idle":
+			d, err := time.ParseDuration(args[1])
+			if err != nil || d <= 0 {
+				return gateOptions{}, nil, usage
+			}
+			opts.ackIdle = d
+		case "--termination-log":
+			if args[1] == "" || args[1] == "--" {
+				return gateOptions{}, nil, usage
+			}
+			opts.terminationLog = args[1]
+		default:
+			return gateOptions{}, nil, usage
 		}
-		idle, args = d, args[2:]
+		args = args[2:]
 	}
 	if len(args) < 2 || args[0] != "--" {
-		return 0, nil, usage
+		return gateOptions{}, nil, usage
 	}
-	return idle, args[1:], nil
+	return opts, args[1:], nil
 }
 
 // StopCommand is the command that stops the run container with grace.
@@ -415,9 +474,15 @@ func FillCommand() []string {
 	return []string{ImagePath, "fill", DataDir, BinDir}
 }
 
-// GateCommand is the run container's command: the gate in front of argv.
-func GateCommand(argv []string) []string {
-	return append([]string{Path, "gate", "--"}, argv...)
+// GateCommand is the run container's command: the gate in front of argv,
+// waiting up to ackIdle without progress for the executor's
+// acknowledgements (0: DefaultAckIdle).
+func GateCommand(argv []string, ackIdle time.Duration) []string {
+	cmd := []string{Path, "gate"}
+	if ackIdle > 0 {
+		cmd = append(cmd, "--ack-idle", ackIdle.String())
+	}
+	return append(append(cmd, "--"), argv...)
 }
 
 // HoldCommand is the keeper's command; with sockets, it serves them as the
