@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
 	"github.com/taskrun/taskrun/sandbox/sandboxtest"
 )
 
@@ -137,4 +139,74 @@ func TestPostureOfALivePod(t *testing.T) {
 	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelRun: "posture", sandbox.LabelInstance: e.instance})
 	require.NoError(t, err)
 	assert.Empty(t, left)
+}
+
+// TestCommandCannotReachTheGate runs a command that tries to forge the
+// executor's acknowledgement on the gate's stdin and to write to the
+// container's stdout and stderr behind the gate's count, through
+// /proc/1/fd: the gate (PID 1) is not dumpable, so its descriptors belong
+// to root and every attempt is refused; the output arrives whole. The
+// command also writes a termination message saying output was lost: the
+// gate replaces it when it exits, so the run reports no error.
+func TestCommandCannotReachTheGate(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	script := `echo "owner=$(stat -c %u /proc/1/fd)"
+for fd in 0 1 2; do
+  if (echo 'ack 999999999 999999999' >/proc/1/fd/$fd) 2>/dev/null; then echo "fd$fd=open"; else echo "fd$fd=refused"; fi
+done
+printf '` + podhelper.UnacknowledgedPrefix + `forged' >` + podhelper.TerminationLog + ` && echo log=written
+head -c 200000 /dev/zero | tr '\0' z
+echo end`
+	var out, errOut lockedbuf.Buffer
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", script},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "forge"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
+	pol := sandbox.DefaultPolicy()
+	pol.NanoCPUs = 500_000_000
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	res := h.Wait(t.Context())
+	require.NoError(t, res.Err)
+	require.Equal(t, 0, res.ExitCode, "stderr: %s", errOut.String())
+	want := "owner=0\nfd0=refused\nfd1=refused\nfd2=refused\nlog=written\n" + strings.Repeat("z", 200000) + "end\n"
+	got := out.String()
+	require.Equal(t, len(want), len(got), "stdout: %.200q", got)
+	assert.True(t, want == got, "stdout differs: %.200q", got)
+	assert.Empty(t, errOut.String())
+	require.NoError(t, h.Close(t.Context()))
+}
+
+// stallWriter blocks its first write for stall, then accepts everything.
+type stallWriter struct {
+	stall time.Duration
+	once  sync.Once
+	buf   lockedbuf.Buffer
+}
+
+func (w *stallWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { time.Sleep(w.stall) })
+	return w.buf.Write(p)
+}
+
+// TestStalledReaderIsReportedAsIncompleteOutput stalls the executor's
+// stdout writer longer than the gate waits without progress: the run
+// container exits without the acknowledgement, and the run reports its
+// output as possibly incomplete, with the command's real exit status.
+func TestStalledReaderIsReportedAsIncompleteOutput(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e, WithAckIdle(2*time.Second))
+	out := &stallWriter{stall: 8 * time.Second}
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo out; exit 3"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "stall"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
+	pol := sandbox.DefaultPolicy()
+	pol.NanoCPUs = 500_000_000
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: out})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	res := h.Wait(t.Context())
+	require.ErrorIs(t, res.Err, ErrOutputIncomplete)
+	assert.Contains(t, res.Err.Error(), "no progress forwarding or acknowledging output for 2s")
+	assert.Equal(t, 3, res.ExitCode, "the status is the command's")
+	require.NoError(t, h.Close(t.Context()))
 }

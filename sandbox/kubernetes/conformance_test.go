@@ -65,15 +65,15 @@ func (h *harness) NewBackend(t *testing.T) sandbox.Backend { return newTestBacke
 
 func (h *harness) Capabilities() sandboxtest.Capabilities {
 	return sandboxtest.Capabilities{
-		OOM:    true,
-		Reaper: h,
+		OOM: true,
+		// The gate holds the run container's exit until the executor
+		// acknowledged every byte of its output.
+		LagTolerant: true,
+		Reaper:      h,
 		Gaps: map[string]string{
 			"Confinement": "a Pod has no open-files ulimit and no pids limit of its own (the kubelet's podPidsLimit is node-wide), " +
 				"and it has its own network interface, whose traffic the run's NetworkPolicy denies, rather than none",
 			"Runtimes": "the test cluster has no gVisor RuntimeClass",
-			"LagTolerant": "the attach stream ends when the run container exits: bytes still in flight to a reader " +
-				"that lags far behind are lost (seen: 45 KB of 8 MiB); the gate does not yet hold the container's " +
-				"exit until the executor acknowledged every byte",
 		},
 	}
 }

@@ -69,6 +69,9 @@ type podConfig struct {
 	// Sockets are the data volume paths the keeper serves through the
 	// model tunnel.
 	Sockets []string
+	// AckIdle bounds the gate's wait for the executor's acknowledgements
+	// without progress; 0 keeps the gate's default.
+	AckIdle time.Duration
 }
 
 // Helper containers' resources: small and fixed.
@@ -144,7 +147,7 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, cfg podConfig) (converted, e
 					Name:            ContainerRun,
 					Image:           spec.Image,
 					ImagePullPolicy: corev1.PullNever,
-					Command:         podhelper.GateCommand(argv),
+					Command:         podhelper.GateCommand(argv, cfg.AckIdle),
 					WorkingDir:      spec.WorkingDir,
 					Env:             env,
 					Stdin:           true,

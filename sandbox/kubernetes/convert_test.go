@@ -205,6 +205,7 @@ func TestConvertOptions(t *testing.T) {
 	cfg := testConfig()
 	cfg.RuntimeClass = "gvisor"
 	cfg.SeccompLocalhost = "taskrun/seccomp.json"
+	cfg.AckIdle = 1500 * time.Millisecond
 	pol := sandbox.DefaultPolicy()
 	pol.User = "20001:30001"
 	pol.NanoCPUs = 250_000_000
@@ -217,6 +218,8 @@ func TestConvertOptions(t *testing.T) {
 	assert.Equal(t, int64(30001), *pod.Spec.SecurityContext.RunAsGroup)
 	run := runContainer(t, pod)
 	assert.Equal(t, "250m", run.Resources.Limits.Cpu().String())
+	assert.Equal(t, []string{podhelper.Path, "gate", "--ack-idle", "1.5s", "--", "/.taskrun/bin/taskrun-probe", "--", "sh", "-c", "echo hi"},
+		run.Command)
 	// Requests never exceed limits.
 	assert.Equal(t, "32Mi", run.Resources.Requests.Memory().String())
 }

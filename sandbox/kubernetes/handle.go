@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,11 @@ const pollInterval = 200 * time.Millisecond
 // ErrPodFailed is wrapped when the Pod could not run the command: the fill
 // failed, an image is missing, the Pod was evicted or refused.
 var ErrPodFailed = errors.New("run pod failed")
+
+// ErrOutputIncomplete is wrapped in a Result's Err when the run container
+// exited before the executor acknowledged all of its output (the executor
+// took in nothing for podhelper.DefaultAckIdle): the tail may be missing.
+var ErrOutputIncomplete = errors.New("run output may be incomplete")
 
 // errFillEnded is what a fill stream writer sees when the attach session to
 // the fill container ended before it read the whole stream.
@@ -45,9 +51,13 @@ type handle struct {
 	gate      *io.PipeWriter
 	// stderrFilter removes the gate's tokens from the run's stderr.
 	stderrFilter *podhelper.GateFilter
-	attached     bool
-	pumpDone     chan struct{}
-	pumpErr      error
+	// acker counts the output received and acknowledges it to the gate,
+	// which holds the container's exit until every byte is acknowledged.
+	acker    *podhelper.Acker
+	ackDone  chan struct{}
+	attached bool
+	pumpDone chan struct{}
+	pumpErr  error
 
 	waitOnce  sync.Once
 	result    sandbox.Result
@@ -101,11 +111,12 @@ func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) e
 	pr, pw := io.Pipe()
 	h.gate = pw
 	h.attached = true
+	h.acker = podhelper.NewAcker()
 	// The gate repeats its token on stderr until released: the first token
 	// that arrives proves the session receives stderr and stdout (attached
 	// first), so the command, started only now, loses no byte.
 	announced := make(chan struct{})
-	h.stderrFilter = podhelper.NewGateFilter(h.streams.Stderr, func() { close(announced) })
+	h.stderrFilter = podhelper.NewGateFilter(h.acker.Stderr(h.streams.Stderr), func() { close(announced) })
 	go h.pump(pr)
 	select {
 	case <-announced:
@@ -127,15 +138,28 @@ func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) e
 		return fmt.Errorf("attach to pod %s: %w", h.name, context.Cause(ctx))
 	}
 	h.started = time.Now()
+	// From now on the gate's stdin carries the acknowledgements; they end
+	// with the attach session (pump closes the pipe's reader).
+	h.ackDone = make(chan struct{})
+	go func() {
+		defer close(h.ackDone)
+		if err := h.acker.Run(h.runCtx, pw, 0); err != nil {
+			h.b.log.Debug("acknowledgements ended", "pod", h.name, "err", err)
+		}
+	}()
 	return nil
 }
 
-// pump attaches to the run container until it exits.
+// pump attaches to the run container until it exits. The gate exits only
+// once the acknowledgements cover every byte it forwarded, so the session
+// ends with the output delivered.
 func (h *handle) pump(stdin io.Reader) {
 	defer close(h.pumpDone)
-	h.pumpErr = errors.Join(
-		h.b.attach(h.runCtx, h.name, ContainerRun, streamIO{Stdin: stdin, Stdout: h.streams.Stdout, Stderr: h.stderrFilter}),
-		h.stderrFilter.Flush())
+	err := h.b.attach(h.runCtx, h.name, ContainerRun, streamIO{Stdin: stdin, Stdout: h.acker.Stdout(h.streams.Stdout), Stderr: h.stderrFilter})
+	// Acknowledgements written from now on fail; the session's stdin copy,
+	// which may outlive the session, sees a clean end.
+	h.gate.Close()
+	h.pumpErr = errors.Join(err, h.stderrFilter.Flush())
 }
 
 // fill sends the Spec's mounts to the fill container and waits for it to
@@ -288,6 +312,9 @@ func (h *handle) wait(ctx context.Context) sandbox.Result {
 		if res.FinishedAt.Before(res.StartedAt) {
 			res.FinishedAt = res.StartedAt
 		}
+		if why, ok := strings.CutPrefix(term.Message, podhelper.UnacknowledgedPrefix); ok {
+			errs = append(errs, fmt.Errorf("%w: pod %s: %s", ErrOutputIncomplete, h.name, why))
+		}
 	}
 	errs = append(errs, h.stdout.Err(), h.stderr.Err(), h.copyOut(dctx))
 	res.Err = errors.Join(errs...)
@@ -406,6 +433,9 @@ func (h *handle) release() {
 	}
 	if h.attached {
 		<-h.pumpDone
+	}
+	if h.ackDone != nil {
+		<-h.ackDone
 	}
 }
 

@@ -10,7 +10,10 @@
 //     helper program into a second emptyDir;
 //   - run, the Spec's image, starts the helper's gate, which holds the
 //     command until the executor is attached to the container's output (it
-//     releases the gate with one byte on stdin), so no byte is lost;
+//     releases the gate with one byte on stdin), and holds the container's
+//     exit until the executor acknowledged every byte of that output on the
+//     same stdin (podhelper's ack.go), so no byte is lost, however far the
+//     executor's reader lags;
 //   - keep, of the helper image, keeps the Pod and its data volume alive
 //     after the run container exited, until the executor has copied the
 //     read-write mounts back over exec and deleted the Pod.
@@ -81,6 +84,7 @@ type Backend struct {
 	stopGrace        time.Duration
 	expirySlack      time.Duration
 	startTimeout     time.Duration
+	ackIdle          time.Duration
 	instance         string
 	now              func() time.Time
 
@@ -127,6 +131,12 @@ func WithExpirySlack(d time.Duration) Option { return func(b *Backend) { b.expir
 
 // WithStartTimeout bounds how long Start waits for the Pod to start.
 func WithStartTimeout(d time.Duration) Option { return func(b *Backend) { b.startTimeout = d } }
+
+// WithAckIdle sets how long the run container's gate, once the command
+// exited, waits for the executor's acknowledgement of its output while
+// nothing moves (default podhelper.DefaultAckIdle). Past it the container
+// exits and the run's Result reports ErrOutputIncomplete.
+func WithAckIdle(d time.Duration) Option { return func(b *Backend) { b.ackIdle = d } }
 
 // WithInstance labels every Pod with the executor's instance ID
 // (sandbox.LabelInstance), so that Reap run by another executor leaves them
@@ -269,6 +279,7 @@ func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time
 		Instance:         b.instance,
 		Created:          created,
 		Slack:            b.expirySlack,
+		AckIdle:          b.ackIdle,
 	}
 }
 

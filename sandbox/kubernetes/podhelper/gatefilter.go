@@ -7,7 +7,9 @@ import (
 )
 
 // GateFilter passes the run container's stderr on to w without the gate's
-// leading tokens, and calls seen once, at the first token.
+// leading tokens and its open marker (GateOpen), and calls seen once, at
+// the first token. Everything after the marker passes through, even bytes
+// that look like a token.
 type GateFilter struct {
 	w       io.Writer
 	seen    func()
@@ -33,8 +35,12 @@ func (f *GateFilter) Write(p []byte) (int, error) {
 			f.pending = f.pending[len(GateToken):]
 			f.once.Do(f.seen)
 			continue
-		case len(f.pending) < len(GateToken) && bytes.HasPrefix([]byte(GateToken), f.pending):
-			return len(p), nil // maybe a token, not complete yet
+		case bytes.HasPrefix(f.pending, []byte(GateOpen)):
+			f.pending = f.pending[len(GateOpen):]
+			f.through = true
+		case len(f.pending) < len(GateToken) && bytes.HasPrefix([]byte(GateToken), f.pending),
+			len(f.pending) < len(GateOpen) && bytes.HasPrefix([]byte(GateOpen), f.pending):
+			return len(p), nil // maybe a token or the marker, not complete yet
 		}
 		break
 	}

@@ -8,12 +8,16 @@
 //   - fill DATA BIN, the Pod's init container: copies itself to BIN, where
 //     the run container finds it, and extracts the run's mounts from a fill
 //     stream (stream.go) read on stdin into the data volume DATA.
-//   - gate -- CMD..., the run container's first process: it waits for one
-//     byte on stdin, which the executor sends only once it is attached to
-//     the container's output, so not a byte of output is lost; then it runs
-//     CMD as its child with stdin on /dev/null, forwards signals to it, reaps
-//     orphans, and exits with CMD's status (128+signal when killed), as an
-//     init process does for Docker's --init.
+//   - gate [--ack-idle D] [--termination-log PATH] -- CMD..., the run
+//     container's first process: it
+//     waits for one byte on stdin, which the executor sends only once it is
+//     attached to the container's output, so not a byte of output is lost;
+//     then it runs CMD as its child with stdin on /dev/null, forwards its
+//     stdout and stderr, forwards signals to it, reaps orphans, and exits
+//     with CMD's status (128+signal when killed), as an init process does
+//     for Docker's --init, but only once the executor acknowledged every
+//     byte of that output (ack.go), or D passed without progress; its
+//     termination message (PATH) then says whether output may be lost.
 //   - stop GRACE, exec'd in the run container to stop it: SIGTERM to the gate
 //     (which forwards it), and after GRACE SIGKILL to every process.
 //   - hold, the keeper container: it keeps the Pod, and so the data volume,
@@ -36,6 +40,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -76,11 +82,12 @@ func Main(args []string) int {
 		}
 		err = fill(ctx, os.Stdin, args[1], args[2])
 	case "gate":
-		if len(args) < 3 || args[1] != "--" {
-			err = errors.New("usage: taskrun-pod gate -- CMD [ARG...]")
+		opts, argv, perr := parseGateArgs(args[1:])
+		if perr != nil {
+			err = perr
 			break
 		}
-		return gate(os.Stdin, args[2:])
+		return gate(os.Stdin, argv, opts)
 	case "stop":
 		var grace time.Duration
 		if len(args) == 2 {
@@ -200,16 +207,36 @@ const (
 	gateIntervalMax = 200 * time.Millisecond
 )
 
+// GateOpen is what the gate writes on stderr once released, right before
+// it starts the command: the executor removes it with the leading tokens,
+// and counts stderr from there on (ack.go).
+const GateOpen = "\x00taskrun-pod-gate-open\x00\n"
+
+// TerminationLog is the run container's termination message file (the
+// Pod's default terminationMessagePath).
+const TerminationLog = "/dev/termination-log"
+
+// UnacknowledgedPrefix starts the run container's termination message when
+// the gate exited before the executor acknowledged all of the output: the
+// executor then reports the output as incomplete.
+const UnacknowledgedPrefix = "taskrun-pod gate: output not acknowledged: "
+
 // gate waits for the executor's byte on stdin, announcing itself on stderr
-// meanwhile, then runs argv as init.
-func gate(stdin *os.File, argv []string) int {
+// meanwhile, then runs argv as init and holds its exit until the executor
+// acknowledged all of argv's output, or opts.ackIdle passed without
+// progress.
+func gate(stdin *os.File, argv []string, opts gateOptions) int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
+	l := newLedger(2)
 	released := make(chan bool, 1)
 	go func() {
 		var b [1]byte
 		n, _ := stdin.Read(b[:])
 		released <- n == 1
+		if n == 1 {
+			readAcks(stdin, l)
+		}
 	}()
 	ok := false
 	for d := gateIntervalMin; ; d = min(2*d, gateIntervalMax) {
@@ -227,29 +254,100 @@ func gate(stdin *os.File, argv []string) int {
 		fmt.Fprintln(os.Stderr, "taskrun-pod gate: stdin closed before the executor attached; not starting the command")
 		return GateClosedExitCode
 	}
+	// Not dumpable: the command runs as the same user, and must not open the
+	// gate's stdin (to forge acknowledgements) or its stdout and stderr (to
+	// write past the count) through /proc/1/fd.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "taskrun-pod gate: make the gate undumpable:", err)
+		return GateClosedExitCode
+	}
+	if _, err := os.Stderr.WriteString(GateOpen); err != nil {
+		return GateClosedExitCode
+	}
+	stdout := &countingWriter{w: os.Stdout, l: l}
+	stderr := &countingWriter{w: os.Stderr, l: l, stderr: true}
+	code, reaped := runForwarding(argv, stdout, stderr, l, sigs)
+	// Whatever the outcome, the status is the command's, and a stalled or
+	// gone executor must not keep the Pod. The termination message says
+	// whether output may be lost; it is the gate's alone once everything
+	// the command left is gone, so the command can neither forge nor clear
+	// it.
+	msg := ""
+	if err := l.settle(opts.ackIdle); err != nil {
+		msg = UnacknowledgedPrefix + err.Error()
+	}
+	select {
+	case <-reaped:
+	case <-time.After(time.Second):
+	}
+	writeTerminationMessage(opts.terminationLog, msg)
+	return code
+}
+
+// writeTerminationMessage replaces the content of the termination message
+// file at path, when there is one, with msg.
+func writeTerminationMessage(path, msg string) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return
+	}
+	_, _ = f.WriteString(msg)
+	_ = f.Close()
+}
+
+// runForwarding runs argv with its stdout and stderr on pipes that it
+// forwards to stdout and stderr, forwards signals to it, reaps orphans, and
+// returns its status once it exited. As init of the container it then kills
+// what argv left running, which would hold the pipes open; reaped is closed
+// once they are all gone.
+func runForwarding(argv []string, stdout, stderr io.Writer, l *ledger, sigs <-chan os.Signal) (code int, reaped <-chan struct{}) {
+	done := make(chan struct{})
+	fail := func(code int, format string, args ...any) (int, <-chan struct{}) {
+		fmt.Fprintf(stderr, "taskrun-pod gate: "+format+"\n", args...)
+		l.streamDone()
+		l.streamDone()
+		close(done)
+		return code, done
+	}
 	null, err := os.Open(os.DevNull)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "taskrun-pod gate:", err)
-		return GateClosedExitCode
+		return fail(GateClosedExitCode, "%v", err)
 	}
-	if err := syscall.Dup2(int(null.Fd()), 0); err != nil {
-		fmt.Fprintln(os.Stderr, "taskrun-pod gate:", err)
-		return GateClosedExitCode
-	}
-	null.Close()
+	defer null.Close()
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "taskrun-pod gate: %v\n", err)
-		return 127
+		return fail(127, "%v", err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return fail(126, "%v", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return fail(126, "%v", err)
 	}
 	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
 		Env:   os.Environ(),
-		Files: []uintptr{0, 1, 2},
+		Files: []uintptr{null.Fd(), outW.Fd(), errW.Fd()},
 	})
+	outW.Close()
+	errW.Close()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "taskrun-pod gate: start %s: %v\n", argv[0], err)
-		return 126
+		outR.Close()
+		errR.Close()
+		return fail(126, "start %s: %v", argv[0], err)
 	}
+	forward := func(dst io.Writer, src *os.File) {
+		defer l.streamDone()
+		// On a failed write, closing the pipe fails the command's writes
+		// instead of blocking them.
+		defer src.Close()
+		_, _ = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 32<<10))
+	}
+	go forward(stdout, outR)
+	go forward(stderr, errR)
 	go func() {
 		for s := range sigs {
 			_ = syscall.Kill(pid, s.(syscall.Signal))
@@ -262,16 +360,40 @@ func gate(stdin *os.File, argv []string) int {
 			continue
 		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "taskrun-pod gate: wait:", err)
-			return 1
+			fmt.Fprintln(stderr, "taskrun-pod gate: wait:", err)
+			code = 1
+			break
 		}
 		if got != pid {
 			continue // an orphan reaped
 		}
 		if ws.Signaled() {
-			return 128 + int(ws.Signal())
+			code = 128 + int(ws.Signal())
+		} else {
+			code = ws.ExitStatus()
 		}
-		return ws.ExitStatus()
+		break
+	}
+	if os.Getpid() != 1 {
+		close(done)
+		return code, done
+	}
+	// The container would end them as it exits; ending them now closes the
+	// pipes they hold, so the forwarding reaches its end.
+	_ = syscall.Kill(-1, syscall.SIGKILL)
+	go reapOrphans(done)
+	return code, done
+}
+
+// reapOrphans reaps the processes killed after the command exited, and
+// closes done when none is left.
+func reapOrphans(done chan<- struct{}) {
+	defer close(done)
+	for {
+		var ws syscall.WaitStatus
+		if _, err := syscall.Wait4(-1, &ws, 0, nil); err != nil && !errors.Is(err, syscall.EINTR) {
+			return
+		}
 	}
 }
 
@@ -300,6 +422,43 @@ func holdServing(control string, sockets []string) error {
 	return Serve(ctx, control, sockets)
 }
 
+// gateOptions are the gate's flags.
+type gateOptions struct {
+	// ackIdle bounds the wait for acknowledgements without progress.
+	ackIdle time.Duration
+	// terminationLog is the container's termination message file.
+	terminationLog string
+}
+
+// parseGateArgs parses "[--ack-idle D] [--termination-log PATH] -- CMD
+// [ARG...]".
+func parseGateArgs(args []string) (gateOptions, []string, error) {
+	usage := errors.New("usage: taskrun-pod gate [--ack-idle DURATION] [--termination-log PATH] -- CMD [ARG...]")
+	opts := gateOptions{ackIdle: DefaultAckIdle, terminationLog: TerminationLog}
+	for len(args) >= 2 && args[0] != "--" {
+		switch args[0] {
+		case "--ack-idle":
+			d, err := time.ParseDuration(args[1])
+			if err != nil || d <= 0 {
+				return gateOptions{}, nil, usage
+			}
+			opts.ackIdle = d
+		case "--termination-log":
+			if args[1] == "" || args[1] == "--" {
+				return gateOptions{}, nil, usage
+			}
+			opts.terminationLog = args[1]
+		default:
+			return gateOptions{}, nil, usage
+		}
+		args = args[2:]
+	}
+	if len(args) < 2 || args[0] != "--" {
+		return gateOptions{}, nil, usage
+	}
+	return opts, args[1:], nil
+}
+
 // StopCommand is the command that stops the run container with grace.
 func StopCommand(grace time.Duration) []string {
 	return []string{Path, "stop", grace.String()}
@@ -315,9 +474,15 @@ func FillCommand() []string {
 	return []string{ImagePath, "fill", DataDir, BinDir}
 }
 
-// GateCommand is the run container's command: the gate in front of argv.
-func GateCommand(argv []string) []string {
-	return append([]string{Path, "gate", "--"}, argv...)
+// GateCommand is the run container's command: the gate in front of argv,
+// waiting up to ackIdle without progress for the executor's
+// acknowledgements (0: DefaultAckIdle).
+func GateCommand(argv []string, ackIdle time.Duration) []string {
+	cmd := []string{Path, "gate"}
+	if ackIdle > 0 {
+		cmd = append(cmd, "--ack-idle", ackIdle.String())
+	}
+	return append(append(cmd, "--"), argv...)
 }
 
 // HoldCommand is the keeper's command; with sockets, it serves them as the
