@@ -17,14 +17,21 @@ func holdPath(t *testing.T) string {
 	return filepath.Join(t.TempDir(), ".hold", "audit.sock")
 }
 
-func TestHoldReleaseLetsTheAgentStart(t *testing.T) {
-	path := holdPath(t)
+// releaseAndAwait holds at path, releases the hold and checks that the
+// self-check's wait on it gets the go-ahead.
+func releaseAndAwait(t *testing.T, path string) {
+	t.Helper()
 	h, err := ListenHold(path, os.Getuid(), "n1")
 	require.NoError(t, err)
 	released := make(chan error, 1)
 	go func() { released <- h.Release(context.Background()) }()
 	require.NoError(t, AwaitGoAhead(context.Background(), path, "n1", 10*time.Second))
 	require.NoError(t, <-released)
+}
+
+func TestHoldReleaseLetsTheAgentStart(t *testing.T) {
+	path := holdPath(t)
+	releaseAndAwait(t, path)
 	assert.NoFileExists(t, path, "the socket is gone once used")
 	assert.NoDirExists(t, filepath.Dir(path))
 }
@@ -109,11 +116,5 @@ func TestHoldOnALongPath(t *testing.T) {
 	for len(dir) < 150 {
 		dir = filepath.Join(dir, "a-long-directory-name")
 	}
-	path := filepath.Join(dir, ".hold", "audit.sock")
-	h, err := ListenHold(path, os.Getuid(), "n1")
-	require.NoError(t, err)
-	released := make(chan error, 1)
-	go func() { released <- h.Release(context.Background()) }()
-	require.NoError(t, AwaitGoAhead(context.Background(), path, "n1", 10*time.Second))
-	require.NoError(t, <-released)
+	releaseAndAwait(t, filepath.Join(dir, ".hold", "audit.sock"))
 }
