@@ -5,7 +5,9 @@
 //
 //  1. Start creates the container with the Spec and Policy applied, attaches to
 //     its output streams *before* starting it, and starts it. On error nothing is
-//     left behind.
+//     left behind. A Creator splits it: Create, then Created.Start (or
+//     Created.Discard), so the caller can prepare what the container needs
+//     only once it runs while the engine creates it.
 //  2. Handle.Posture may be called any number of times while the run is live.
 //  3. Handle.Wait blocks until the container exits, the Spec's timeout passes or
 //     ctx is cancelled. On timeout or cancellation it stops the container (SIGTERM,
@@ -31,6 +33,29 @@ import (
 type Backend interface {
 	// Start creates, attaches and starts a container for spec under policy.
 	Start(ctx context.Context, spec Spec, policy Policy, streams Streams) (Handle, error)
+}
+
+// Creator is implemented by backends that can create a container before
+// starting it. Backend.Start stays the one-call equivalent.
+type Creator interface {
+	// Create creates the container for spec under policy and does not start
+	// it. The spec's bind-mount sources must exist; what they hold is read
+	// only when the container starts. On error nothing is left behind.
+	Create(ctx context.Context, spec Spec, policy Policy) (Created, error)
+}
+
+// Created is a container created and not started. Exactly one of Start and
+// Discard must be called, from one goroutine.
+type Created interface {
+	// ID is the backend's identifier for the container.
+	ID() string
+	// Start attaches to the container's output and starts it, as
+	// Backend.Start does once it created it. On error the container is
+	// removed.
+	Start(ctx context.Context, streams Streams) (Handle, error)
+	// Discard removes the container without starting it, on a context that
+	// should not be cancelled with the run's.
+	Discard(ctx context.Context) error
 }
 
 // EngineDescriber is implemented by backends that can describe the host

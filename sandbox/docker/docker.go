@@ -153,6 +153,15 @@ func (b *Backend) Close() error { return b.api.Close() }
 // Start creates the container, attaches to its output, registers a wait for its
 // exit and starts it. On error nothing is left behind.
 func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
+	c, err := b.Create(ctx, spec, pol)
+	if err != nil {
+		return nil, err
+	}
+	return c.Start(ctx, streams)
+}
+
+// Create creates the run's container without starting it (sandbox.Creator).
+func (b *Backend) Create(ctx context.Context, spec sandbox.Spec, pol sandbox.Policy) (sandbox.Created, error) {
 	if err := pol.Validate(); err != nil {
 		return nil, err
 	}
@@ -162,8 +171,7 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 	if spec.StopGrace <= 0 {
 		spec.StopGrace = b.stopGrace
 	}
-	rec := timings.FromContext(ctx)
-	stopCreate := rec.Start(timings.Create)
+	defer timings.FromContext(ctx).Start(timings.Create)()
 	spec, err := b.resolveWrapper(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -176,18 +184,38 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 		// still being removed: keep it recognisable and make it unique.
 		created, err = b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name+"-"+strings.ToLower(rand.Text()[:8]))
 	}
-	stopCreate()
 	if err != nil {
 		return nil, b.createError(spec, err)
 	}
-	h := newHandle(b, created.ID, spec, streams)
-	if err := h.start(ctx, rec); err != nil {
+	return &createdContainer{b: b, id: created.ID, spec: spec, pol: pol}, nil
+}
+
+// createdContainer is a container Create made (sandbox.Created).
+type createdContainer struct {
+	b    *Backend
+	id   string
+	spec sandbox.Spec
+	pol  sandbox.Policy
+}
+
+func (c *createdContainer) ID() string { return c.id }
+
+// Start attaches to the container, registers the wait for its exit and
+// starts it.
+func (c *createdContainer) Start(ctx context.Context, streams sandbox.Streams) (sandbox.Handle, error) {
+	h := newHandle(c.b, c.id, c.spec, streams)
+	if err := h.start(ctx, timings.FromContext(ctx)); err != nil {
 		h.discard(ctx)
 		return nil, err
 	}
-	b.register(h)
-	b.log.DebugContext(ctx, "sandbox started", "container", h.id, "run", spec.Run.RunID, "image", spec.Image, "runtime", pol.Runtime)
+	c.b.register(h)
+	c.b.log.DebugContext(ctx, "sandbox started", "container", h.id, "run", c.spec.Run.RunID, "image", c.spec.Image, "runtime", c.pol.Runtime)
 	return h, nil
+}
+
+// Discard removes the container, never started.
+func (c *createdContainer) Discard(ctx context.Context) error {
+	return c.b.removeContainer(ctx, c.id)
 }
 
 // resolveWrapper puts a Spec.Wrapper in front of the command the container

@@ -59,6 +59,7 @@ type Backend struct {
 	host     sandbox.HostFacts
 	maxGrace time.Duration
 	live     map[string]*handle
+	pending  map[string]*created
 	started  []sandbox.Spec
 	resolved []string
 }
@@ -125,14 +126,19 @@ func (b *Backend) Install(name string, p Program) {
 	b.programs[name] = p
 }
 
-// Containers returns the IDs of the containers that were started and not
-// yet closed whose labels include all of labels.
+// Containers returns the IDs of the containers that exist (created, and
+// neither discarded nor closed) whose labels include all of labels.
 func (b *Backend) Containers(labels map[string]string) []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var ids []string
 	for id, h := range b.live {
 		if hasLabels(h.labels, labels) {
+			ids = append(ids, id)
+		}
+	}
+	for id, c := range b.pending {
+		if hasLabels(c.labels, labels) {
 			ids = append(ids, id)
 		}
 	}
@@ -199,8 +205,19 @@ func (b *Backend) HostFacts(ctx context.Context) (sandbox.HostFacts, error) {
 // would (policy, image, bind-mount sources), then runs the Program in a
 // goroutine whose output goes to streams.
 func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, policy sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
+	c, err := b.Create(ctx, spec, policy)
+	if err != nil {
+		return nil, err
+	}
+	return c.Start(ctx, streams)
+}
+
+// Create implements sandbox.Creator: it validates the input as Start does
+// and picks the Program; the container counts as Pending until it is
+// started or discarded.
+func (b *Backend) Create(ctx context.Context, spec sandbox.Spec, policy sandbox.Policy) (sandbox.Created, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("start container: %w", err)
+		return nil, fmt.Errorf("create container: %w", err)
 	}
 	if err := policy.Validate(); err != nil {
 		return nil, err
@@ -216,12 +233,11 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, policy sandbox.P
 			return nil, fmt.Errorf("sandboxfake: bind source: %w", err)
 		}
 	}
-	rec := timings.FromContext(ctx)
-	stopCreate := rec.Start(timings.Create)
+	defer timings.FromContext(ctx).Start(timings.Create)()
 	args := command(spec)
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if err := b.startErr; err != nil {
-		b.mu.Unlock()
 		return nil, fmt.Errorf("%w: %w", ErrStart, err)
 	}
 	prog := b.def
@@ -230,20 +246,70 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, policy sandbox.P
 			prog = p
 		}
 	}
-	b.mu.Unlock()
 	if prog == nil {
 		return nil, fmt.Errorf("%w %q: Install one or set WithDefault", ErrNoProgram, args)
 	}
+	c := &created{b: b, id: newID(), spec: spec, policy: policy, labels: labels(spec, time.Now()), args: args, prog: prog}
+	if b.pending == nil {
+		b.pending = map[string]*created{}
+	}
+	b.pending[c.id] = c
+	return c, nil
+}
 
-	h := newHandle(b, spec, policy, streams, args)
+// Pending counts the containers created and neither started nor discarded.
+func (b *Backend) Pending() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.pending)
+}
+
+// created is a container Create made (sandbox.Created).
+type created struct {
+	b      *Backend
+	id     string
+	labels map[string]string
+	spec   sandbox.Spec
+	policy sandbox.Policy
+	args   []string
+	prog   Program
+	done   bool
+}
+
+func (c *created) ID() string { return c.id }
+
+// Start runs the container's Program.
+func (c *created) Start(ctx context.Context, streams sandbox.Streams) (sandbox.Handle, error) {
+	if err := c.settle(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("start container: %w", err)
+	}
+	b := c.b
+	h := newHandle(b, c.spec, c.policy, streams, c.args)
 	b.mu.Lock()
 	b.live[h.id] = h
-	b.started = append(b.started, spec)
+	b.started = append(b.started, c.spec)
 	b.mu.Unlock()
-	stopCreate()
-	defer rec.Start(timings.Start)()
-	go h.run(prog)
+	defer timings.FromContext(ctx).Start(timings.Start)()
+	go h.run(c.prog)
 	return h, nil
+}
+
+// Discard forgets the container.
+func (c *created) Discard(context.Context) error { return c.settle() }
+
+// settle ends the container's pending state, once.
+func (c *created) settle() error {
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	if c.done {
+		return errors.New("sandboxfake: container already started or discarded")
+	}
+	c.done = true
+	delete(c.b.pending, c.id)
+	return nil
 }
 
 // command is the argv a container runs: the Wrapper, then the entrypoint

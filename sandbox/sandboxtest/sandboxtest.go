@@ -142,6 +142,7 @@ func Run(t *testing.T, h Harness) {
 		{"Runtime", s.testRuntime},
 		{"StartFailureLeavesNothing", s.testStartFailure},
 		{"CloseWithoutWait", s.testCloseWithoutWait},
+		{"CreateAhead", s.testCreateAhead},
 		{"Reaper", s.testReaper},
 	}
 	for _, c := range cases {
@@ -672,6 +673,50 @@ func (s *suite) testCloseWithoutWait(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, h.Close(ctx))
 	require.NoError(t, h.Close(ctx))
+	s.requireNoLeftovers(t, labels)
+}
+
+// testCreateAhead checks a sandbox.Creator: a container created ahead sees
+// what its bind-mount source holds when it starts, not when it was created
+// (the executor fills the run directory meanwhile); one discarded instead
+// leaves nothing.
+func (s *suite) testCreateAhead(t *testing.T) {
+	ctx := caseContext(t)
+	labels := s.caseLabels(t)
+	b := s.h.NewBackend(t)
+	c, ok := b.(sandbox.Creator)
+	if !ok {
+		t.Skip("the backend creates containers only as it starts them (no sandbox.Creator)")
+	}
+	dir := worldWritableDir(t)
+	var out lockedbuf.Buffer
+	r := s.newRun(t, b, labels, Workload{
+		Script: "cat /in/late",
+		Program: func(_ context.Context, p *sandboxfake.Process) int {
+			data, err := p.ReadFile("/in/late")
+			if err != nil {
+				return 1
+			}
+			_, _ = p.Stdout.Write(data)
+			return 0
+		},
+	})
+	r.spec.Mounts = []sandbox.Mount{{Source: dir, Target: "/in", ReadOnly: true}}
+	created, err := c.Create(ctx, r.spec, r.policy)
+	require.NoError(t, err)
+	require.NotEmpty(t, created.ID())
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "late"), []byte("written after create"), 0o644))
+	h, err := created.Start(ctx, sandbox.Streams{Stdout: &out, Stderr: io.Discard})
+	require.NoError(t, err)
+	res := h.Wait(ctx)
+	require.NoError(t, h.Close(ctx))
+	require.NoError(t, res.Err)
+	assert.Equal(t, 0, res.ExitCode)
+	assert.Equal(t, "written after create", out.String())
+
+	discarded, err := c.Create(ctx, r.spec, r.policy)
+	require.NoError(t, err)
+	require.NoError(t, discarded.Discard(ctx))
 	s.requireNoLeftovers(t, labels)
 }
 
