@@ -41,6 +41,16 @@ type upstream struct {
 // scriptedModelName is what the agent sees as the model of a scripted run.
 const scriptedModelName = "scripted"
 
+// ModelName is the model's name as the agent sees it (TASKRUN_MODEL, the
+// models listing): the configured name, or scriptedModelName for a scripted
+// model, whose configured name is its script.
+func ModelName(m config.ModelEntry) string {
+	if m.Provider == config.ProviderScripted {
+		return scriptedModelName
+	}
+	return m.Name
+}
+
 // newUpstream builds the upstream for cfg.Model.
 func newUpstream(cfg Config) (*upstream, error) {
 	m := cfg.Model
@@ -75,7 +85,7 @@ func newUpstream(cfg Config) (*upstream, error) {
 			apis:       []*modelAPI{chatAPI, responsesAPI, messagesAPI},
 			auth:       func(_, _ http.Header) {},
 			model:      scriptedModelName,
-			publicName: scriptedModelName,
+			publicName: ModelName(m),
 		}, nil
 	default:
 		return nil, fmt.Errorf("%w: provider %q is unknown: use %q, %q or %q", ErrBadConfig, m.Provider, config.ProviderOpenAI, config.ProviderAnthropic, config.ProviderScripted)
@@ -107,7 +117,7 @@ func newKeyedUpstream(cfg Config, baseURL string, apis []*modelAPI, auth func(ke
 		key:        key,
 		auth:       auth(key),
 		model:      m.Name,
-		publicName: m.Name,
+		publicName: ModelName(m),
 	}, nil
 }
 
