@@ -61,14 +61,15 @@ func startGateway(ctx context.Context, p *plan, agent workspace.Owner, budget *r
 	return &runGateway{gw: gw, trace: trace, record: record}, nil
 }
 
-// env is what the agent needs to reach the model.
-func (g *runGateway) env() []string {
-	if g == nil {
+// gatewayEnv is what the agent needs to reach the run's model, when it has
+// one: the gateway's socket and the model's name.
+func gatewayEnv(p *plan) []string {
+	if p.in.Model.IsZero() {
 		return nil
 	}
 	return []string{
 		"TASKRUN_MODEL_SOCKET=" + model.ContainerRunDir + "/" + model.GatewaySocketPath,
-		"TASKRUN_MODEL=" + g.gw.ModelName(),
+		"TASKRUN_MODEL=" + gateway.ModelName(p.in.Model),
 	}
 }
 

@@ -48,10 +48,11 @@ type isolation struct {
 	// imageDigest names the image the run used (its repo digest, else its
 	// ID); empty keeps the posture's image ID.
 	imageDigest string
-	// hold keeps the agent from starting until the live audit passed; nil
-	// without the self-check, or where the container does not share the
-	// run directory's sockets (a Kubernetes Pod).
-	hold *probe.Hold
+	// holds says the self-check waits for the host's go-ahead (hold): where
+	// the container shares the run directory's sockets (not a Kubernetes
+	// Pod). hold is the host's side once listening.
+	holds bool
+	hold  *probe.Hold
 }
 
 // newIsolation prepares the checks of a run of p under policy (p's policy
@@ -62,6 +63,7 @@ func newIsolation(p *plan, policy sandbox.Policy, backendKind string) *isolation
 		nonce:  strings.ToLower(rand.Text()),
 		expect: expectation(policy, backendKind),
 		opts:   auditOptions(p, policy),
+		holds:  backendKind != sandbox.BackendKubernetes,
 	}
 }
 
@@ -73,32 +75,38 @@ func auditOptions(p *plan, policy sandbox.Policy) audit.Options {
 	}
 }
 
-// apply adds the self-check to spec: the helper files, each mounted
+// wrap adds the self-check to spec: the helper files, each mounted
 // read-only at its own path, and the probe wrapping the container's command,
-// so the agent starts only after the probe reported. It returns the stderr
-// writer that extracts the report.
-func (iso *isolation) apply(spec *sandbox.Spec, files helpers.Files, stderr io.Writer) (io.Writer, error) {
+// so the agent starts only after the probe reported (and, with a hold, got
+// the host's go-ahead).
+func (iso *isolation) wrap(spec *sandbox.Spec, files helpers.Files) error {
 	expect, err := json.Marshal(iso.expect)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	spec.Mounts = append(spec.Mounts, files.Mounts()...)
 	spec.Wrapper = []string{helpers.ProbePath, "--nonce", iso.nonce, "--expect", string(expect)}
-	if iso.hold != nil {
+	if iso.holds {
 		spec.Wrapper = append(spec.Wrapper, probe.HoldFlag, model.ContainerRunDir+"/"+model.HoldSocketPath)
 	}
 	spec.Wrapper = append(spec.Wrapper, "--")
+	return nil
+}
+
+// intercept returns the stderr writer that extracts the self-check's report
+// before stderr.
+func (iso *isolation) intercept(stderr io.Writer) io.Writer {
 	iso.interceptor = probe.NewInterceptor(stderr, iso.nonce)
-	return iso.interceptor, nil
+	return iso.interceptor
 }
 
 // listenHold opens the run's hold in its run directory, shared with the
-// agent's uid, where the backend bind-mounts the run directory (Docker):
-// the self-check then starts the agent only once releaseHold sent the
+// agent's uid, when the self-check holds (a Docker container bind-mounts
+// the run directory): the agent then starts only once releaseHold sent the
 // go-ahead. A Pod has the run directory copied in, not shared, and starts
 // without a hold.
-func (iso *isolation) listenHold(p *plan, uid int, backendKind string) error {
-	if backendKind == sandbox.BackendKubernetes {
+func (iso *isolation) listenHold(p *plan, uid int) error {
+	if !iso.holds {
 		return nil
 	}
 	h, err := probe.ListenHold(filepath.Join(p.dirs.Dir, filepath.FromSlash(model.HoldSocketPath)), uid, iso.nonce)

@@ -66,6 +66,11 @@ func (b loosenedBackend) Start(ctx context.Context, spec sandbox.Spec, p sandbox
 	return b.Backend.Start(ctx, spec, p, s)
 }
 
+func (b loosenedBackend) Create(ctx context.Context, spec sandbox.Spec, p sandbox.Policy) (sandbox.Created, error) {
+	b.loosen(&p)
+	return b.Backend.Create(ctx, spec, p)
+}
+
 // A contradiction between policy and sandbox refuses the run before the agent
 // starts: the self-check sees pids.max 512 where the policy says 256.
 func TestRunTaskProbeContradictionRefusesRun(t *testing.T) {
@@ -168,6 +173,27 @@ func (b slowAuditBackend) Start(ctx context.Context, spec sandbox.Spec, p sandbo
 		return nil, err
 	}
 	return slowAuditHandle{Handle: h, b: b}, nil
+}
+
+func (b slowAuditBackend) Create(ctx context.Context, spec sandbox.Spec, p sandbox.Policy) (sandbox.Created, error) {
+	c, err := b.Backend.Create(ctx, spec, p)
+	if err != nil {
+		return nil, err
+	}
+	return slowAuditCreated{Created: c, b: b}, nil
+}
+
+type slowAuditCreated struct {
+	sandbox.Created
+	b slowAuditBackend
+}
+
+func (c slowAuditCreated) Start(ctx context.Context, s sandbox.Streams) (sandbox.Handle, error) {
+	h, err := c.Created.Start(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	return slowAuditHandle{Handle: h, b: c.b}, nil
 }
 
 type slowAuditHandle struct {

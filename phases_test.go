@@ -27,6 +27,7 @@ import (
 	"github.com/taskrun/taskrun/probe"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/sandboxfake"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
@@ -653,4 +654,24 @@ func TestPhasesModelGateway(t *testing.T) {
 	assert.Equal(t, 0, *out.Result.PromptTokens, "no request, no tokens")
 	assert.Equal(t, "traces/s1/rt_gw1.jsonl", out.Result.TracePath)
 	require.NotNil(t, u.final(t).PromptTokens)
+}
+
+// The engine creates the container while the run directory is prepared; a
+// prepare that fails removes it, never started.
+func TestPhasesPrepareFailureRemovesTheContainerCreatedAhead(t *testing.T) {
+	u := newUnit(t)
+	in := u.input("ahead1", func(_ context.Context, p *sandboxfake.Process) int {
+		write(p.Stdout, "agent ran\n")
+		return 0
+	})
+	in.Run.PreviousRunID = "neverran"
+	out, err := taskrun.Execute(context.Background(), in)
+	require.Error(t, err)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.Contains(t, out.Reason, "session state of run neverran")
+	_, created := timings.Find(out.Timings, timings.Create)
+	require.True(t, created, "the container was created ahead: %v", out.Timings)
+	assert.Zero(t, u.b.Pending(), "the container created ahead is removed")
+	assert.Empty(t, u.b.Started(), "and never started")
+	assert.Empty(t, u.b.Containers(nil))
 }

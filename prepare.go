@@ -104,26 +104,41 @@ func policyOwner(user string) workspace.Owner {
 	return workspace.Owner{UID: uid, GID: gid}
 }
 
-// prepare materializes the run directory: dirs under the disk cap, the
-// user's persistent files and the workspace or the resumed session, the
-// prompt and AGENTS.md. The workdir is returned even on error, for release.
-func prepare(ctx context.Context, p *plan) (*workdir, error) {
+// reserve takes what the run's container is created with: the run's own
+// uid and its (empty) run directory. The workdir is returned even on
+// error, for release.
+func reserve(ctx context.Context, p *plan) (*workdir, error) {
 	wd := &workdir{started: time.Now(), records: records.NewBudget(p.limits.records)}
 	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
-	// The run's uid is leased while its directory is put under the disk
-	// cap: neither needs the other, and only the directories made inside
-	// the cap are the uid's.
-	leased := make(chan error, 1)
-	go func() { leased <- p.timings.Time(timings.UIDLease, func() error { return wd.leaseUID(ctx, p) }) }()
-	capErr := wd.createCappedRunDir(ctx, p)
-	if err := errors.Join(<-leased, capErr); err != nil {
+	if err := p.timings.Time(timings.UIDLease, func() error { return wd.leaseUID(ctx, p) }); err != nil {
 		return wd, err
+	}
+	if p.slot != nil {
+		// The pool made the slot's directory as prepare would, disk cap
+		// included, before starting its container.
+		wd.owned, wd.unmount = true, p.slot.Unmount()
+		return wd, nil
+	}
+	if err := workspace.CreateRunDir(p.dirs); err != nil {
+		return wd, fmt.Errorf("create run directory: %w", err)
+	}
+	wd.owned = true
+	return wd, nil
+}
+
+// prepare materializes the run directory reserve made: dirs under the disk
+// cap, the user's persistent files and the workspace or the resumed session,
+// the prompt and AGENTS.md. The engine may be creating the container
+// meanwhile: it reads the directory only when the container starts.
+func prepare(ctx context.Context, p *plan, wd *workdir) error {
+	if err := wd.capRunDir(ctx, p); err != nil {
+		return err
 	}
 	if err := wd.createRunDirs(p); err != nil {
-		return wd, err
+		return err
 	}
 	if err := os.MkdirAll(p.hostDir, 0o700); err != nil {
-		return wd, fmt.Errorf("create executor directory: %w", err)
+		return fmt.Errorf("create executor directory: %w", err)
 	}
 	stopMaterialize := p.timings.Start(timings.Materialize)
 	defer stopMaterialize()
@@ -131,52 +146,42 @@ func prepare(ctx context.Context, p *plan) (*workdir, error) {
 		// The previous run's home already holds the persistent files and the
 		// workspace as that run left them.
 		if err := restoreSession(ctx, p, prev, wd.owner); err != nil {
-			return wd, err
+			return err
 		}
 	} else if err := materializeHome(ctx, p, wd.owner); err != nil {
-		return wd, err
+		return err
 	}
 	stopMaterialize()
 	p.timings.Time(timings.Snapshot, func() error { snapshotChanges(ctx, p); return nil })
 	if err := os.WriteFile(filepath.Join(p.dirs.Dir, model.PromptFileName), []byte(p.in.Task.Prompt), 0o644); err != nil {
-		return wd, fmt.Errorf("write prompt: %w", err)
+		return fmt.Errorf("write prompt: %w", err)
 	}
 	if err := WriteRunAgentsMd(p.dirs.Dir, p.dirs.Home); err != nil {
-		return wd, fmt.Errorf("write AGENTS.md: %w", err)
+		return fmt.Errorf("write AGENTS.md: %w", err)
 	}
-	return wd, nil
+	return nil
 }
 
-// createCappedRunDir creates the run directory on a size-capped filesystem
-// when the host allows it (root with loop devices: the kernel then enforces
-// the cap, and writes or fallocate past it fail with ENOSPC inside the
-// sandbox), also for runs whose directory outlives them (KeepRunDir: release
-// turns it into a plain copy). Elsewhere a watchdog caps the run during
-// supervise. It touches only what release undoes of the directory (owned,
-// unmount), never the run's owner.
-func (wd *workdir) createCappedRunDir(ctx context.Context, p *plan) error {
-	if p.slot != nil {
-		// The pool made the slot's directory as this would, disk cap
-		// included, before starting its container.
-		wd.owned, wd.unmount = true, p.slot.Unmount()
+// capRunDir puts the run directory under a size-capped filesystem when the
+// host allows it (root with loop devices: the kernel then enforces the cap,
+// and writes or fallocate past it fail with ENOSPC inside the sandbox), also
+// for runs whose directory outlives them (KeepRunDir: release turns it into
+// a plain copy). Elsewhere a watchdog caps the run during supervise. A warm
+// slot's directory is capped already.
+func (wd *workdir) capRunDir(ctx context.Context, p *plan) error {
+	if p.slot != nil || p.limits.disk <= 0 {
 		return nil
 	}
-	if err := workspace.CreateRunDir(p.dirs); err != nil {
-		return fmt.Errorf("create run directory: %w", err)
-	}
-	wd.owned = true
-	if p.limits.disk > 0 {
-		stopCap := p.timings.Start(timings.DiskCap)
-		unmount, err := diskcap.Mount(ctx, p.dirs.Dir, p.limits.disk)
-		stopCap()
-		switch {
-		case err == nil:
-			wd.unmount = unmount
-		case errors.Is(err, diskcap.ErrUnsupported):
-			p.log.Debug("no loop-mounted disk cap; a watchdog enforces it", "reason", err)
-		default:
-			return fmt.Errorf("cap run directory: %w", err)
-		}
+	stopCap := p.timings.Start(timings.DiskCap)
+	unmount, err := diskcap.Mount(ctx, p.dirs.Dir, p.limits.disk)
+	stopCap()
+	switch {
+	case err == nil:
+		wd.unmount = unmount
+	case errors.Is(err, diskcap.ErrUnsupported):
+		p.log.Debug("no loop-mounted disk cap; a watchdog enforces it", "reason", err)
+	default:
+		return fmt.Errorf("cap run directory: %w", err)
 	}
 	return nil
 }

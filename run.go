@@ -34,7 +34,8 @@ func RunTask(ctx context.Context, input RunTaskInput) error {
 //
 //	plan      the input validated, defaulted and frozen (plan.go); a warm
 //	          container claimed from input.WarmPool, if one is ready (warm.go)
-//	prepare   the run directory on the host (prepare.go)
+//	prepare   the run's uid and directory on the host (prepare.go), while
+//	          the engine creates the container where it can (launch.go)
 //	supervise the container, its streams and its live checks (supervise.go)
 //	judge     the verdict on what happened (report.go)
 //	collect   everything the run produced, into blob storage (collect.go)
@@ -90,8 +91,15 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	hard, cancelHard := shutdownContext(ctx, input.ShutdownGrace)
 	defer cancelHard()
 
+	// The engine creates the container while the run directory is
+	// prepared (createAhead): it reads the directory only at start.
 	stopPrepare := rec.Start(timings.Prepare)
-	wd, runErr := prepare(ctx, p)
+	wd, runErr := reserve(ctx, p)
+	var ahead *launch
+	if runErr == nil {
+		ahead = createAhead(ctx, p, wd)
+		runErr = prepare(ctx, p, wd)
+	}
 	stopPrepare()
 	wd.journal = j
 	if wd.unmount != nil && p.slot == nil { // a warm run's is journaled from the start
@@ -99,8 +107,9 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	}
 	var ex execution
 	if runErr == nil {
-		ex, runErr = supervise(ctx, p, wd)
+		ex, runErr = supervise(ctx, p, wd, ahead)
 	}
+	ahead.discardUnstarted(ctx, p)
 	v := judge(ctx, p, ex, runErr)
 	journalVerdict(p, wd, v, ex)
 

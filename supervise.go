@@ -75,7 +75,7 @@ func (ex execution) awaitRemoved() {
 // watchdog, all for exactly as long as the container lives. The returned
 // error is the run's failure, if any; the execution is filled as far as the
 // run got.
-func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err error) {
+func supervise(ctx context.Context, p *plan, wd *workdir, l *launch) (ex execution, err error) {
 	stopGateway := p.timings.Start(timings.Gateway)
 	gw, err := startGateway(ctx, p, wd.owner, wd.records)
 	stopGateway()
@@ -110,24 +110,23 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	}
 	defer stderr.Close()
 
-	spec := p.containerSpec()
-	spec.Env = append(spec.Env, gw.env()...)
-	policy := wd.policy(p)
-	iso := newIsolation(p, policy, backendKind(p.in.Sandbox))
-	// The engine's host facts, which the live audit needs, are read while
-	// the container is created and started.
-	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox)
-	var stderrSink io.Writer = stderr
-	if len(p.helpers) > 0 {
-		if err := iso.listenHold(p, wd.owner.UID, backendKind(p.in.Sandbox)); err != nil {
-			return ex, fmt.Errorf("self-check: %w", err)
-		}
-		defer iso.closeHold()
-		if stderrSink, err = iso.apply(&spec, p.helpers, stderr); err != nil {
+	if l == nil {
+		if l, err = newLaunch(p, wd, eg); err != nil {
 			return ex, fmt.Errorf("self-check: %w", err)
 		}
 	}
-	eg.apply(&spec)
+	iso := l.iso
+	// The engine's host facts, which the live audit needs, are read while
+	// the container starts.
+	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox)
+	var stderrSink io.Writer = stderr
+	if len(p.helpers) > 0 {
+		if err := iso.listenHold(p, wd.owner.UID); err != nil {
+			return ex, fmt.Errorf("self-check: %w", err)
+		}
+		defer iso.closeHold()
+		stderrSink = iso.intercept(stderr)
+	}
 	// The backend splits its Start into create, attach and start through
 	// the context; the first stdout byte and the self-check's report (the
 	// first stderr line) are timed from the start request.
@@ -136,7 +135,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	if iso.interceptor != nil {
 		streams.Stderr = p.timings.FirstWrite(stderrSink, timings.SelfCheck, launched)
 	}
-	h, err := startContainer(timings.NewContext(ctx, p.timings), p, spec, policy, streams)
+	h, err := l.start(timings.NewContext(ctx, p.timings), p, streams)
 	p.timings.Since(timings.Launch, launched)
 	if err != nil {
 		return ex, fmt.Errorf("start sandbox: %w", err)
@@ -146,7 +145,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir) (ex execution, err err
 	// and directory are released.
 	defer func() { ex.removed = removeContainer(ctx, p, h) }()
 	ex.ContainerID, ex.Runtime, ex.ImageDigest = h.ID(), p.policy.Runtime, p.image.Digest()
-	p.log.Info("container started", "container", h.ID(), "image", spec.Image, "runtime", p.policy.Runtime)
+	p.log.Info("container started", "container", h.ID(), "image", l.spec.Image, "runtime", p.policy.Runtime)
 
 	// The live audit runs while the container starts; the self-check holds
 	// the agent until it passed. A container that is not confined as asked

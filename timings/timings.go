@@ -50,9 +50,12 @@ const (
 	Gateway = "gateway"
 	// Egress starts the run's egress proxy.
 	Egress = "egress"
-	// Launch is the whole of the backend's Start: create, attach, start.
+	// Launch runs from the start request to the started container:
+	// create (unless the container was created during prepare), attach,
+	// start.
 	Launch = "launch"
-	// Create creates the container (the backend's part of Start).
+	// Create creates the container: during prepare where the backend can
+	// create ahead (sandbox.Creator), else within launch.
 	Create = "create"
 	// Attach attaches to the container's streams before it starts.
 	Attach = "attach"

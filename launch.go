@@ -1,0 +1,95 @@
+package taskrun
+
+import (
+	"context"
+
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
+)
+
+// launch is the run's container before it starts: its spec and policy, the
+// self-check and audit that go with it and, where the backend can create a
+// container ahead of starting it (sandbox.Creator), the container the engine
+// creates while prepare fills the run directory.
+type launch struct {
+	spec   sandbox.Spec
+	policy sandbox.Policy
+	iso    *isolation
+	// created is closed once the early create returned, with container or
+	// err; nil when the container is created at start.
+	created   chan struct{}
+	container sandbox.Created
+	err       error
+	// started is set once Start was called on container.
+	started bool
+}
+
+// newLaunch builds the container of a run of p in wd, with the egress
+// proxy's routing when the run has one (eg, nil without).
+func newLaunch(p *plan, wd *workdir, eg *runEgress) (*launch, error) {
+	spec := p.containerSpec()
+	spec.Env = append(spec.Env, gatewayEnv(p)...)
+	policy := wd.policy(p)
+	iso := newIsolation(p, policy, backendKind(p.in.Sandbox))
+	if len(p.helpers) > 0 {
+		if err := iso.wrap(&spec, p.helpers); err != nil {
+			return nil, err
+		}
+	}
+	eg.apply(&spec)
+	return &launch{spec: spec, policy: policy, iso: iso}, nil
+}
+
+// createAhead creates a run's container while the run directory is being
+// prepared, when the backend can: Docker reads the bind-mounted directory
+// only when the container starts. A warm run's container exists already;
+// an egress policy's routing names the proxy's certificate authority, made
+// when the proxy starts, so such a run is created at start.
+func createAhead(ctx context.Context, p *plan, wd *workdir) *launch {
+	c, ok := p.in.Sandbox.(sandbox.Creator)
+	if !ok || p.slot != nil || !p.in.Egress.IsZero() {
+		return nil
+	}
+	l, err := newLaunch(p, wd, nil)
+	if err != nil {
+		return nil // supervise builds it again and reports the error
+	}
+	l.created = make(chan struct{})
+	go func() {
+		defer close(l.created)
+		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
+	}()
+	return l
+}
+
+// start starts the container with streams: the one created ahead, the
+// warm slot's, or one the backend creates now.
+func (l *launch) start(ctx context.Context, p *plan, streams sandbox.Streams) (sandbox.Handle, error) {
+	if l.created == nil {
+		return startContainer(ctx, p, l.spec, l.policy, streams)
+	}
+	<-l.created
+	if l.err != nil {
+		return nil, l.err
+	}
+	l.started = true
+	return l.container.Start(ctx, streams)
+}
+
+// discardUnstarted removes a container created ahead that never started
+// (prepare or supervise failed before it), on a context detached from the
+// run's cancellation.
+func (l *launch) discardUnstarted(ctx context.Context, p *plan) {
+	if l == nil || l.created == nil {
+		return
+	}
+	<-l.created
+	if l.container == nil || l.started {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if err := l.container.Discard(ctx); err != nil {
+		p.log.Warn("remove the container created for the run", "container", l.container.ID(), "err", err)
+	}
+}
