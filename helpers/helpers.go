@@ -144,11 +144,11 @@ const selfExe = "/proc/self/exe"
 // is static and of the same build (SameBuild); otherwise it is the binary
 // itself, which then must be static.
 func FromExecutable(cacheDir string) (Files, error) {
-	installed, err := os.Executable()
-	if err != nil {
-		installed = ""
+	var dir string // unknown: the binary serves every helper
+	if installed, err := os.Executable(); err == nil {
+		dir = filepath.Dir(installed)
 	}
-	return fromExecutable(selfExe, filepath.Dir(installed), cacheDir)
+	return fromExecutable(selfExe, dir, cacheDir)
 }
 
 // fromExecutable is FromExecutable for the executable exe, installed in dir
