@@ -173,7 +173,7 @@ func (wd *workdir) capRunDir(ctx context.Context, p *plan) error {
 		return nil
 	}
 	stopCap := p.timings.Start(timings.DiskCap)
-	unmount, err := diskcap.Mount(ctx, p.dirs.Dir, p.limits.disk)
+	unmount, err := diskcap.Mount(ctx, p.dirs.Dir, p.limits.disk, diskCapOptions(p)...)
 	stopCap()
 	switch {
 	case err == nil:

@@ -271,6 +271,9 @@ func TestRunTaskDiskCapHolds(t *testing.T) {
 	_, err = fmt.Sscanf(out.Result.OutputStr[strings.Index(out.Result.OutputStr, "records in\n")+len("records in\n"):], "%d+", &written)
 	require.NoError(t, err)
 	assert.Less(t, written, 32, "dd wrote %d MiB into a 32 MiB cap", written)
+	templates, err := filepath.Glob(filepath.Join(taskrun.DiskCapTemplatesDir(h.Root), fmt.Sprintf("ext4-*-%d.img", 32<<20)))
+	require.NoError(t, err)
+	assert.Len(t, templates, 1, "the run's filesystem was copied from the runs root's template of its size")
 }
 
 // A 10k-file home survives run -> session state -> resumed run with

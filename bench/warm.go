@@ -44,7 +44,7 @@ func newWarmEnv(ctx context.Context, e *env, perKey int) (*warmEnv, error) {
 		backend.Close()
 		return nil, err
 	}
-	pool, err := warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), Instance: inst,
+	pool, err := warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), DiskCapTemplates: taskrun.DiskCapTemplatesDir(root), Instance: inst,
 		PerKey: perKey, MaxSlots: perKey, FillConcurrency: 4})
 	if err != nil {
 		backend.Close()

@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ImagePath is where Mount keeps the filesystem image for dir.
@@ -85,8 +87,9 @@ func Reattach(ctx context.Context, dir string) (release func() error, err error)
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("diskcap: %w", err)
 	}
-	// Not killed by ctx: see Mount.
-	if out, err := runMount("-t", "ext4", "-o", "loop,ro,noload,nosuid,nodev,noexec", img, dir); err != nil {
+	// Never abandoned for ctx: see Mount.
+	o := mountOptions{readOnly: true, flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, data: "noload"}
+	if out, err := mountImage(img, dir, o); err != nil {
 		mountErr := fmt.Errorf("diskcap: mount kept image %s on %s: %w: %s", img, dir, err, out)
 		if mounted, _ := isMountPoint(dir); mounted {
 			// The kernel mounted it all the same: undo that, keep the image.

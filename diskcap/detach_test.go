@@ -107,6 +107,10 @@ func TestDetachKeepsTheContentWithoutAMount(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "the run's output", string(data))
 	assert.Error(t, os.WriteFile(filepath.Join(dir, "new"), nil, 0o644), "a reattached image is read-only")
+	opts := mountOptionsOf(t, dir)
+	for _, o := range []string{"ro", "nosuid", "nodev", "noexec"} {
+		assert.Contains(t, opts, o, "a reattached image is mounted %s", o)
+	}
 
 	require.NoError(t, release())
 	mounted, err = Mounted(dir)

@@ -10,7 +10,10 @@
 //     the host loses at most the image's size: overshoot 0. It needs root,
 //     mkfs.ext4 and loop devices; on this project's build machines (root,
 //     Debian, /dev/loop*) all are present and `mount -o loop` works. Where
-//     any is missing it returns ErrUnsupported. A run kept for inspection
+//     any is missing it returns ErrUnsupported. The image is attached to a
+//     loop device and mounted in-process (mount(8) only on kernels before
+//     5.8) and, WithTemplates, filled from a pre-formatted template instead
+//     of being formatted by mkfs.ext4 each time. A run kept for inspection
 //     runs under Mount too and is turned into a plain directory afterwards
 //     by Keep, which copies out only what was allocated. Overlay2 quotas
 //     (--storage-opt size) are no alternative: they need XFS with pquota and
@@ -65,7 +68,11 @@ const MinSize = 8 << 20
 // and be empty. The mounted root gets dir's owner and mode. unmount unmounts
 // and deletes the image (calling it again returns the first result): it
 // discards the run dir's contents, so persist them first.
-func Mount(ctx context.Context, dir string, size int64) (unmount func() error, err error) {
+func Mount(ctx context.Context, dir string, size int64, opts ...Option) (unmount func() error, err error) {
+	var cfg mountConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	if size < MinSize {
 		return nil, fmt.Errorf("diskcap: size %d is below the minimum %d bytes", size, MinSize)
 	}
@@ -87,19 +94,34 @@ func Mount(ctx context.Context, dir string, size int64) (unmount func() error, e
 		return nil, fmt.Errorf("diskcap: %w: %s is already a mount point", ErrInUse, dir)
 	}
 	img := imagePath(dir)
-	if err := makeImage(ctx, img, size); err != nil {
+	if err := makeImage(img, size); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		os.Remove(img)
-		return nil, fmt.Errorf("diskcap: %w", err)
+	fromTemplate, err := format(ctx, cfg, img, size)
+	if err == nil && ctx.Err() != nil {
+		err = fmt.Errorf("diskcap: %w", ctx.Err())
 	}
-	// mount(8) is never killed by ctx: killed after the kernel mounted, it
-	// would leave a mount that nobody unmounts. noinit_itable: the image was
-	// just allocated, so its inode tables already read as zeros; zeroing
+	if err != nil {
+		os.Remove(img)
+		return nil, err
+	}
+	// The mount is never abandoned for ctx: a mount made after the caller
+	// gave up would be left for nobody to unmount. noinit_itable: the image
+	// was just allocated, so its inode tables already read as zeros; zeroing
 	// them again in the background would only make the unmount at the run's
 	// end wait for those writes.
-	if out, err := runMount("-t", "ext4", "-o", "loop,nosuid,nodev,noinit_itable", img, dir); err != nil {
+	o := mountOptions{flags: syscall.MS_NOSUID | syscall.MS_NODEV, data: "noinit_itable"}
+	out, err := mountImage(img, dir, o)
+	if err != nil && fromTemplate {
+		// The kernel refused an image copied from the template: the next
+		// Mount makes the template again, and this one formats its image
+		// itself.
+		dropTemplate(cfg, size)
+		if ferr := mkfs(ctx, img); ferr == nil {
+			out, err = mountImage(img, dir, o)
+		}
+	}
+	if err != nil {
 		return nil, undoFailedMount(dir, img, err, out)
 	}
 	var once sync.Once
@@ -120,15 +142,11 @@ func Mount(ctx context.Context, dir string, size int64) (unmount func() error, e
 	return unmount, nil
 }
 
-// runMount runs mount(8) with args; tests replace it.
-var runMount = func(args ...string) ([]byte, error) {
-	return exec.Command("mount", args...).CombinedOutput()
-}
-
 // undoFailedMount cleans up after a mount of img on dir that reported
-// failure (mountErr, with mount(8)'s output): the kernel may have mounted it
-// all the same (mount(8) failing or dying after its mount(2) returned), so a
-// filesystem found on dir is unmounted before the image is deleted. The
+// failure (mountErr, with mount(8)'s output where it was used): the kernel
+// may have mounted it all the same (mount(8) failing or dying after its
+// mount(2) returned), so a filesystem found on dir is unmounted before the
+// image is deleted. The
 // image is never deleted under a live mount: when the unmount fails, both
 // stay and the error says so. The error wraps ErrUnsupported only when
 // nothing was mounted.
@@ -236,7 +254,8 @@ func supported() error {
 	return nil
 }
 
-func makeImage(ctx context.Context, img string, size int64) (err error) {
+// makeImage creates the image file img, fully allocated to size bytes.
+func makeImage(img string, size int64) error {
 	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if errors.Is(err, fs.ErrExist) {
 		// Another run is capping this dir: its image is not ours to remove.
@@ -245,11 +264,6 @@ func makeImage(ctx context.Context, img string, size int64) (err error) {
 	if err != nil {
 		return fmt.Errorf("diskcap: create image: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			os.Remove(img)
-		}
-	}()
 	// The image is fully allocated, so the run's writes can never fail
 	// (or be dropped by the loop device) because the host filled up: a run
 	// admitted with Admit owns its cap. Where allocation is unsupported the
@@ -262,12 +276,8 @@ func makeImage(ctx context.Context, img string, size int64) (err error) {
 		err = cerr
 	}
 	if err != nil {
+		os.Remove(img)
 		return fmt.Errorf("diskcap: allocate image: %w", err)
-	}
-	// -m 0: no blocks reserved for root; the run gets the whole cap.
-	// nodiscard: keep the allocation (discarding punches holes in a file).
-	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard", img).CombinedOutput(); err != nil {
-		return fmt.Errorf("diskcap: mkfs.ext4: %w: %s", err, out)
 	}
 	return nil
 }

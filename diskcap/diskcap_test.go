@@ -193,15 +193,15 @@ func TestWatchFailsClosedWhenUnmeasurable(t *testing.T) {
 	assert.True(t, fired, "over is called for an unmeasurable tree")
 }
 
-// A mount(8) that fails after the kernel mounted (killed by a cancelled
-// context, say) must not leave the loop mount behind with its image deleted.
+// A mount that fails after the kernel mounted (mount(8) killed, say) must
+// not leave the loop mount behind with its image deleted.
 func TestMountThatFailsAfterTheKernelMountedLeavesNothing(t *testing.T) {
 	dir := newRunDir(t)
 	mountOrSkip(t, newRunDir(t)) // skips where loop mounts are unsupported
-	real := runMount
-	t.Cleanup(func() { runMount = real })
-	runMount = func(args ...string) ([]byte, error) {
-		out, err := real(args...)
+	real := mountImage
+	t.Cleanup(func() { mountImage = real })
+	mountImage = func(img, dir string, o mountOptions) ([]byte, error) {
+		out, err := real(img, dir, o)
 		require.NoError(t, err, "%s", out)
 		return []byte("mount: killed"), errors.New("signal: killed")
 	}

@@ -99,6 +99,11 @@ type Config struct {
 	// the one the Backend labels containers with, so gc can tell whose
 	// parked containers are left after a crash.
 	Instance string
+	// DiskCapTemplates is the directory of the pre-formatted images the
+	// slots' disk caps are copied from (diskcap.WithTemplates), typically
+	// the runs root's "diskcap" directory; empty formats each with
+	// mkfs.ext4.
+	DiskCapTemplates string
 	// UIDs leases each slot a host uid for Templates with LeaseUIDs.
 	UIDs *uidpool.Pool
 	// PerKey is how many ready slots each key keeps; DefaultPerKey when 0.

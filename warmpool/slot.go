@@ -245,7 +245,7 @@ func (p *Pool) fill(ctx context.Context, key string, t Template) (s *Slot, err e
 		uid := s.lease.UID
 		expect.UID = &uid
 	}
-	if err := s.makeDir(ctx, p.dir, t.DiskLimit); err != nil {
+	if err := s.makeDir(ctx, p.dir, t.DiskLimit, p.cfg.DiskCapTemplates); err != nil {
 		return s, err
 	}
 	if s.ln, err = unixsock.Listen(filepath.Join(s.dir, gateDir, gateSock), s.owner.UID); err != nil {
@@ -281,9 +281,10 @@ func (p *Pool) fill(ctx context.Context, key string, t Template) (s *Slot, err e
 	return s, nil
 }
 
-// makeDir creates the slot's run directory under its disk cap, as a cold
-// run's prepare phase does, with the run's subdirectories.
-func (s *Slot) makeDir(ctx context.Context, parent string, limit int64) error {
+// makeDir creates the slot's run directory under its disk cap (copied from
+// the templates in templates, when set), as a cold run's prepare phase
+// does, with the run's subdirectories.
+func (s *Slot) makeDir(ctx context.Context, parent string, limit int64, templates string) error {
 	s.dir = filepath.Join(parent, s.id)
 	dirs := workspace.RunDirsAt(s.dir)
 	if err := workspace.CreateRunDir(dirs); err != nil {
@@ -293,7 +294,11 @@ func (s *Slot) makeDir(ctx context.Context, parent string, limit int64) error {
 		if err := diskcap.Admit(parent, limit+diskcap.ImageOverhead); err != nil {
 			return err
 		}
-		unmount, err := diskcap.Mount(ctx, s.dir, limit)
+		var opts []diskcap.Option
+		if templates != "" {
+			opts = append(opts, diskcap.WithTemplates(templates))
+		}
+		unmount, err := diskcap.Mount(ctx, s.dir, limit, opts...)
 		switch {
 		case err == nil:
 			s.unmount = unmount

@@ -331,7 +331,7 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 		recoverHost = func(ctx context.Context) { collectGarbage(ctx, host, backend, log) }
 		if o.warm > 0 {
 			// The worker closes it once its runs drained.
-			if pool, err = warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), Instance: inst.ID(),
+			if pool, err = warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), DiskCapTemplates: taskrun.DiskCapTemplatesDir(root), Instance: inst.ID(),
 				UIDs: uids, PerKey: o.warm, MaxSlots: o.warm, Logger: log}); err != nil {
 				return exitCannotRun, fmt.Errorf("--warm: %w", err)
 			}

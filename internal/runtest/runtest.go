@@ -119,7 +119,7 @@ func Open(ctx context.Context, opts Options) (*Env, error) {
 	}
 	var pool *warmpool.Pool
 	if opts.Warm {
-		pool, err = warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), Instance: inst, PerKey: 1, MaxSlots: 2, Logger: log})
+		pool, err = warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), DiskCapTemplates: taskrun.DiskCapTemplatesDir(root), Instance: inst, PerKey: 1, MaxSlots: 2, Logger: log})
 		if err != nil {
 			_ = backend.Close()
 			_ = store.Close()
