@@ -234,15 +234,24 @@ type hostFactsResult struct {
 }
 
 // prefetchHostFacts asks backend for the engine's host facts in the
-// background; the channel yields the answer once (nothing for a backend
-// that describes no engine).
-func prefetchHostFacts(ctx context.Context, backend sandbox.Backend) <-chan hostFactsResult {
+// background, once after is closed (at once for a nil after); the channel
+// yields the answer once (nothing for a backend that describes no engine).
+// The engine answers `docker info` with work of its own, which would slow
+// a create it serves beside it: a run created ahead asks once its create
+// returned, while the container starts.
+func prefetchHostFacts(ctx context.Context, backend sandbox.Backend, after <-chan struct{}) <-chan hostFactsResult {
 	out := make(chan hostFactsResult, 1)
 	d, ok := backend.(sandbox.EngineDescriber)
 	if !ok {
 		return out
 	}
 	go func() {
+		if after != nil {
+			select {
+			case <-after:
+			case <-ctx.Done():
+			}
+		}
 		facts, err := d.HostFacts(ctx)
 		out <- hostFactsResult{facts: facts, err: err}
 	}()

@@ -118,7 +118,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir, l *launch) (ex executi
 	iso := l.iso
 	// The engine's host facts, which the live audit needs, are read while
 	// the container starts.
-	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox)
+	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox, l.created)
 	var stderrSink io.Writer = stderr
 	if len(p.helpers) > 0 {
 		if err := iso.listenHold(p, wd.owner.UID); err != nil {
