@@ -50,10 +50,21 @@ func TestOpenUnsupportedScheme(t *testing.T) {
 	for _, u := range []string{"ftp://host/dir", "/plain/path", "http://example.invalid/b"} {
 		_, err := persist.Open(context.Background(), u)
 		require.Error(t, err, u)
-		for _, scheme := range []string{"file://", "mem://", "s3://", "gs://", "azblob://"} {
+		for _, scheme := range []string{"file://", "mem://", "s3://"} {
 			assert.Contains(t, err.Error(), scheme, "error for %s should name the supported schemes", u)
 		}
 	}
+}
+
+// Google Cloud Storage and Azure Blob Storage URLs are refused with the way
+// to reach them.
+func TestOpenDroppedSchemeNamesTheWay(t *testing.T) {
+	_, err := persist.Open(context.Background(), "gs://bucket")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "endpoint=https://storage.googleapis.com")
+	_, err = persist.Open(context.Background(), "azblob://container")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "S3-compatible gateway")
 }
 
 func TestOpenFileRefusals(t *testing.T) {

@@ -25,7 +25,7 @@ const (
 	defaultConversation = "cli"
 )
 
-const storeUsage = "blob store URL: file://DIR, s3://BUCKET, gs://BUCKET, azblob://CONTAINER or mem://"
+const storeUsage = "blob store URL: file://DIR, s3://BUCKET (any S3-compatible store, Google Cloud Storage included) or mem://"
 
 // addStoreFlag defines --store with the default store.
 func addStoreFlag(fs *pflag.FlagSet, p *string) {
