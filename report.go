@@ -125,18 +125,9 @@ func cancelReason(ctx context.Context) string {
 }
 
 // report settles the final status from the verdict and the persist error,
-// builds the Outcome, sends the final PATCH (after the RUNNING one, if any),
-// writes the run's index record and returns the outcome with the run's
-// error.
+// builds the Outcome, sends the final PATCH (after the RUNNING one, if any)
+// and returns the outcome with the run's error.
 func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, st stored, persistErr error) (*Outcome, error) {
-	out, err := sendReport(ctx, p, wd, ex, v, st, persistErr)
-	indexFinished(ctx, p, wd, ex, out, st)
-	return out, err
-}
-
-// sendReport is report without the index record: the Outcome and the final
-// PATCH.
-func sendReport(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, st stored, persistErr error) (*Outcome, error) {
 	out := outcome(p, ex, v, st, persistErr)
 	req := patch(out, wd.started, container(p, ex))
 	req.Changes = out.Changes
@@ -161,16 +152,11 @@ func sendReport(ctx context.Context, p *plan, wd *workdir, ex execution, v verdi
 	if perr != nil {
 		err = errors.Join(err, reportError{fmt.Errorf("report %s: %w", out.Status, perr)})
 	}
-	return out, err
-}
-
-// indexFinished writes the finished run's index record, with every phase
-// timed so far.
-func indexFinished(ctx context.Context, p *plan, wd *workdir, ex execution, out *Outcome, st stored) {
 	stopIndex := p.timings.Start(timings.Index)
 	writeIndex(ctx, p, indexRecord(p, wd, ex, out, st))
 	stopIndex()
 	p.log.Info("run finished", "status", out.Status, "reason", out.Reason, "exit_code", out.Exit.ExitCode)
+	return out, err
 }
 
 // outcome is the one place an Outcome is built. A failed persist fails the

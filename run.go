@@ -126,8 +126,8 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	ex.awaitRemoved()
 	journalCollected(p, wd, persistErr)
 	// The local files are released while the final status is reported: the
-	// report names only what was stored. The index record, with every phase
-	// timed, follows both; the journal keeps the run until then.
+	// report names only what was stored. The journal keeps the run until
+	// both are done.
 	released := make(chan struct{})
 	go func() {
 		defer close(released)
@@ -136,9 +136,8 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 
 	reportCtx, cancelReport := context.WithTimeout(hard, deadline(input.ReportTimeout, DefaultReportTimeout))
 	defer cancelReport()
-	out, err := sendReport(reportCtx, p, wd, ex, v, st, persistErr)
+	out, err := report(reportCtx, p, wd, ex, v, st, persistErr)
 	<-released
-	indexFinished(reportCtx, p, wd, ex, out, st)
 	endJournal(p, wd, persistErr != nil || reportFailed(err))
 	out.Timings = rec.Spans()
 	return out, err
