@@ -39,8 +39,8 @@ func RunTask(ctx context.Context, input RunTaskInput) error {
 //	supervise the container, its streams and its live checks (supervise.go)
 //	judge     the verdict on what happened (report.go)
 //	collect   everything the run produced, into blob storage (collect.go)
-//	release   the local files, once stored (release.go), while
-//	report    sends the final status and PATCH (report.go)
+//	release   the local files, once stored (release.go)
+//	report    the final status and PATCH (report.go)
 //
 // Each phase reads what the earlier ones returned and writes only its own
 // result. Whatever fails, the later phases still run: a failed run persists
@@ -125,19 +125,11 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	// released, only once it is gone.
 	ex.awaitRemoved()
 	journalCollected(p, wd, persistErr)
-	// The local files are released while the final status is reported: the
-	// report names only what was stored. The journal keeps the run until
-	// both are done.
-	released := make(chan struct{})
-	go func() {
-		defer close(released)
-		rec.Time(timings.Release, func() error { release(p, wd, persistErr); return nil })
-	}()
+	rec.Time(timings.Release, func() error { release(p, wd, persistErr); return nil })
 
 	reportCtx, cancelReport := context.WithTimeout(hard, deadline(input.ReportTimeout, DefaultReportTimeout))
 	defer cancelReport()
 	out, err := report(reportCtx, p, wd, ex, v, st, persistErr)
-	<-released
 	endJournal(p, wd, persistErr != nil || reportFailed(err))
 	out.Timings = rec.Spans()
 	return out, err
