@@ -90,9 +90,11 @@ func ListenHold(path string, uid int, nonce string) (*Hold, error) {
 	return &Hold{path: path, nonce: nonce, ln: ln}, nil
 }
 
-// Release waits for the self-check's connection and sends it the
-// go-ahead, then closes the hold. It returns once that is done, when ctx
-// ends, or when Close is called (the run ended first).
+// Release waits for the self-check's connection, closes the hold (its
+// socket and directory are gone before the agent can start, so the agent
+// never finds them in its run directory) and sends the go-ahead on the
+// connection. It returns once that is done, when ctx ends, or when Close is
+// called (the run ended first).
 func (h *Hold) Release(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { _ = h.Close() })
 	defer stop()
@@ -101,9 +103,10 @@ func (h *Hold) Release(ctx context.Context) error {
 		return fmt.Errorf("hold: no self-check connected: %w", errors.Join(ctx.Err(), err))
 	}
 	defer conn.Close()
+	closeErr := h.Close()
 	_ = conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	_, err = io.WriteString(conn, goAhead(h.nonce))
-	return errors.Join(err, h.Close())
+	return errors.Join(err, closeErr)
 }
 
 // Close closes the hold without a go-ahead: a self-check waiting on it, or

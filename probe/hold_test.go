@@ -26,6 +26,10 @@ func releaseAndAwait(t *testing.T, path string) {
 	released := make(chan error, 1)
 	go func() { released <- h.Release(context.Background()) }()
 	require.NoError(t, AwaitGoAhead(context.Background(), path, "n1", 10*time.Second))
+	// The agent starts on the go-ahead: by then nothing of the hold is
+	// left in its run directory.
+	assert.NoFileExists(t, path, "the socket is gone before the go-ahead arrives")
+	assert.NoDirExists(t, filepath.Dir(path), "its directory is gone before the go-ahead arrives")
 	require.NoError(t, <-released)
 }
 
