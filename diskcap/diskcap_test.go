@@ -19,9 +19,9 @@ import (
 
 const capSize = 16 << 20
 
-func mountOrSkip(t *testing.T, dir string) func() error {
+func mountOrSkip(t *testing.T, dir string, opts ...Option) func() error {
 	t.Helper()
-	unmount, err := Mount(context.Background(), dir, capSize)
+	unmount, err := Mount(context.Background(), dir, capSize, opts...)
 	if errors.Is(err, ErrUnsupported) {
 		t.Skipf("loop mounts unavailable here, Watch is the mechanism: %v", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,12 +47,7 @@ func fillStopsAtTheCap(t *testing.T, dir string) {
 func TestMountFromATemplateCapsTheDir(t *testing.T) {
 	templates := filepath.Join(t.TempDir(), "diskcap")
 	dir := newRunDir(t)
-	unmount, err := Mount(context.Background(), dir, capSize, WithTemplates(templates))
-	if errors.Is(err, ErrUnsupported) {
-		t.Skipf("loop mounts unavailable here: %v", err)
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = unmount() })
+	unmount := mountOrSkip(t, dir, WithTemplates(templates))
 
 	tmpl := templatePath(templates, capSize)
 	fi, err := os.Stat(tmpl)
@@ -99,14 +93,10 @@ func TestMountFromACorruptTemplateFallsBackToMkfs(t *testing.T) {
 	require.NoError(t, os.Truncate(templatePath(templates, capSize), capSize))
 
 	dir := newRunDir(t)
-	unmount, err := Mount(context.Background(), dir, capSize, WithTemplates(templates))
-	if errors.Is(err, ErrUnsupported) {
-		t.Skipf("loop mounts unavailable here: %v", err)
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = unmount() })
+	unmount := mountOrSkip(t, dir, WithTemplates(templates))
 	fillStopsAtTheCap(t, dir)
-	_, err = os.Stat(templatePath(templates, capSize))
+	require.NoError(t, unmount())
+	_, err := os.Stat(templatePath(templates, capSize))
 	assert.ErrorIs(t, err, os.ErrNotExist, "the corrupt template is dropped")
 }
 
