@@ -49,15 +49,6 @@ const DiskCapTemplatesDirName = "diskcap"
 // root: give it to warmpool.Config.DiskCapTemplates.
 func DiskCapTemplatesDir(root string) string { return filepath.Join(root, DiskCapTemplatesDirName) }
 
-// diskCapOptions are the disk cap options of a run of p: its images are
-// copied from the runs root's templates, when the root is known.
-func diskCapOptions(p *plan) []diskcap.Option {
-	if root := runsRoot(p); root != "" {
-		return []diskcap.Option{diskcap.WithTemplates(DiskCapTemplatesDir(root))}
-	}
-	return nil
-}
-
 // recordsSlackBytes is the room admission keeps for the run's records
 // (journal, run.json, audit.json, gateway record) beside its spools.
 const recordsSlackBytes = 16 << 20

@@ -186,6 +186,15 @@ func (wd *workdir) capRunDir(ctx context.Context, p *plan) error {
 	return nil
 }
 
+// diskCapOptions are the disk cap options of a run of p: its images are
+// copied from the runs root's templates, when the root is known.
+func diskCapOptions(p *plan) []diskcap.Option {
+	if root := runsRoot(p); root != "" {
+		return []diskcap.Option{diskcap.WithTemplates(DiskCapTemplatesDir(root))}
+	}
+	return nil
+}
+
 // createRunDirs creates the directories inside the run directory, owned by
 // the run's owner; a warm slot has them already.
 func (wd *workdir) createRunDirs(p *plan) error {
