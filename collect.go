@@ -116,37 +116,32 @@ type stored struct {
 
 // collect stores whatever the run produced, even after a failure: the
 // output logs, the trace, artifacts, the final answer, the session state and
-// the isolation record. Beside the uploads it keeps a local copy of the
-// execution and verdict, so that a failed upload can be retried by
-// RetryPersist. Each step runs regardless of the others; their errors are
-// joined.
+// the isolation record. First it keeps a local copy of the execution and
+// verdict, so that a failed upload can be retried by RetryPersist. Each step
+// runs regardless of the others; their errors are joined.
 func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict) (stored, error) {
 	if ex.ContainerID == "" {
 		return stored{}, nil // the agent never ran: there is nothing of it to keep
 	}
 	c := &collector{p: p, ledger: workspace.NewLedger(p.limits.collect)}
-	isolationRecord := keptIsolationRecord(wd, ex)
-	// The executor's own records, the agent's files and the local copy are
-	// stored side by side. The agent's files are walked one root after
-	// another, always in this order: the ledger admits a hard-linked file
-	// once, for the first walk that meets it, and bounds what all of them
-	// read together. The local copy matters only if an upload fails: a full
-	// host disk that refuses it fails the persist only together with an
-	// upload.
-	var records, files persistSteps
-	var localErr error
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer p.timings.Start(timings.KeepLocal)()
-		localErr = keepLocalState(p, wd, ex, v, isolationRecord)
-	})
+	// The local copy matters only if an upload fails: a full host disk
+	// that refuses it fails the persist only together with an upload.
+	stopLocal := p.timings.Start(timings.KeepLocal)
+	localErr := keepLocalState(p, wd, ex, v)
+	stopLocal()
 	stopPersist := p.timings.Start(timings.Persist)
+	// The executor's own records and the agent's files are stored side by
+	// side. The agent's files are walked one root after another, always in
+	// this order: the ledger admits a hard-linked file once, for the first
+	// walk that meets it, and bounds what all of them read together.
+	var records, files persistSteps
+	var wg sync.WaitGroup
 	wg.Go(func() {
 		records.do(c.log(ctx, stdoutSpoolName, OutputLogName), "output log")
 		records.do(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
 		records.do(c.gatewayRecord(ctx), "gateway record")
 		records.do(c.kept(ctx, egress.RecordName, egress.RecordName, "application/x-ndjson"), "egress record")
-		records.do(c.isolationRecord(ctx, isolationRecord), "isolation record")
+		records.do(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	})
 	files.do(c.trace(ctx), "trace")
 	files.do(c.artifacts(ctx), "artifacts")
@@ -245,15 +240,6 @@ func (c *collector) kept(ctx context.Context, name, objectName, contentType stri
 	}
 	defer f.Close()
 	return c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, objectName, f, contentType))
-}
-
-// isolationRecord uploads the run's isolation record: rec, or the copy kept
-// on the host when rec is nil (a retry).
-func (c *collector) isolationRecord(ctx context.Context, rec []byte) error {
-	if rec == nil {
-		return c.kept(ctx, AuditRecordName, AuditRecordName, "application/json")
-	}
-	return c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, AuditRecordName, bytes.NewReader(rec), "application/json"))
 }
 
 // readHead returns the first limit bytes of the file at path, with

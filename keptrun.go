@@ -34,10 +34,9 @@ type keptRun struct {
 }
 
 // keepLocalState writes the execution, the verdict and the isolation record
-// (rec, as keptIsolationRecord made it; nil for none) next to the spools,
-// while the uploads run, so that a failed upload can be retried from the
-// host alone: collect returns only once both are done.
-func keepLocalState(p *plan, wd *workdir, ex execution, v verdict, rec []byte) error {
+// next to the spools, before anything is uploaded, so that a failed upload
+// can be retried from the host alone.
+func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
 	kept := keptRun{
 		Execution: ex, Status: v.status, Reason: v.reason, EndedAt: v.ended,
 		StartedAt: wd.started, SessionExcludes: p.sessionExcludes, KeepRunDir: p.keepRunDir,
@@ -52,22 +51,14 @@ func keepLocalState(p *plan, wd *workdir, ex execution, v verdict, rec []byte) e
 	if err := journal.WriteFileAtomic(filepath.Join(p.hostDir, keptRunName), data, 0o600); err != nil {
 		return err
 	}
-	if rec != nil {
+	if ex.record != nil {
+		rec := ex.record
+		if int64(len(rec)) > wd.isolationRoom && wd.records != nil {
+			rec = fmt.Appendf(nil, "{\"error\":\"the isolation record of %d bytes is over its %d-byte room in the run's record budget\"}\n", len(rec), wd.isolationRoom)
+		}
 		return journal.WriteFileAtomic(filepath.Join(p.hostDir, AuditRecordName), rec, 0o600)
 	}
 	return nil
-}
-
-// keptIsolationRecord is the isolation record a run keeps and stores: the
-// execution's, or a short error record when it is over the room set aside
-// for it in the run's record budget; nil when no container was inspected
-// (a retry, whose record was kept on disk by the first attempt).
-func keptIsolationRecord(wd *workdir, ex execution) []byte {
-	rec := ex.record
-	if rec != nil && int64(len(rec)) > wd.isolationRoom && wd.records != nil {
-		rec = fmt.Appendf(nil, "{\"error\":\"the isolation record of %d bytes is over its %d-byte room in the run's record budget\"}\n", len(rec), wd.isolationRoom)
-	}
-	return rec
 }
 
 // RetryPersist finishes a run whose persistence failed: it uploads the
