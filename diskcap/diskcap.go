@@ -112,10 +112,11 @@ func Mount(ctx context.Context, dir string, size int64, opts ...Option) (unmount
 	// end wait for those writes.
 	o := mountOptions{flags: syscall.MS_NOSUID | syscall.MS_NODEV, data: "noinit_itable"}
 	out, err := mountImage(img, dir, o)
-	if err != nil && fromTemplate {
+	if fromTemplate && errors.Is(err, errMountRefused) {
 		// The kernel refused an image copied from the template: the next
 		// Mount makes the template again, and this one formats its image
-		// itself.
+		// itself. (A loop device that could not be had says nothing of
+		// the template.)
 		dropTemplate(cfg, size)
 		if ferr := mkfs(ctx, img); ferr == nil {
 			out, err = mountImage(img, dir, o)

@@ -61,6 +61,11 @@ func mountVia(direct func(img, dir string, o mountOptions) error, img, dir strin
 	return nil, err
 }
 
+// errMountRefused is wrapped by loopMount's error when the image was attached
+// but mount(2) refused it: the image itself may be at fault, unlike a loop
+// device that could not be had.
+var errMountRefused = errors.New("the kernel refused to mount the image")
+
 // errNoLoopConfigure is loopMount's error on a kernel without
 // LOOP_CONFIGURE.
 var errNoLoopConfigure = errors.New("the kernel has no LOOP_CONFIGURE")
@@ -88,7 +93,7 @@ func loopMount(img, dir string, o mountOptions) error {
 	}
 	defer dev.Close()
 	if err := unix.Mount(dev.Name(), dir, "ext4", flags, o.data); err != nil {
-		return fmt.Errorf("mount %s (%s) on %s: %w", dev.Name(), img, dir, err)
+		return fmt.Errorf("%w: mount %s (%s) on %s: %w", errMountRefused, dev.Name(), img, dir, err)
 	}
 	return nil
 }

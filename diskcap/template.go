@@ -160,7 +160,7 @@ func syncFile(path string) error {
 // copyData writes the data extents of the template tmpl into the image img,
 // which is at least as large and reads as zeros everywhere else (it was just
 // allocated), found with SEEK_DATA and SEEK_HOLE.
-func copyData(img, tmpl string) error {
+func copyData(img, tmpl string) (err error) {
 	src, err := os.Open(tmpl)
 	if err != nil {
 		return fmt.Errorf("diskcap: template: %w", err)
@@ -174,29 +174,28 @@ func copyData(img, tmpl string) error {
 	if err != nil {
 		return fmt.Errorf("diskcap: image: %w", err)
 	}
+	defer func() {
+		if cerr := dst.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("diskcap: image: %w", cerr)
+		}
+	}()
 	fd := int(src.Fd())
 	for off := int64(0); off < fi.Size(); {
 		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
-			break // no data past off
+			return nil // no data past off
 		}
 		if err != nil {
-			dst.Close()
 			return fmt.Errorf("diskcap: template: seek data: %w", err)
 		}
 		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
 		if err != nil {
-			dst.Close()
 			return fmt.Errorf("diskcap: template: seek hole: %w", err)
 		}
 		if _, err := io.Copy(io.NewOffsetWriter(dst, data), io.NewSectionReader(src, data, hole-data)); err != nil {
-			dst.Close()
 			return fmt.Errorf("diskcap: copy template: %w", err)
 		}
 		off = hole
-	}
-	if err := dst.Close(); err != nil {
-		return fmt.Errorf("diskcap: image: %w", err)
 	}
 	return nil
 }

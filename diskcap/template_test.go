@@ -152,3 +152,23 @@ func TestTemplateRemovesStaleTemporaries(t *testing.T) {
 	assert.NoFileExists(t, stale, "a dead maker's temporary is removed")
 	assert.FileExists(t, fresh, "another maker's temporary in progress is left alone")
 }
+
+// A mount that fails for want of a loop device says nothing of the
+// template: it is kept, and no second format is tried.
+func TestMountKeepsTheTemplateWhenNoLoopDevice(t *testing.T) {
+	templates := filepath.Join(t.TempDir(), "diskcap")
+	mountOrSkip(t, newRunDir(t), WithTemplates(templates)) // makes the template
+	real := mountImage
+	t.Cleanup(func() { mountImage = real })
+	calls := 0
+	mountImage = func(string, string, mountOptions) ([]byte, error) {
+		calls++
+		return nil, syscall.ENXIO // as LOOP_CTL_GET_FREE without a free device
+	}
+	dir := newRunDir(t)
+	_, err := Mount(context.Background(), dir, capSize, WithTemplates(templates))
+	require.ErrorIs(t, err, ErrUnsupported, "the watchdog takes over")
+	assert.Equal(t, 1, calls, "no second format and mount")
+	assert.FileExists(t, templatePath(templates, capSize), "the template is kept")
+	assert.False(t, HasImage(dir), "the failed image is deleted")
+}
