@@ -4,6 +4,8 @@
 //
 //	<call> OK
 //	<call> <errno name>
+//	<call> KILLED   (seccomp killed the calling thread)
+//	<call> NOABI    (the kernel lacks the ABI: int $0x80 faults)
 //
 // It is built static (CGO_ENABLED=0) and runs in any image.
 package main
@@ -26,7 +28,16 @@ type call struct {
 // action for an architecture the profile leaves out); it prints as KILLED.
 const errKilled = unix.Errno(1 << 16)
 
+// errNoABI stands for a call the kernel cannot take at all: "int $0x80" on
+// a kernel without the 32-bit x86 ABI faults instead of entering the kernel.
+// It prints as NOABI; for the sandbox that is a refusal like any other.
+const errNoABI = unix.Errno(1<<16 + 1)
+
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == socketcallChild {
+		runSocketcallChild()
+		return
+	}
 	calls := []call{
 		{"io_uring_setup", ioUringSetup},
 		{"socket_vsock_bind", vsockBind},
@@ -45,6 +56,8 @@ func main() {
 	for _, c := range calls {
 		if errno := c.do(); errno == errKilled {
 			fmt.Printf("%s KILLED\n", c.name)
+		} else if errno == errNoABI {
+			fmt.Printf("%s NOABI\n", c.name)
 		} else if errno != 0 {
 			fmt.Printf("%s %s\n", c.name, unix.ErrnoName(errno))
 		} else {
