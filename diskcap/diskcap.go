@@ -205,21 +205,31 @@ func Release(dir string) error {
 // container being created anywhere on the host holds a copy of every host
 // mount in its new mount namespace until it has pivoted into its own root,
 // which is a matter of milliseconds.
-const (
+var (
 	busyRetries = 100
 	busyWait    = 50 * time.Millisecond
 )
 
 // unmountBusy unmounts dir (a loop device set up by mount -o loop is freed
-// with it), retrying for up to busyRetries × busyWait while it is busy.
+// with it), retrying for up to busyRetries × busyWait while it is busy. A
+// mount still busy after that (on a loaded host, containers are created all
+// the time) is detached lazily: it leaves the host's namespace at once, and
+// the kernel frees it when the last namespace holding a copy lets go. Only a
+// run's files that were already persisted or kept are under it.
 func unmountBusy(dir string) error {
 	for i := 0; ; i++ {
 		err := syscall.Unmount(dir, 0)
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, syscall.EBUSY) || i >= busyRetries {
+		if !errors.Is(err, syscall.EBUSY) {
 			return fmt.Errorf("diskcap: umount %s: %w", dir, err)
+		}
+		if i >= busyRetries {
+			if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+				return fmt.Errorf("diskcap: umount %s: busy, and detaching it failed: %w", dir, err)
+			}
+			return nil
 		}
 		time.Sleep(busyWait)
 	}

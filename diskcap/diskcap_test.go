@@ -233,3 +233,24 @@ func TestMountRefusesADirThatIsAlreadyAMountPoint(t *testing.T) {
 	require.ErrorIs(t, err, ErrInUse, "a second cap on a mounted dir would stack mounts")
 	assert.False(t, HasImage(dir), "no second image is made")
 }
+
+// A run dir that stays busy (here: a descriptor open inside it, as a copy of
+// the mount in another namespace would hold it) is still gone from the
+// host's mounts once unmount returns: it is detached lazily.
+func TestUnmountDetachesADirThatStaysBusy(t *testing.T) {
+	dir := newRunDir(t)
+	unmount := mountOrSkip(t, dir)
+	held, err := os.Create(filepath.Join(dir, "held"))
+	require.NoError(t, err)
+	defer held.Close()
+	retries := busyRetries
+	busyRetries = 2
+	t.Cleanup(func() { busyRetries = retries })
+
+	require.NoError(t, unmount())
+	mounted, err := isMountPoint(dir)
+	require.NoError(t, err)
+	assert.False(t, mounted, "the busy run dir is no longer a mount point on the host")
+	_, err = held.WriteString("still writable through the detached mount")
+	assert.NoError(t, err, "what held it keeps its view until it lets go")
+}
