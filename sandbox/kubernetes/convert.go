@@ -147,7 +147,7 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, cfg podConfig) (converted, e
 					Name:            ContainerRun,
 					Image:           spec.Image,
 					ImagePullPolicy: corev1.PullNever,
-					Command:         podhelper.GateCommand(argv, cfg.AckIdle),
+					Command:         escapeExpansion(podhelper.GateCommand(argv, cfg.AckIdle)),
 					WorkingDir:      spec.WorkingDir,
 					Env:             env,
 					Stdin:           true,
@@ -366,7 +366,7 @@ func envVars(env []string) ([]corev1.EnvVar, error) {
 		if !ok || k == "" {
 			return nil, fmt.Errorf("sandbox spec: environment entry %q is not KEY=VALUE", kv)
 		}
-		out = append(out, corev1.EnvVar{Name: k, Value: v})
+		out = append(out, corev1.EnvVar{Name: k, Value: escapeDollars(v)})
 	}
 	return out, nil
 }
@@ -416,3 +416,18 @@ func podName(specName, suffix string) string {
 	name = strings.TrimRight(name[:min(len(name), 63-1-len(suffix))], "-")
 	return name + "-" + suffix
 }
+
+// escapeExpansion escapes every string of a container's command for the
+// kubelet, which expands $(VAR) references in command, args and env values
+// where the Docker engine passes them as they are.
+func escapeExpansion(argv []string) []string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		out[i] = escapeDollars(a)
+	}
+	return out
+}
+
+// escapeDollars doubles each "$": the kubelet reads "$$" as one literal "$",
+// so neither "$(VAR)" nor "$$" in the run's own text is rewritten.
+func escapeDollars(s string) string { return strings.ReplaceAll(s, "$", "$$") }

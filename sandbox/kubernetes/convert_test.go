@@ -408,3 +408,20 @@ func TestConvertServesSocketsFromTheKeeperAlone(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// The kubelet expands $(VAR) in a container's command and env values; the
+// Docker engine does not. A run's text reaches its shell as it was written.
+func TestConvertEscapesKubeletExpansion(t *testing.T) {
+	spec := testSpec()
+	spec.Cmd = []string{"sh", "-c", "echo pid=$$; echo sub=$(HOME)"}
+	spec.Env = append(spec.Env, "DOLLAR=a$(HOME)b$$c")
+	c := runContainer(t, mustConvert(t, spec, sandbox.DefaultPolicy(), testConfig()).Pod)
+	assert.Equal(t, "echo pid=$$$$; echo sub=$$(HOME)", c.Command[len(c.Command)-1])
+	var dollar string
+	for _, e := range c.Env {
+		if e.Name == "DOLLAR" {
+			dollar = e.Value
+		}
+	}
+	assert.Equal(t, "a$$(HOME)b$$$$c", dollar)
+}
