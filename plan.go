@@ -231,6 +231,7 @@ func (p *plan) baseSpec() sandbox.Spec {
 		Run:       p.ref,
 		Timeout:   timeout,
 		StopGrace: defaultStopGrace,
+		DiskBytes: max(p.limits.disk, 0),
 	}
 }
 

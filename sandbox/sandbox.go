@@ -135,6 +135,11 @@ type Spec struct {
 	Timeout time.Duration `json:"timeout,omitempty"`
 	// StopGrace is how long a stopped container gets between SIGTERM and SIGKILL.
 	StopGrace time.Duration `json:"stop_grace,omitempty"`
+	// DiskBytes caps what the run may store under its mounts, for backends
+	// that hold the mounts' data themselves (a Kubernetes Pod's data
+	// volume); 0 leaves the backend's default. A bind mount (Docker) is
+	// capped on the host instead, where the run directory lives.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // Result is how a run ended.

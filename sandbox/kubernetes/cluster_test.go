@@ -2,6 +2,8 @@ package kubernetes
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -208,5 +210,43 @@ func TestStalledReaderIsReportedAsIncompleteOutput(t *testing.T) {
 	require.ErrorIs(t, res.Err, ErrOutputIncomplete)
 	assert.Contains(t, res.Err.Error(), "no progress forwarding or acknowledging output for 2s")
 	assert.Equal(t, 3, res.ExitCode, "the status is the command's")
+	require.NoError(t, h.Close(t.Context()))
+}
+
+// TestCompressibleOutputComesBackFromAPod has a Pod write a 20 MB repetitive
+// file (about 1000:1 under gzip) into its mount under a 64 MiB disk cap: the
+// run succeeds, the data volume is the run's cap, and the file reaches the
+// host whole.
+func TestCompressibleOutputComesBackFromAPod(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	runDir := t.TempDir()
+	require.NoError(t, os.Chmod(runDir, 0o777))
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
+		Cmd:     []string{"sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' z >/taskrun/big.txt && echo written"},
+		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "compressible"},
+		Mounts:  []sandbox.Mount{{Source: runDir, Target: "/taskrun"}},
+		Timeout: 2 * time.Minute, StopGrace: time.Second, DiskBytes: 64 << 20}
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+
+	pod, err := b.client.CoreV1().Pods(e.namespace).Get(t.Context(), h.(*handle).name, metav1.GetOptions{})
+	require.NoError(t, err)
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == VolumeData {
+			require.NotNil(t, v.EmptyDir.SizeLimit)
+			assert.Equal(t, int64(64<<20), v.EmptyDir.SizeLimit.Value(), "the run's disk cap sizes the data volume")
+		}
+	}
+
+	res := h.Wait(t.Context())
+	require.NoError(t, res.Err, "stderr: %s", errOut.String())
+	require.Equal(t, 0, res.ExitCode, "stderr: %s", errOut.String())
+	assert.Equal(t, "written\n", out.String())
+	info, err := os.Stat(filepath.Join(runDir, "big.txt"))
+	require.NoError(t, err, "the file came back to the host")
+	assert.Equal(t, int64(20000000), info.Size())
 	require.NoError(t, h.Close(t.Context()))
 }

@@ -425,3 +425,30 @@ func TestConvertEscapesKubeletExpansion(t *testing.T) {
 	}
 	assert.Equal(t, "a$$(HOME)b$$$$c", dollar)
 }
+
+// TestRunDiskCapSizesTheDataVolume checks a run's --disk reaches the Pod: the
+// data volume and the ephemeral-storage limit follow the Spec's DiskBytes,
+// and the backend's default applies only when the run names none.
+func TestRunDiskCapSizesTheDataVolume(t *testing.T) {
+	b := &Backend{diskBytes: DefaultDiskBytes, logBytes: 64 << 20}
+	volume := func(spec sandbox.Spec) *corev1.EmptyDirVolumeSource {
+		cv := mustConvert(t, spec, sandbox.DefaultPolicy(), b.podConfig(spec, "", created))
+		for _, v := range cv.Pod.Spec.Volumes {
+			if v.Name == VolumeData {
+				return v.EmptyDir
+			}
+		}
+		t.Fatalf("no %s volume", VolumeData)
+		return nil
+	}
+	spec := testSpec()
+	spec.DiskBytes = 64 << 20
+	got := volume(spec)
+	require.NotNil(t, got.SizeLimit)
+	assert.Equal(t, int64(64<<20), got.SizeLimit.Value())
+
+	spec.DiskBytes = 0
+	got = volume(spec)
+	require.NotNil(t, got.SizeLimit)
+	assert.Equal(t, int64(DefaultDiskBytes), got.SizeLimit.Value(), "no run cap: the backend's default")
+}

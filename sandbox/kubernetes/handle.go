@@ -399,7 +399,7 @@ func (h *handle) copyMountOut(ctx context.Context, i int, source string) error {
 		}
 		pw.CloseWithError(err)
 	}()
-	err := syncInto(ctx, pr, source)
+	err := syncInto(ctx, pr, source, h.b.dataVolumeBytes(h.spec))
 	pr.CloseWithError(err)
 	return err
 }

@@ -272,7 +272,7 @@ func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time
 		HelperImage:      b.helperImage,
 		RuntimeClass:     runtimeClass,
 		SeccompLocalhost: b.seccompLocalhost,
-		DiskBytes:        b.diskBytes,
+		DiskBytes:        b.dataVolumeBytes(spec),
 		LogBytes:         b.logBytes,
 		CPURequest:       b.cpuRequest,
 		MemoryRequest:    b.memoryRequest,
@@ -281,6 +281,15 @@ func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time
 		Slack:            b.expirySlack,
 		AckIdle:          b.ackIdle,
 	}
+}
+
+// dataVolumeBytes is the size of the data volume of a Pod running spec: the
+// run's own disk cap when it has one, else the backend's (WithDiskBytes).
+func (b *Backend) dataVolumeBytes(spec sandbox.Spec) int64 {
+	if spec.DiskBytes > 0 {
+		return spec.DiskBytes
+	}
+	return b.diskBytes
 }
 
 // HostFacts describes the cluster (sandbox.EngineDescriber): its version and

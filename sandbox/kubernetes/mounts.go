@@ -61,7 +61,14 @@ const outPrefix = ".taskrun-pod-out-"
 // bounded) into a staging directory inside dir, then every entry of dir
 // except sockets (the executor's own, such as the model gateway's) is
 // replaced by the staged ones. Extracted files belong to dir's owner.
-func syncInto(ctx context.Context, r io.Reader, dir string) error {
+//
+// The archive's content is bounded by volumeBytes, the size of the data
+// volume it was packed from: the Pod cannot have stored more. That bound
+// is the whole budget, so no compression ratio is refused under it (a
+// large, repetitive file the run legitimately wrote compresses far beyond
+// any ratio cap); past it the copy fails with workspace.ErrLimitExceeded
+// and dir is left as it was.
+func syncInto(ctx context.Context, r io.Reader, dir string, volumeBytes int64) error {
 	info, err := os.Stat(dir)
 	if err != nil {
 		return err
@@ -78,7 +85,8 @@ func syncInto(ctx context.Context, r io.Reader, dir string) error {
 	if err := os.Remove(staging); err != nil {
 		return err
 	}
-	if _, err := workspace.UnpackHome(ctx, r, staging, workspace.UnpackOptions{Owner: owner}); err != nil {
+	limits := workspace.UnpackLimits{MaxBytes: volumeBytes, RatioGrace: volumeBytes}
+	if _, err := workspace.UnpackHome(ctx, r, staging, workspace.UnpackOptions{Owner: owner, Limits: limits}); err != nil {
 		return err
 	}
 	old, err := os.ReadDir(dir)

@@ -62,7 +62,7 @@ func TestMountsRoundTrip(t *testing.T) {
 	var archive bytes.Buffer
 	_, err = workspace.PackHome(ctx, m0, &archive, workspace.PackOptions{})
 	require.NoError(t, err)
-	require.NoError(t, syncInto(ctx, &archive, runDir))
+	require.NoError(t, syncInto(ctx, &archive, runDir, DefaultDiskBytes))
 
 	got, err = os.ReadFile(filepath.Join(runDir, "home", "new.txt"))
 	require.NoError(t, err)
@@ -85,10 +85,45 @@ func TestSyncIntoRefusesHostileArchive(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(runDir, "keep.txt"), []byte("kept"), 0o644))
 	outside := t.TempDir()
 	archive := hostileArchive(t, "../"+filepath.Base(outside)+"/pwned")
-	err := syncInto(context.Background(), bytes.NewReader(archive), runDir)
+	err := syncInto(context.Background(), bytes.NewReader(archive), runDir, DefaultDiskBytes)
 	require.Error(t, err)
 	assert.FileExists(t, filepath.Join(runDir, "keep.txt"), "a refused archive must leave the run dir as it was")
 	assert.NoFileExists(t, filepath.Join(outside, "pwned"))
+}
+
+// TestCompressibleOutputIsCopiedOutWithinTheVolume copies a home holding a
+// 20 MB repetitive file (about 1000:1 under gzip) back from a stand-in data
+// volume: it arrives whole, since the volume's size is the bound and no
+// ratio is refused under it. An archive holding more than the volume could
+// is refused, and the host directory keeps what it had.
+func TestCompressibleOutputIsCopiedOutWithinTheVolume(t *testing.T) {
+	ctx := context.Background()
+	volume := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(volume, "home"), 0o755))
+	zeros := bytes.Repeat([]byte("z"), 20<<20)
+	require.NoError(t, os.WriteFile(filepath.Join(volume, "home", "big.txt"), zeros, 0o644))
+	pack := func() *bytes.Buffer {
+		var archive bytes.Buffer
+		_, err := workspace.PackHome(ctx, volume, &archive, workspace.PackOptions{})
+		require.NoError(t, err)
+		return &archive
+	}
+	archive := pack()
+	require.Greater(t, int64(len(zeros))/int64(archive.Len()), workspace.DefaultUnpackLimits.MaxRatio,
+		"the archive must be more compressible than the default ratio cap")
+
+	runDir := t.TempDir()
+	require.NoError(t, syncInto(ctx, archive, runDir, 64<<20))
+	got, err := os.ReadFile(filepath.Join(runDir, "home", "big.txt"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(zeros, got), "the file came back whole")
+
+	small := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(small, "keep.txt"), []byte("kept"), 0o644))
+	err = syncInto(ctx, pack(), small, 16<<20)
+	require.ErrorIs(t, err, workspace.ErrLimitExceeded, "more than the volume holds is refused")
+	assert.FileExists(t, filepath.Join(small, "keep.txt"), "a refused copy leaves the host directory as it was")
+	assert.NoFileExists(t, filepath.Join(small, "home", "big.txt"))
 }
 
 // TestFillRefusesTruncatedStream checks a cut stream fails the fill.

@@ -154,7 +154,7 @@ func fill(ctx context.Context, r io.Reader, data, bin string) error {
 		dest := filepath.Join(data, sec.Name)
 		switch sec.Kind {
 		case KindDir:
-			if _, err := workspace.UnpackHome(ctx, body, dest, workspace.UnpackOptions{}); err != nil {
+			if _, err := workspace.UnpackHome(ctx, body, dest, workspace.UnpackOptions{Limits: fillLimits}); err != nil {
 				return fmt.Errorf("mount %s: %w", sec.Name, err)
 			}
 		case KindFile:
@@ -164,6 +164,12 @@ func fill(ctx context.Context, r io.Reader, data, bin string) error {
 		}
 	}
 }
+
+// fillLimits bound a mount's archive in the fill stream. The stream is the
+// executor's own (the run's directories as admitted on the host), and the
+// data volume bounds what it can hold, so a compressible workspace is never
+// refused for its ratio: the grace covers every byte the total allows.
+var fillLimits = workspace.UnpackLimits{RatioGrace: workspace.DefaultUnpackLimits.MaxBytes}
 
 // copySelf copies the running executable to dst, read-only and executable.
 func copySelf(dst string) error {
