@@ -31,6 +31,10 @@ profile, limits and no-new-privileges apply to it. With a terminal on stdin
 and stdout, CMD gets a PTY (raw mode, resized with the window). Its output is
 escaped for the terminal unless --raw. Who ran what, when, and its exit status
 are added to the run's record (taskrun inspect). The exit status is CMD's.
+
+A run on Kubernetes (taskrun run --backend kubernetes) is reached with
+--namespace NS (and --kubeconfig): CMD runs in the run container of the
+run's Pod, under the Pod's security context.
 `
 
 func init() {
@@ -42,11 +46,15 @@ func init() {
 		StopAtCommand: true,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
-				run storedRunFlags
-				raw bool
+				run        storedRunFlags
+				raw        bool
+				kubeconfig string
+				namespace  string
 			)
 			run.define(fs)
 			fs.BoolVar(&raw, "raw", false, "copy the command's output to the terminal verbatim")
+			fs.StringVar(&namespace, "namespace", "", "for a run on Kubernetes: the namespace of its Pod")
+			fs.StringVar(&kubeconfig, "kubeconfig", "", "with --namespace: the cluster's kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) > 1 && args[1] == "--" {
 					args = append(args[:1:1], args[2:]...)
@@ -63,7 +71,13 @@ func init() {
 					fmt.Fprintf(a.stderr, "taskrun exec: run %s is %s, not in progress: exec needs a live run\n", rec.RunID, rec.Status)
 					return exitUsage
 				}
-				exit, err := execInRun(ctx, a, rec, args[1:], raw)
+				var exit int
+				var err error
+				if namespace != "" {
+					exit, err = execInPod(ctx, a, rec, kubeconfig, namespace, args[1:], raw)
+				} else {
+					exit, err = execInRun(ctx, a, rec, args[1:], raw)
+				}
 				if err != nil {
 					fmt.Fprintln(a.stderr, "taskrun exec:", termsafe.String(err.Error()))
 					return exitCannotRun

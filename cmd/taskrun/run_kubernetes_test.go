@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/taskrun/taskrun/internal/kubetest"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
@@ -85,4 +88,63 @@ func TestWorkerOnKubernetes(t *testing.T) {
 	pods, err := c.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 	require.NoError(t, err)
 	assert.Empty(t, pods.Items, "no Pod is left")
+}
+
+// `taskrun exec --namespace` reaches a run on the test cluster: the command
+// runs in the run's Pod as the run's own user with no capability and
+// no-new-privileges, its exit status is exec's, and it is recorded.
+func TestExecReachesARunOnKubernetes(t *testing.T) {
+	c := kubetest.Require(t)
+	c.RequireImage(t, images.PodHelperRef)
+	c.RequireImage(t, kubetest.TestboxImage)
+	ns := c.Namespace(t)
+	root, store, user := t.TempDir(), "file://"+filepath.Join(t.TempDir(), "store"), tenant(t)
+	runID := "kexec-" + user
+	done := make(chan int, 1)
+	go func() {
+		_, _, code := taskrunCmd("run", "--root", root, "--store", store, "--helpers-dir", "", "--gc=false",
+			"--backend", "kubernetes", "--kubeconfig", c.KubeconfigPath, "--namespace", ns,
+			"--user", user, "--run-id", runID, "--image", kubetest.TestboxImage,
+			"--", "sh", "-c", "id -u > /tmp/agent-uid; while [ ! -e $HOME/stop ]; do sleep 0.2; done")
+		done <- code
+	}()
+	require.Eventually(t, func() bool {
+		out, _, code := taskrunCmd("runs", "--store", store, "--user", user, "--json")
+		var recs []runindex.Record
+		return code == exitOK && json.Unmarshal([]byte(out), &recs) == nil && len(recs) == 1 && recs[0].Status == model.StatusRunning
+	}, 3*time.Minute, 100*time.Millisecond)
+	kexec := func(cmd ...string) (string, string, int) {
+		var out, errOut string
+		var code int
+		// The run is RUNNING in the index a moment before its Pod's run
+		// container is: an exec that finds no live Pod yet is retried.
+		require.Eventually(t, func() bool {
+			out, errOut, code = taskrunCmd(append([]string{"exec", "--store", store, "--kubeconfig", c.KubeconfigPath, "--namespace", ns, runID, "--"}, cmd...)...)
+			return !strings.Contains(errOut, "no running pod")
+		}, time.Minute, 200*time.Millisecond)
+		return out, errOut, code
+	}
+
+	out, stderr, code := kexec("sh", "-c", `echo "uid $(id -u) agent $(cat /tmp/agent-uid)"; grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status`)
+	require.Equal(t, exitOK, code, stderr)
+	fields := strings.Fields(strings.SplitN(out, "\n", 2)[0])
+	require.Len(t, fields, 4, out)
+	assert.Equal(t, fields[1], fields[3], "the command runs as the run's uid")
+	assert.NotEqual(t, "0", fields[1])
+	assert.Regexp(t, `CapEff:\s+0000000000000000`, out)
+	assert.Regexp(t, `NoNewPrivs:\s+1`, out)
+
+	_, _, code = kexec("sh", "-c", "exit 3")
+	assert.Equal(t, 3, code, "exec exits with the command's status")
+
+	_, stderr, code = kexec("touch", "/taskrun/home/stop")
+	require.Equal(t, exitOK, code, stderr)
+	require.Equal(t, exitOK, <-done)
+
+	out, stderr, code = taskrunCmd("inspect", "--store", store, "--json", runID)
+	require.Equal(t, exitOK, code, stderr)
+	var rec runindex.Record
+	require.NoError(t, json.Unmarshal([]byte(out), &rec))
+	require.Len(t, rec.Execs, 3)
+	assert.Equal(t, 3, rec.Execs[1].Exit)
 }

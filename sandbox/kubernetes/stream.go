@@ -18,6 +18,9 @@ type streamIO struct {
 	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
+	// TTY runs the session on a terminal, resized from Sizes when set.
+	TTY   bool
+	Sizes remotecommand.TerminalSizeQueue
 }
 
 // attach attaches to a running container of the run's Pod until the
@@ -54,7 +57,7 @@ func (b *Backend) remote(ctx context.Context, pod, sub string, opts runtime.Obje
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", sub, pod, err)
 	}
-	if err := ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: s.Stdin, Stdout: s.Stdout, Stderr: s.Stderr}); err != nil {
+	if err := ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: s.Stdin, Stdout: s.Stdout, Stderr: s.Stderr, Tty: s.TTY, TerminalSizeQueue: s.Sizes}); err != nil {
 		return fmt.Errorf("%s %s: %w", sub, pod, err)
 	}
 	return nil
