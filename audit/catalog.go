@@ -55,5 +55,6 @@ var protections = map[string]string{
 	"TR:log-capped":             "uncapped container logs fill the host's disk",
 	"TR:gvisor":                 "where required, gVisor puts a user-space kernel between the agent and the host kernel",
 	"TR:workdir-not-proc":       "a working directory under /proc/self/fd leaks a host file descriptor into the container (CVE-2024-21626)",
+	"PSS:namespace-restricted":  "a namespace that does not enforce \"restricted\" admits any Pod beside the run's, privileged or on the host's network, and nothing refuses a loosened run Pod",
 	"5.19":                      "without explicit ulimits the agent inherits the daemon's, e.g. unlimited core dumps that fill the disk",
 }

@@ -65,6 +65,7 @@ var backendChecks = map[string]map[string]checkFunc{
 		"TR:gvisor":                 sameAsDocker,
 		"TR:workdir-not-proc":       sameAsDocker,
 		"5.19":                      gapOnly,
+		"PSS:namespace-restricted":  checkPodNamespace,
 	},
 }
 
@@ -250,6 +251,20 @@ func checkPodTmpfs(c checkCtx) (Status, string) {
 		return fail("memory emptyDir without nodev, and %s", why)
 	}
 	return pass("%d memory emptyDir volumes, each size-capped; Kubernetes sets no nosuid/nodev on them, made inert by no_new_privs and dropping ALL capabilities (no CAP_MKNOD)", len(dsts))
+}
+
+// checkPodNamespace: Pod Security admission refuses, in a namespace that
+// enforces "restricted", any Pod that loosens the run's confinement.
+func checkPodNamespace(c checkCtx) (Status, string) {
+	switch {
+	case c.p.PodSecurity == nil:
+		return statusGap, ""
+	case *c.p.PodSecurity == "":
+		return fail("the namespace enforces no Pod Security level: label it pod-security.kubernetes.io/enforce=restricted")
+	case *c.p.PodSecurity != "restricted":
+		return fail("the namespace enforces Pod Security %q: label it pod-security.kubernetes.io/enforce=restricted", *c.p.PodSecurity)
+	}
+	return pass("the namespace enforces Pod Security \"restricted\"")
 }
 
 func checkPodProcMount(c checkCtx) (Status, string) {

@@ -15,7 +15,9 @@ import (
 // it: RuntimeDefault seccomp, no pids limit and no ulimits, each declared.
 func podCompliant() Posture {
 	name := "taskrun-run-1-abcd"
+	restricted := "restricted"
 	return Posture{
+		PodSecurity:    &restricted,
 		Backend:        sandbox.BackendKubernetes,
 		ID:             "containerd://c0ffee",
 		Name:           name,
@@ -78,6 +80,20 @@ func TestCompliantPodPassesWithItsGapsNamed(t *testing.T) {
 	assert.Contains(t, findingByID(t, r, "5.10").Reason, "network plugin")
 }
 
+// TestUnreadableNamespaceIsADeclaredGap: an executor that may not read its
+// namespace declares the level unknown, and the audit says so instead of
+// passing or failing it.
+func TestUnreadableNamespaceIsADeclaredGap(t *testing.T) {
+	p := podCompliant()
+	p.PodSecurity = nil
+	p.Gaps = append(p.Gaps, sandbox.Gap{Rule: "PSS:namespace-restricted", Reason: "may not read the namespace"})
+	r := Check(p, podHost, Options{})
+	assert.Empty(t, r.FailedIDs())
+	f := findingByID(t, r, "PSS:namespace-restricted")
+	assert.Equal(t, NotApplicable, f.Status)
+	assert.True(t, f.Gap)
+}
+
 func TestPodWithoutADeclaredGapFails(t *testing.T) {
 	for _, id := range []string{"5.29", "5.19", "TR:seccomp-profile"} {
 		p := podCompliant()
@@ -115,6 +131,12 @@ func TestEachPodBreakFailsExactlyItsRule(t *testing.T) {
 		"service account token": {"5.32", func(p *Posture) { p.ServiceAccountToken = true }},
 		"capability added":      {"5.4", func(p *Posture) { p.CapAdd = []string{"NET_RAW"} }},
 		"root":                  {"PSS:runAsNonRoot", func(p *Posture) { p.User = "0:0" }},
+		"namespace unlabelled":  {"PSS:namespace-restricted", func(p *Posture) { p.PodSecurity = new(string) }},
+		"namespace baseline": {"PSS:namespace-restricted", func(p *Posture) {
+			baseline := "baseline"
+			p.PodSecurity = &baseline
+		}},
+		"namespace level unknown": {"PSS:namespace-restricted", func(p *Posture) { p.PodSecurity = nil }},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

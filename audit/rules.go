@@ -79,6 +79,7 @@ var rules = []rule{
 	{"TR:gvisor", SourceTaskrun, "gVisor runtime (runsc) when required", checkGVisor},
 	{"TR:workdir-not-proc", SourceTaskrun, "working dir not under /proc (CVE-2024-21626)", checkWorkdir},
 	{"5.19", SourceCIS, "ulimits set deliberately", checkUlimits},
+	{"PSS:namespace-restricted", SourcePSS, "the namespace enforces Pod Security \"restricted\" (Kubernetes)", checkNamespaceAdmission},
 }
 
 func pass(format string, args ...any) (Status, string) { return Pass, fmt.Sprintf(format, args...) }
@@ -357,6 +358,12 @@ func checkLogCapped(c checkCtx) (Status, string) {
 		return pass("json-file max-size %s", v)
 	}
 	return fail("log driver %q is not known to be capped; use json-file with max-size or local", c.p.LogDriver)
+}
+
+// checkNamespaceAdmission: a Docker container has no namespace admission;
+// the executor's own policy is what the other rules check.
+func checkNamespaceAdmission(checkCtx) (Status, string) {
+	return na("a Docker container is admitted by no cluster; the other rules check its configuration")
 }
 
 func checkGVisor(c checkCtx) (Status, string) {

@@ -65,6 +65,10 @@ type Posture struct {
 	// NetworkPolicy is the NetworkPolicy the Kubernetes backend made for
 	// the Pod, nil when there is none (or not a Pod).
 	NetworkPolicy *PostureNetworkPolicy `json:"network_policy,omitempty"`
+	// PodSecurity is the Pod Security Admission level the Pod's namespace
+	// enforces (its pod-security.kubernetes.io/enforce label, "" when it
+	// has none); nil when not a Pod or when the namespace could not be read.
+	PodSecurity *string `json:"pod_security,omitempty"`
 	// Gaps are the protections the backend declares it cannot enforce or
 	// cannot observe, each named by the audit rule it leaves unmet. The
 	// audit reports such a rule NOT_APPLICABLE with the gap's reason, and

@@ -120,6 +120,7 @@ func TestPostureOfALivePod(t *testing.T) {
 	assert.True(t, byID["5.19"].Gap, "the missing ulimits are a declared gap")
 	assert.Equal(t, audit.Pass, byID["5.10"].Status, "the deny-all NetworkPolicy is the network evidence")
 	assert.Contains(t, byID["5.10"].Reason, "network plugin")
+	assert.Equal(t, audit.Pass, byID["PSS:namespace-restricted"].Status, "the test namespace enforces restricted")
 
 	// The run's NetworkPolicy selects exactly its Pod, and goes with it.
 	np, err := b.client.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
@@ -137,6 +138,18 @@ func TestPostureOfALivePod(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, p.NetworkPolicy)
 	assert.Equal(t, []string{"5.10"}, audit.Check(p, sandbox.HostFacts{Seccomp: true}, audit.Options{}).FailedIDs())
+
+	// A namespace that stops enforcing "restricted" fails its rule.
+	ns, err := b.client.CoreV1().Namespaces().Get(t.Context(), e.namespace, metav1.GetOptions{})
+	require.NoError(t, err)
+	delete(ns.Labels, LabelPodSecurityEnforce)
+	_, err = b.client.CoreV1().Namespaces().Update(t.Context(), ns, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	p, err = h.Posture(t.Context())
+	require.NoError(t, err)
+	require.NotNil(t, p.PodSecurity)
+	assert.Empty(t, *p.PodSecurity)
+	assert.Equal(t, []string{"5.10", "PSS:namespace-restricted"}, audit.Check(p, sandbox.HostFacts{Seccomp: true}, audit.Options{}).FailedIDs())
 	require.NoError(t, h.Close(t.Context()))
 	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelRun: "posture", sandbox.LabelInstance: e.instance})
 	require.NoError(t, err)

@@ -227,8 +227,24 @@ func podPosture(ctx context.Context, client k8s.Interface, pod *corev1.Pod) (san
 	default:
 		p.NetworkPolicy = NetworkPolicyFacts(np)
 	}
+	ns, err := client.CoreV1().Namespaces().Get(ctx, pod.Namespace, metav1.GetOptions{})
+	switch {
+	case apierrors.IsForbidden(err):
+		// A namespaced role may not read namespaces: the audit says so.
+		p.Gaps = append(p.Gaps, sandbox.Gap{Rule: "PSS:namespace-restricted",
+			Reason: fmt.Sprintf("the executor may not read namespace %s, so its Pod Security level is unknown: %v", pod.Namespace, err)})
+	case err != nil:
+		return p, fmt.Errorf("get namespace %s: %w", pod.Namespace, err)
+	default:
+		level := ns.Labels[LabelPodSecurityEnforce]
+		p.PodSecurity = &level
+	}
 	return p, nil
 }
+
+// LabelPodSecurityEnforce is the namespace label naming the Pod Security
+// level that admission enforces there.
+const LabelPodSecurityEnforce = "pod-security.kubernetes.io/enforce"
 
 // restartPolicy names a Pod's restart policy as the audit rules do:
 // Never is Docker's "no".
