@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/internal/testdeadline"
 )
 
 func TestAckLineRoundTrip(t *testing.T) {
@@ -66,7 +68,7 @@ func requireSettled(t *testing.T, done <-chan error) error {
 	select {
 	case err := <-done:
 		return err
-	case <-time.After(10 * time.Second):
+	case <-time.After(testdeadline.Scale(10 * time.Second)): // settles in milliseconds; bounds one that never does
 		t.Fatal("settle did not return")
 		return nil
 	}
@@ -127,7 +129,9 @@ func TestSettleGivesUpWithoutProgress(t *testing.T) {
 }
 
 func TestSettleKeepsWaitingWhileAcknowledgementsAdvance(t *testing.T) {
-	const idle = 300 * time.Millisecond
+	// A step must follow the last within idle even when the machine is slow
+	// to wake this goroutine: idle is scaled, the steps stay a third of it.
+	idle := testdeadline.Scale(300 * time.Millisecond)
 	l := newLedger(0)
 	l.forwarded(false, 10)
 	done := settleAsync(l, idle)
