@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -119,31 +120,37 @@ func TestSettleGivesUpWhenTheSessionEnds(t *testing.T) {
 	require.NoError(t, requireSettled(t, settleAsync(l, time.Minute)))
 }
 
+// The settle tests whose subject is time run on synctest's fake clock: a
+// step is exactly as far from the last as written, however loaded the
+// machine is.
+
 func TestSettleGivesUpWithoutProgress(t *testing.T) {
-	l := newLedger(1)
-	l.forwarded(false, 10)
-	start := time.Now()
-	err := requireSettled(t, settleAsync(l, 200*time.Millisecond))
-	require.ErrorIs(t, err, errAckIdle)
-	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+	synctest.Test(t, func(t *testing.T) {
+		l := newLedger(1)
+		l.forwarded(false, 10)
+		start := time.Now()
+		err := requireSettled(t, settleAsync(l, 200*time.Millisecond))
+		require.ErrorIs(t, err, errAckIdle)
+		assert.Equal(t, 200*time.Millisecond, time.Since(start))
+	})
 }
 
 func TestSettleKeepsWaitingWhileAcknowledgementsAdvance(t *testing.T) {
-	// A step must follow the last within idle even when the machine is slow
-	// to wake this goroutine: idle is scaled, the steps stay a third of it.
-	idle := testdeadline.Scale(300 * time.Millisecond)
-	l := newLedger(0)
-	l.forwarded(false, 10)
-	done := settleAsync(l, idle)
-	// Ten steps a third of the idle period apart: three idle periods in
-	// all, and never one without progress.
-	for i := range 9 {
-		time.Sleep(idle / 3)
-		l.ack(Counts{Stdout: int64(i + 1)})
-	}
-	requirePending(t, done, idle/3, "acknowledgements advancing")
-	l.ack(Counts{Stdout: 10})
-	require.NoError(t, requireSettled(t, done))
+	synctest.Test(t, func(t *testing.T) {
+		const idle = 300 * time.Millisecond
+		l := newLedger(0)
+		l.forwarded(false, 10)
+		done := settleAsync(l, idle)
+		// Ten steps a third of the idle period apart: three idle periods in
+		// all, and never one without progress.
+		for i := range 9 {
+			time.Sleep(idle / 3)
+			l.ack(Counts{Stdout: int64(i + 1)})
+		}
+		requirePending(t, done, idle/3, "acknowledgements advancing")
+		l.ack(Counts{Stdout: 10})
+		require.NoError(t, requireSettled(t, done))
+	})
 }
 
 func TestReadAcksKeepsTheLatestAndStopsOnForeignInput(t *testing.T) {
