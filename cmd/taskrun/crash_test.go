@@ -415,7 +415,7 @@ func TestHungStoreAndSIGTERMExitWithinTheGrace(t *testing.T) {
 	go func() { exited <- run.Wait() }()
 	select {
 	case <-exited:
-	case <-time.After(grace + 5*time.Second):
+	case <-time.After(grace + testdeadline.Scale(5*time.Second)): // the grace, and the time to exit after it
 		t.Fatalf("the executor did not exit within --shutdown-grace %s: %s", grace, &runErr)
 	}
 

@@ -225,13 +225,13 @@ func TestAckerCountsWhatWasDeliveredAndAcknowledgesTheLatest(t *testing.T) {
 	rec := &lineRecorder{}
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx, rec, 50*time.Millisecond) }()
-	require.Eventually(t, func() bool { return rec.last() == "ack 5 2\n" }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rec.last() == "ack 5 2\n" }, testdeadline.Scale(5*time.Second), 5*time.Millisecond)
 	// A burst within one interval is acknowledged once, at its end.
 	for range 100 {
 		_, err := stdout.Write([]byte("x"))
 		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool { return rec.last() == "ack 105 2\n" }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rec.last() == "ack 105 2\n" }, testdeadline.Scale(5*time.Second), 5*time.Millisecond)
 	assert.LessOrEqual(t, rec.count(), 3, "acknowledgements are coalesced")
 	time.Sleep(150 * time.Millisecond)
 	assert.Equal(t, "ack 105 2\n", rec.last(), "nothing new, nothing sent")
