@@ -14,6 +14,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/changeset"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/sandbox/sandboxfake"
@@ -29,8 +30,9 @@ func TestPhasesChangeSetAndRunIndex(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "old.txt"), []byte("old\n"), 0o644))
 	var whileRunning *runindex.Record
 	in := u.input("chg1", func(ctx context.Context, p *sandboxfake.Process) int {
-		// The RUNNING record is written in the background: wait for it.
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		// The RUNNING record is written in the background: wait for it. It
+		// takes milliseconds; the deadline bounds a record never written.
+		for deadline := time.Now().Add(testdeadline.Scale(10 * time.Second)); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 			if rec, err := runindex.Find(ctx, u.store, "chg1", "user1"); err == nil {
 				whileRunning = rec
 				break

@@ -13,10 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/docker/docker/api/types/events"
+	"github.com/docker/docker/api/types/filters"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -26,6 +29,11 @@ const (
 	pidsCgroupRoot   = "/sys/fs/cgroup/pids/docker"
 	memoryCgroupRoot = "/sys/fs/cgroup/memory/docker"
 )
+
+// scaledSeconds is d scaled to the machine's slowdown, in whole seconds.
+func scaledSeconds(d time.Duration) time.Duration {
+	return testdeadline.Scale(d).Round(time.Second)
+}
 
 // readCgroupInt reads one integer cgroup file of a container.
 func readCgroupInt(root, id, file string) (int64, error) {
@@ -64,7 +72,9 @@ func TestForkBombStaysUnderPidsLimit(t *testing.T) {
 	h := newHarness(t)
 	// exec keeps the container's main process alive without needing a fork.
 	in, rec := h.input(t, "forkbomb", `b() { b | b & }; b; exec sleep 600`)
-	in.Timeout = 8 * time.Second
+	// The bomb must reach the limit, and the test see it there, before the
+	// timeout ends the run: 8s on an idle machine, scaled.
+	in.Timeout = scaledSeconds(8 * time.Second)
 	limit := in.Policy.PidsLimit
 	require.EqualValues(t, sandbox.DefaultPidsLimit, limit)
 
@@ -102,7 +112,7 @@ func TestForkBombStaysUnderPidsLimit(t *testing.T) {
 	require.ErrorIs(t, o.err, taskrun.ErrRunFailed)
 	assert.True(t, o.out.Exit.TimedOut)
 	assert.Equal(t, model.StatusFailed, o.out.Status)
-	assert.Equal(t, "timed out after 8s", o.out.Reason)
+	assert.Equal(t, "timed out after "+in.Timeout.String(), o.out.Reason)
 	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
 	h.assertNoContainers(t)
 }
@@ -114,23 +124,54 @@ func TestForkBombStaysUnderPidsLimit(t *testing.T) {
 // Protection: the memory cgroup limit (Policy.MemoryBytes, swap capped to
 // the same value). Without it tail buffers the 512 MiB and exits 0, and the
 // run succeeds.
+//
+// The container's peak is its cgroup's high-water mark, read once, when the
+// engine reports the OOM kill; the run then waits for the test to have read
+// it (a file the test writes in its home), so a slow machine cannot end the
+// container, and remove its cgroup, first.
 func TestMemoryBombIsOOMKilled(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
 	h := newHarness(t)
-	// tail keeps the last 600 MB of its input in memory. The sleep keeps the
-	// cgroup alive for a last sample after the kill.
-	in, rec := h.input(t, "membomb", `head -c 512m /dev/zero | tail -c 600000000; echo "tail exited $?"; sleep 1`)
+	// tail keeps the last 600 MB of its input in memory.
+	in, rec := h.input(t, "membomb", `head -c 512m /dev/zero | tail -c 600000000; echo "tail exited $?"; `+
+		`while [ ! -e "$HOME/sampled" ]; do sleep 0.05; done`)
 	in.Policy.MemoryBytes = 64 << 20
+	sampled := filepath.Join(h.RunDir("membomb"), "home", "sampled")
+	release := func() { _ = os.WriteFile(sampled, nil, 0o644) }
+	t.Cleanup(release) // a failing test does not leave the run waiting out its timeout
 
+	// Since: the engine replays what happened between this call and the
+	// subscription, so the OOM cannot slip between them.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgs, errs := h.cli.Events(ctx, events.ListOptions{Since: strconv.FormatInt(time.Now().Unix()-1, 10), Filters: filters.NewArgs(
+		filters.Arg("type", string(events.ContainerEventType)),
+		filters.Arg("event", string(events.ActionOOM)),
+		filters.Arg("label", sandbox.LabelTenant+"="+h.Tenant),
+		filters.Arg("label", sandbox.LabelRun+"=membomb"),
+	)})
+	done := make(chan outcome, 1)
+	go func() {
+		out, err := taskrun.Execute(context.Background(), in)
+		done <- outcome{out, err}
+	}()
 	var peak int64
-	o := h.watch(t, in, 50*time.Millisecond, func(id string) {
-		if v, err := readCgroupInt(memoryCgroupRoot, id, "memory.max_usage_in_bytes"); err == nil {
-			peak = max(peak, v)
-		}
-	})
+	var o outcome
+	select {
+	case m := <-msgs:
+		v, err := readCgroupInt(memoryCgroupRoot, m.Actor.ID, "memory.max_usage_in_bytes")
+		require.NoError(t, err, "the container's cgroup, after the OOM kill")
+		peak = v
+		release()
+		o = <-done
+	case err := <-errs:
+		t.Fatalf("following the engine's events: %v", err)
+	case o = <-done:
+		t.Fatalf("the run ended without an OOM kill (error: %v)", o.err)
+	}
 	t.Logf("container memory peak %d MiB, limit %d MiB", peak>>20, in.Policy.MemoryBytes>>20)
-	assert.Positive(t, peak, "the container's memory was sampled")
+	assert.Positive(t, peak, "the container's memory was read")
 	assert.LessOrEqual(t, peak, in.Policy.MemoryBytes)
 
 	require.ErrorIs(t, o.err, taskrun.ErrRunFailed)
@@ -218,14 +259,16 @@ func TestSIGTERMIgnoredIsKilledAfterGrace(t *testing.T) {
 	in, rec := h.input(t, "noterm", `trap 'echo caught TERM, ignoring' TERM
 echo armed
 while :; do echo tick; sleep 1; done`)
-	in.Timeout = 3 * time.Second
+	// The shell must have set its trap and ticked before the timeout sends
+	// SIGTERM: 3s on an idle machine, scaled.
+	in.Timeout = scaledSeconds(3 * time.Second)
 
 	out, err := taskrun.Execute(context.Background(), in)
 	require.ErrorIs(t, err, taskrun.ErrRunFailed)
 	assert.True(t, out.Exit.TimedOut)
 	assert.Equal(t, 128+9, out.Exit.ExitCode, "SIGKILL ended the container")
 	assert.Equal(t, model.StatusFailed, out.Status)
-	assert.Equal(t, "timed out after 3s", out.Reason)
+	assert.Equal(t, "timed out after "+in.Timeout.String(), out.Reason)
 	assert.Equal(t, model.StatusFailed, last(t, rec).Status)
 
 	log := h.runFile(t, "noterm", taskrun.OutputLogName)

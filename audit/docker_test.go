@@ -20,6 +20,7 @@ import (
 
 	mobyseccomp "github.com/moby/profiles/seccomp"
 
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
@@ -33,7 +34,7 @@ func dockerClient(t *testing.T) *client.Client {
 	t.Helper()
 	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testdeadline.Scale(10*time.Second))
 	defer cancel()
 	_, err = cli.ImageInspect(ctx, testImage)
 	require.NoError(t, err, "image %s must exist locally (never pulled)", testImage)

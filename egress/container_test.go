@@ -34,6 +34,7 @@ import (
 	"github.com/taskrun/taskrun/internal/dockertest"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/internal/testbin"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 )
 
 // containerDir is where the proxy's socket and CA appear inside the container.
@@ -48,7 +49,9 @@ func dockerClient(t *testing.T) *client.Client {
 	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 	require.NoError(t, err)
 	t.Cleanup(func() { cli.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// The engine answers in moments; a loaded machine must not make the
+	// tests skip as if it were missing.
+	ctx, cancel := context.WithTimeout(context.Background(), testdeadline.Scale(10*time.Second))
 	defer cancel()
 	if _, err := cli.Ping(ctx); err != nil {
 		t.Skipf("no Docker engine: %v", err)

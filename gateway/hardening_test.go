@@ -21,6 +21,7 @@ import (
 
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 )
 
 // startConfig runs a gateway for cfg on a socket in a temp dir.
@@ -181,7 +182,7 @@ func TestExchangesRunOneAtATime(t *testing.T) {
 	}
 	<-entered
 	// Either the second request waits at the gateway, or (unprotected) it reaches the upstream.
-	require.Eventually(t, func() bool { return g.waiting.Load() == 1 || inflight.Load() == 2 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return g.waiting.Load() == 1 || inflight.Load() == 2 }, testdeadline.Scale(10*time.Second), 5*time.Millisecond)
 	close(release)
 	wg.Wait()
 	assert.Equal(t, []int{http.StatusOK, http.StatusOK}, statuses)

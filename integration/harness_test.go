@@ -32,6 +32,7 @@ import (
 	"github.com/taskrun/taskrun/examples"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/internal/runtest"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
@@ -105,7 +106,8 @@ func (h *harness) input(runID string) taskrun.RunTaskInput {
 // judge the run by what reached S3 and the control plane.
 func (h *harness) run(in taskrun.RunTaskInput) {
 	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// A run here takes seconds; the deadline bounds one that hangs.
+	ctx, cancel := context.WithTimeout(context.Background(), testdeadline.Scale(3*time.Minute))
 	defer cancel()
 	_ = taskrun.RunTask(ctx, in)
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/taskrun/taskrun/images"
 	"github.com/taskrun/taskrun/integration/taskruntest"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
@@ -82,8 +83,14 @@ func TestMain(m *testing.M) {
 
 // runSuite builds the images, starts the S3 server, runs the tests and
 // removes everything it created.
+//
+// The set-up and the clean-up each have their own deadline, scaled to the
+// machine's speed; the tests between them are bounded by go test -timeout.
 func runSuite(m *testing.M) (code int, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// Compiling the agent and versitygw, building three images and starting
+	// the S3 server take a few minutes on an idle 2-core machine; the
+	// deadline only bounds a build or a start that is stuck.
+	ctx, cancel := context.WithTimeout(context.Background(), testdeadline.Scale(10*time.Minute))
 	defer cancel()
 	binDir, err := os.MkdirTemp("", "taskrun-integration-bin-")
 	if err != nil {
@@ -91,10 +98,17 @@ func runSuite(m *testing.M) (code int, err error) {
 	}
 	defer os.RemoveAll(binDir)
 
+	// Removing the images and the S3 server takes seconds; the deadline
+	// bounds an engine that stopped answering.
+	cleanup := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), testdeadline.Scale(2*time.Minute))
+	}
 	built, err := buildImages(ctx, binDir)
 	defer func() {
+		ctx, cancel := cleanup()
+		defer cancel()
 		for _, img := range built {
-			err = errors.Join(err, img.Remove(context.WithoutCancel(ctx)))
+			err = errors.Join(err, img.Remove(ctx))
 		}
 	}()
 	if err != nil {
@@ -106,6 +120,8 @@ func runSuite(m *testing.M) (code int, err error) {
 		return 1, err
 	}
 	code = m.Run()
+	ctx, cancel = cleanup()
+	defer cancel()
 	if err := checkNothingLeft(ctx); err != nil {
 		return 1, err
 	}

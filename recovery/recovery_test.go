@@ -1,6 +1,7 @@
 package recovery_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/instance"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/recovery"
@@ -111,8 +113,13 @@ func TestRecoverStoresEverythingAndReleases(t *testing.T) {
 	f := newFixture(t)
 	before, err := os.ReadFile(filepath.Join(f.rec.SpoolDir, recovery.StdoutSpoolName))
 	require.NoError(t, err)
-	// The container keeps printing after the executor stopped reading.
-	time.Sleep(500 * time.Millisecond)
+	// The container keeps printing after the executor stopped reading: wait
+	// until the engine's log holds more than the spool did.
+	want := strings.Count(string(before), "\n") + 2
+	require.Eventually(t, func() bool {
+		logs, err := exec.Command("docker", "logs", f.handle.ID()).Output()
+		return err == nil && bytes.Count(logs, []byte("\n")) >= want
+	}, testdeadline.Scale(time.Minute), 50*time.Millisecond, "the container printed on into the engine's log")
 	f.die(t)
 
 	var finished []journal.Record

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes server binaries the test cluster runs (kube-apiserver,
-# kubelet, kube-scheduler) from the Go module proxy, into a cache directory
+# Builds the Kubernetes binaries the test cluster runs (COMPONENTS below) from
+# the Go module proxy, in one go build, into a cache directory
 # outside the clone, and prints that directory. A second call finds them there
 # and builds nothing.
 #
@@ -28,6 +28,10 @@ else
 fi
 DIR=$CACHE/v$VERSION
 BIN=$DIR/bin
+# Only what scripts/kube-up.sh and kube-down.sh start: the control plane and
+# the node, whose controller-manager creates the service accounts Pods need
+# and deletes the tests' namespaces, and kubectl, which the scripts drive the
+# cluster with. Nothing else (kube-proxy among them) is built.
 COMPONENTS=(kube-apiserver kubelet kube-scheduler kube-controller-manager kubectl)
 
 # The staging modules k8s.io/kubernetes's go.mod replaces with ./staging/...
@@ -67,7 +71,7 @@ if built; then
 fi
 
 cd "$DIR/src"
-if [ ! -f go.sum ] || ! grep -q "k8s.io/kubernetes v$VERSION " go.mod 2>/dev/null; then
+if [ ! -f go.sum ] || ! grep -qE "k8s.io/kubernetes v$VERSION( |$)" go.mod 2>/dev/null; then
 	say "resolving k8s.io/kubernetes v$VERSION in $DIR/src"
 	{
 		echo "module taskrun.local/kubebuild"
@@ -100,11 +104,21 @@ LDFLAGS="-s -w -X $PKG.gitVersion=v$VERSION -X $PKG.gitMajor=${VERSION%%.*}"
 minor=${VERSION#*.}
 LDFLAGS="$LDFLAGS -X $PKG.gitMinor=${minor%%.*} -X $PKG.gitTreeState=clean -X $PKG.buildDate=1970-01-01T00:00:00Z"
 LDFLAGS="$LDFLAGS -X k8s.io/client-go/pkg/version.gitVersion=v$VERSION"
+# One go build for every missing command: it loads their package graph once,
+# schedules the packages they share once, and keeps every core busy (one
+# command links while the others still compile) where one go build per
+# command left a core idle during each link.
+missing=()
 for c in "${COMPONENTS[@]}"; do
-	[ -x "$BIN/$c" ] && continue
-	say "building $c v$VERSION (several minutes on a cold cache)"
-	CGO_ENABLED=0 GOFLAGS=-mod=mod "$GO" build -trimpath -tags tools -ldflags "$LDFLAGS" \
-		-o "$BIN/$c.tmp" "k8s.io/kubernetes/cmd/$c" || die "building $c failed"
-	mv "$BIN/$c.tmp" "$BIN/$c"
+	[ -x "$BIN/$c" ] || missing+=("$c")
 done
+say "building ${missing[*]} v$VERSION in one go build (minutes on a cold cache)"
+rm -rf "$DIR/bin.tmp"
+mkdir -p "$DIR/bin.tmp"
+CGO_ENABLED=0 GOFLAGS=-mod=mod "$GO" build -trimpath -tags tools -ldflags "$LDFLAGS" \
+	-o "$DIR/bin.tmp/" "${missing[@]/#/k8s.io/kubernetes/cmd/}" || die "building ${missing[*]} failed"
+for c in "${missing[@]}"; do
+	mv "$DIR/bin.tmp/$c" "$BIN/$c"
+done
+rmdir "$DIR/bin.tmp"
 echo "$BIN"

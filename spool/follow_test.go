@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/spool"
 )
 
@@ -27,10 +28,10 @@ func TestFollowFileTailsUntilRemoved(t *testing.T) {
 		_, err := spool.FollowFile(context.Background(), path, &out, 10*time.Millisecond, nil)
 		res <- err
 	}()
-	require.Eventually(t, func() bool { return out.String() == "first\n" }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return out.String() == "first\n" }, testdeadline.Scale(10*time.Second), 5*time.Millisecond)
 	_, err = s.Write([]byte("second\n"))
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return out.String() == "first\nsecond\n" }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return out.String() == "first\nsecond\n" }, testdeadline.Scale(10*time.Second), 5*time.Millisecond)
 	_, err = s.Write([]byte("last\n"))
 	require.NoError(t, err)
 	require.NoError(t, s.Close())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -23,10 +24,12 @@ import (
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/internal/testbin"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/persist/s3test"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
@@ -176,8 +179,17 @@ func TestKilledExecutorIsRecoveredByGC(t *testing.T) {
 	require.NoError(t, run.Process.Signal(syscall.SIGKILL))
 	_ = run.Wait()
 	streamed, _, _ := cp.Stream(runID)
-	// The agent prints on into the engine's log only.
-	time.Sleep(time.Second)
+	// The agent prints on into the engine's log only: wait until it holds
+	// the lines output.log must have beyond what was streamed.
+	want := strings.Count(string(streamed), "\n") + 11
+	require.Eventually(t, func() bool {
+		id, err := exec.Command("docker", "ps", "-q", "--filter", "label="+sandbox.LabelRun+"="+runID).Output()
+		if err != nil || len(bytes.TrimSpace(id)) == 0 {
+			return false
+		}
+		logs, err := exec.Command("docker", "logs", string(bytes.TrimSpace(id))).Output()
+		return err == nil && bytes.Count(logs, []byte("\n")) >= want
+	}, testdeadline.Scale(time.Minute), 100*time.Millisecond, "the agent printed %d lines into the engine's log", want)
 	require.NotEmpty(t, e.runDir(runID), "the killed run left its dir")
 	assert.DirExists(t, e.runDir(runID))
 
@@ -403,7 +415,7 @@ func TestHungStoreAndSIGTERMExitWithinTheGrace(t *testing.T) {
 	go func() { exited <- run.Wait() }()
 	select {
 	case <-exited:
-	case <-time.After(grace + 5*time.Second):
+	case <-time.After(grace + testdeadline.Scale(5*time.Second)): // the grace, and the time to exit after it
 		t.Fatalf("the executor did not exit within --shutdown-grace %s: %s", grace, &runErr)
 	}
 

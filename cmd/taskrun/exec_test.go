@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/runindex"
 )
@@ -69,7 +70,7 @@ func TestExecRunsUnderTheRunsPolicyAndIsRecorded(t *testing.T) {
 	a := newApp(slave, &ttyErr)
 	code = a.run(context.Background(), []string{"exec", "--store", store, runID, "--", "sh", "-c", `tty; printf '\033]0;pwned\007'`})
 	require.Equal(t, exitOK, code, ttyErr.String())
-	require.Eventually(t, func() bool { return strings.Contains(tty.String(), "^[]0;pwned^G") }, 10*time.Second, 10*time.Millisecond, tty.String())
+	require.Eventually(t, func() bool { return strings.Contains(tty.String(), "^[]0;pwned^G") }, testdeadline.Scale(10*time.Second), 10*time.Millisecond, tty.String())
 	assert.Contains(t, tty.String(), "/dev/pts/")
 	assert.NotContains(t, tty.String(), "\x1b]0;pwned")
 

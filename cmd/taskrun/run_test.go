@@ -259,11 +259,13 @@ func TestRunAppliesPolicyToLiveContainer(t *testing.T) {
 	defer docker.Close()
 	user := tenant(t)
 
+	// The container is looked for until it is seen or the run ended, however
+	// long the machine takes to start it.
 	var raw []byte
-	found := make(chan struct{})
+	found, ended := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(found)
-		for range 200 {
+		for {
 			list, err := docker.ContainerList(context.Background(), container.ListOptions{
 				Filters: filters.NewArgs(filters.Arg("label", "dev.taskrun.tenant="+user)),
 			})
@@ -271,10 +273,15 @@ func TestRunAppliesPolicyToLiveContainer(t *testing.T) {
 				_, raw, _ = docker.ContainerInspectWithRaw(context.Background(), list[0].ID, false)
 				return
 			}
-			time.Sleep(50 * time.Millisecond)
+			select {
+			case <-ended:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 	}()
 	_, stderr, code := cli(t, "--image", testImage, "--memory", "256m", "--pids", "64", "--cpus", "0.5", "--", "sleep", "4")
+	close(ended)
 	<-found
 	require.Equal(t, 0, code, stderr)
 	require.NotEmpty(t, raw, "the run's container was never seen live")

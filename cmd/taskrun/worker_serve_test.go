@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/controlplane/client"
 	"github.com/taskrun/taskrun/internal/pgtest"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -62,7 +65,7 @@ func startServeProcs(t *testing.T, env *crashEnv, db string, replicas int, ttl t
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 			select {
 			case <-p.exited:
-			case <-time.After(30 * time.Second):
+			case <-time.After(testdeadline.Scale(30 * time.Second)):
 				_ = p.cmd.Process.Kill()
 				<-p.exited
 			}
@@ -81,23 +84,21 @@ func startServeProcs(t *testing.T, env *crashEnv, db string, replicas int, ttl t
 			}
 			resp.Body.Close()
 			return resp.StatusCode == http.StatusOK
-		}, time.Minute, 20*time.Millisecond, "serve %s never became ready", p.url)
+		}, testdeadline.Scale(time.Minute), 20*time.Millisecond, "serve %s never became ready", p.url)
 	}
 	return procs
 }
 
 func TestWorkerFleetAgainstServeSQLite(t *testing.T) {
 	env := newCrashEnv(t)
-	ttl := 4 * time.Second
 	db := "sqlite://" + filepath.Join(t.TempDir(), "cp.db")
-	workerFleetAgainstServe(t, env, startServeProcs(t, env, db, 1, ttl), ttl)
+	workerFleetAgainstServe(t, env, startServeProcs(t, env, db, 1, fleetLeaseTTL()))
 }
 
 func TestWorkerFleetAgainstServePostgres(t *testing.T) {
 	env := newCrashEnv(t)
-	ttl := 4 * time.Second
 	db := pgtest.Shared(t).NewDatabase(t)
-	workerFleetAgainstServe(t, env, startServeProcs(t, env, db, 2, ttl), ttl)
+	workerFleetAgainstServe(t, env, startServeProcs(t, env, db, 2, fleetLeaseTTL()))
 }
 
 // workerFleetAgainstServe submits runs through the user API of the serve
@@ -105,7 +106,7 @@ func TestWorkerFleetAgainstServePostgres(t *testing.T) {
 // one midway and restarts it once its leases lapsed, and checks every run
 // ended exactly once, with the right status, one container per lease, and
 // nothing left on the host.
-func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc, ttl time.Duration) {
+func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc) {
 	ctx := context.Background()
 	n := e2eRuns(t)
 	taskrunBin(t)
@@ -148,13 +149,16 @@ func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc, t
 	fleet.startOn(serves[0].url, "", 2)
 	require.Eventually(t, func() bool {
 		return ended() >= n/4 && scrape(t, victim.metrics)["taskrun_worker_slots_busy"] > 0
-	}, 5*time.Minute, 50*time.Millisecond)
+	}, testdeadline.Scale(5*time.Minute), 50*time.Millisecond)
 	t.Logf("%s: %d runs ended; killing a worker", time.Since(began), ended())
 	require.NoError(t, victim.cmd.Process.Signal(syscall.SIGKILL))
 	<-victim.exited
-	time.Sleep(ttl + 2*time.Second)
+	awaitLeasesSettled(t, slices.Collect(maps.Keys(retryable)), func(id string) leaseState {
+		r := get(id)
+		return leaseState{terminal: r.Status.Terminal(), queued: r.Status == model.StatusQueued, epoch: r.Epoch}
+	})
 	restarted := fleet.startOn(serves[len(serves)-1].url, victim.root, 2)
-	require.Eventually(t, func() bool { return ended() == n }, 10*time.Minute, 200*time.Millisecond, "every run ends")
+	require.Eventually(t, func() bool { return ended() == n }, testdeadline.Scale(10*time.Minute), 200*time.Millisecond, "every run ends")
 	t.Logf("%s: all %d runs ended", time.Since(began), n)
 
 	creates := countCreates()
@@ -202,7 +206,7 @@ func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc, t
 		}
 		select {
 		case <-p.exited:
-		case <-time.After(2 * time.Minute):
+		case <-time.After(testdeadline.Scale(2 * time.Minute)):
 			t.Fatal("a draining worker did not exit")
 		}
 		assert.NoError(t, p.err, "a drained worker exits 0")

@@ -2,11 +2,13 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,7 +21,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
@@ -103,7 +108,7 @@ func (f *workerFleet) startOn(server, root string, slots int, extra ...string) *
 	p.cmd = f.env.command(t, nil, "worker", "--log-format", "json",
 		"--server", server, "--token-file", f.tokenFile, "--slots", strconv.Itoa(slots),
 		"--store", f.env.store, "--root", root, "--image", testImage, "--labels", "runtime=runc,image="+testImage,
-		"--helpers-dir", f.env.helpers, "--drain-grace", "30s", "--lease-wait", "2s",
+		"--helpers-dir", f.env.helpers, "--drain-grace", testdeadline.Scale(30*time.Second).String(), "--lease-wait", "2s",
 		"--metrics-listen", p.metrics, "--disk", "64m", "--max-output", "16m", "--timeout", "2m")
 	p.cmd.Args = append(p.cmd.Args, extra...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
@@ -150,38 +155,63 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 // watchCreates follows the engine's container create events from now on
 // (docker events, streamed: the engine keeps only a short backlog) and
 // returns a function that stops following and counts them per run.
+//
+// Both ends wait on an event, not on time: watchCreates returns once the
+// stream delivered the create of a marker container made after it
+// subscribed, so no run's create can precede the subscription; the stop
+// function makes a second marker and reads until its create arrived, so
+// every earlier create was delivered (the engine sends a subscriber its
+// events in order).
 func watchCreates(t *testing.T) func() map[string]int {
 	t.Helper()
-	var out strings.Builder
+	var out lockedbuf.Buffer
 	cmd := exec.Command("docker", "events", "--filter", "type=container", "--filter", "event=create",
-		"--filter", "label=dev.taskrun.managed", "--format", `{{index .Actor.Attributes "dev.taskrun.run"}}`)
-	var mu sync.Mutex
-	cmd.Stdout = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return out.Write(p) })
+		"--filter", "label="+sandbox.LabelRun, "--format", `{{index .Actor.Attributes "`+sandbox.LabelRun+`"}}`)
+	cmd.Stdout = &out
 	require.NoError(t, cmd.Start())
 	stopped := false
-	stop := func() map[string]int {
+	kill := func() {
 		if !stopped {
 			stopped = true
-			time.Sleep(time.Second) // the last events reach the stream
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		}
-		mu.Lock()
-		defer mu.Unlock()
+	}
+	t.Cleanup(kill)
+	awaitMarker(t, &out)
+	return func() map[string]int {
+		if !stopped {
+			awaitMarker(t, &out)
+			kill()
+		}
 		counts := map[string]int{}
 		for _, run := range strings.Fields(out.String()) {
 			counts[run]++
 		}
 		return counts
 	}
-	t.Cleanup(func() { stop() })
-	return stop
 }
 
-// writerFunc is an io.Writer.
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+// awaitMarker creates (and removes) a container labelled with a run ID of
+// its own, not managed by taskrun, and waits until out, a create event
+// stream, shows it.
+func awaitMarker(t *testing.T, out *lockedbuf.Buffer) {
+	t.Helper()
+	marker := "events-marker-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	seen := out.Seen(marker + "\n")
+	create := exec.Command("docker", "create", "--label", sandbox.LabelRun+"="+marker, "--name", marker, testImage, "true")
+	msg, err := create.CombinedOutput()
+	require.NoError(t, err, "docker create %s: %s", marker, msg)
+	t.Cleanup(func() { _ = exec.Command("docker", "rm", "-f", marker).Run() })
+	// The engine reports a create within moments; the deadline only bounds
+	// a stream that broke.
+	select {
+	case <-seen:
+	case <-time.After(testdeadline.Scale(time.Minute)):
+		t.Fatalf("the engine's event stream never showed container %s; it has %q", marker, out.String())
+	}
+	require.NoError(t, exec.Command("docker", "rm", "-f", marker).Run())
+}
 
 // assertNoLoopDevices checks that no loop device is (still, once the kernel
 // detached those of the last unmounts) backed by a file under one of roots:
@@ -206,7 +236,49 @@ func assertNoLoopDevices(t *testing.T, roots []string) {
 			}
 		}
 		return len(left) == 0
-	}, 15*time.Second, 100*time.Millisecond, "loop devices left: %v", &left)
+	}, testdeadline.Scale(15*time.Second), 100*time.Millisecond, "loop devices left: %v", &left)
+}
+
+// The fleet tests' deadlines are written for an idle 2-core machine and
+// scaled (internal/testdeadline): each bounds an event that is not coming (a
+// run that never ends, a worker that never exits), and the time the events
+// take grows with the machine's load.
+
+// fleetLeaseTTL is the TTL of the fleet tests' leases: short, so that the
+// killed worker's leases lapse soon, but scaled to the machine's speed, as
+// a live worker must renew its leases within it (every second): on a loaded
+// machine a renewal can be late by seconds, and the run is taken from a
+// worker that is still running it.
+func fleetLeaseTTL() time.Duration { return testdeadline.Scale(4 * time.Second) }
+
+// leaseState is what awaitLeasesSettled needs to know of a run.
+type leaseState struct {
+	terminal, queued bool
+	epoch            int64
+}
+
+// awaitLeasesSettled waits until every run of ids that is leased now (not
+// terminal, not queued) has ended, been queued again or been leased again
+// (its epoch grew): the live workers' runs end, and the leases a killed
+// worker held lapse and are settled by the control plane.
+func awaitLeasesSettled(t *testing.T, ids []string, state func(id string) leaseState) {
+	t.Helper()
+	leased := map[string]int64{}
+	for _, id := range ids {
+		if s := state(id); !s.terminal && !s.queued {
+			leased[id] = s.epoch
+		}
+	}
+	// A run ends within seconds and a lease lapses within its TTL; the
+	// deadline only bounds a control plane that never settles one.
+	require.Eventually(t, func() bool {
+		for id, epoch := range leased {
+			if s := state(id); !s.terminal && !s.queued && s.epoch == epoch {
+				return false
+			}
+		}
+		return true
+	}, testdeadline.Scale(time.Minute)+fleetLeaseTTL(), 100*time.Millisecond, "the leases held when the worker was killed lapse")
 }
 
 // e2eRuns is how many runs the fleet test submits: TASKRUN_WORKER_E2E_RUNS,
@@ -229,8 +301,7 @@ func e2eRuns(t *testing.T) int {
 func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 	env := newCrashEnv(t)
 	cp := controlplanetest.New(t, workerToken)
-	ttl := 4 * time.Second
-	cp.SetLeaseTiming(ttl, time.Second)
+	cp.SetLeaseTiming(fleetLeaseTTL(), time.Second)
 	n := e2eRuns(t)
 	prefix := env.user + "-"
 	retryable := map[string]bool{}
@@ -270,22 +341,19 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 		}
 		m := scrape(t, victim.metrics)
 		return m["taskrun_worker_slots_busy"] > 0
-	}, 5*time.Minute, 50*time.Millisecond)
+	}, testdeadline.Scale(5*time.Minute), 50*time.Millisecond)
 	t.Logf("%s: %d runs ended; killing a worker", time.Since(began), ended())
 	require.NoError(t, victim.cmd.Process.Signal(syscall.SIGKILL))
 	<-victim.exited
-	victimID := ""
-	for id := range retryable {
-		if info := cp.Lease(id); !info.Status.Terminal() && len(info.Holders) > 0 {
-			victimID = info.Holders[len(info.Holders)-1]
-		}
-	}
 	// Restart it once the control plane has given up on its leases, so
 	// that every one of its runs is settled by the control plane.
-	time.Sleep(ttl + time.Second)
+	awaitLeasesSettled(t, slices.Collect(maps.Keys(retryable)), func(id string) leaseState {
+		info := cp.Lease(id)
+		return leaseState{terminal: info.Status.Terminal(), queued: info.Queued, epoch: info.Epoch}
+	})
 	restarted := fleet.start(victim.root, 2)
 
-	require.Eventually(t, func() bool { return ended() == n }, 10*time.Minute, 100*time.Millisecond, "every run ends")
+	require.Eventually(t, func() bool { return ended() == n }, testdeadline.Scale(10*time.Minute), 100*time.Millisecond, "every run ends")
 
 	t.Logf("%s: all %d runs ended", time.Since(began), n)
 	creates := countCreates()
@@ -327,7 +395,7 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 			assert.LessOrEqual(t, len(holders), 1, "a run that is not retryable is leased once")
 		}
 	}
-	t.Logf("%d runs, %d finalized worker lost (worker %s killed)", n, lost, victimID)
+	t.Logf("%d runs, %d finalized worker lost", n, lost)
 
 	// The fleet's metrics carry the series.
 	m := scrape(t, restarted.metrics)
@@ -344,7 +412,7 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 		Task: model.Task{ID: "tlong", UserID: env.user, ConversationID: "c1"}, Run: model.TaskRun{ID: longID, TaskID: "tlong"},
 		SessionID: "s1", Image: testImage, Command: []string{"sh", "-c", "sleep 3; echo drained"},
 	})
-	require.Eventually(t, func() bool { return len(cp.Patches(longID)) > 0 }, time.Minute, 20*time.Millisecond, "the long run is RUNNING")
+	require.Eventually(t, func() bool { return len(cp.Patches(longID)) > 0 }, testdeadline.Scale(time.Minute), 20*time.Millisecond, "the long run is RUNNING")
 	var live []*workerProc
 	for _, p := range fleet.procs {
 		if p.cmd.ProcessState == nil && p != victim {
@@ -360,7 +428,7 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 			}
 			resp.Body.Close()
 			return resp.StatusCode == http.StatusServiceUnavailable
-		}, time.Minute, 10*time.Millisecond, "a draining worker is not ready")
+		}, testdeadline.Scale(time.Minute), 10*time.Millisecond, "a draining worker is not ready")
 	}
 	lateID := prefix + "late"
 	cp.Enqueue(workerclient.Assignment{
@@ -370,7 +438,7 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 	for _, p := range live {
 		select {
 		case <-p.exited:
-		case <-time.After(2 * time.Minute):
+		case <-time.After(testdeadline.Scale(2 * time.Minute)):
 			t.Fatal("a draining worker did not exit")
 		}
 		assert.NoError(t, p.err, "a drained worker exits 0")
@@ -426,14 +494,14 @@ func TestWorkerWarmFlag(t *testing.T) {
 	require.Eventually(t, func() bool {
 		parked = parkedUnder()
 		return len(parked) == 1 && scrape(t, w.metrics)["taskrun_worker_warm_ready"] == 1
-	}, 2*time.Minute, 50*time.Millisecond, "the worker parks a container before any run")
+	}, testdeadline.Scale(2*time.Minute), 50*time.Millisecond, "the worker parks a container before any run")
 
 	id := env.user + "-warm"
 	cp.Enqueue(workerclient.Assignment{
 		Task: model.Task{ID: "twarm", UserID: env.user, ConversationID: "c1"}, Run: model.TaskRun{ID: id, TaskID: "twarm"},
 		SessionID: "s1", Image: testImage, Command: []string{"sh", "-c", "echo warm $TASKRUN_RUN_ID"},
 	})
-	require.Eventually(t, func() bool { return cp.Lease(id).Status.Terminal() }, 2*time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return cp.Lease(id).Status.Terminal() }, testdeadline.Scale(2*time.Minute), 20*time.Millisecond)
 	info := cp.Lease(id)
 	require.Equal(t, model.StatusSucceeded, info.Status, info.Reason)
 	data, _, _ := cp.Stream(id)
@@ -449,12 +517,12 @@ func TestWorkerWarmFlag(t *testing.T) {
 	assert.Equal(t, 1.0, m["taskrun_worker_warm_claims_total"])
 	assert.Zero(t, m["taskrun_worker_warm_misses_total"])
 	assert.Zero(t, m["taskrun_worker_warm_audit_failures_total"])
-	require.Eventually(t, func() bool { return len(parkedUnder()) == 1 }, 2*time.Minute, 50*time.Millisecond, "the pool refills")
+	require.Eventually(t, func() bool { return len(parkedUnder()) == 1 }, testdeadline.Scale(2*time.Minute), 50*time.Millisecond, "the pool refills")
 
 	require.NoError(t, w.cmd.Process.Signal(syscall.SIGTERM))
 	select {
 	case <-w.exited:
-	case <-time.After(2 * time.Minute):
+	case <-time.After(testdeadline.Scale(2 * time.Minute)):
 		t.Fatal("the worker did not exit")
 	}
 	assert.NoError(t, w.err, "a drained worker exits 0")

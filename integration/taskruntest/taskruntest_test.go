@@ -20,6 +20,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/integration/taskruntest"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -137,7 +138,7 @@ func TestLiveContainerCarriesSessionLabels(t *testing.T) {
 	}()
 	select {
 	case <-ready:
-	case <-time.After(time.Minute):
+	case <-time.After(testdeadline.Scale(time.Minute)): // seconds on an idle machine
 		t.Fatal("the run never printed ready")
 	}
 

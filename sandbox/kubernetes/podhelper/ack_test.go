@@ -8,10 +8,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/internal/testdeadline"
 )
 
 func TestAckLineRoundTrip(t *testing.T) {
@@ -66,7 +69,7 @@ func requireSettled(t *testing.T, done <-chan error) error {
 	select {
 	case err := <-done:
 		return err
-	case <-time.After(10 * time.Second):
+	case <-time.After(testdeadline.Scale(10 * time.Second)): // settles in milliseconds; bounds one that never does
 		t.Fatal("settle did not return")
 		return nil
 	}
@@ -117,29 +120,37 @@ func TestSettleGivesUpWhenTheSessionEnds(t *testing.T) {
 	require.NoError(t, requireSettled(t, settleAsync(l, time.Minute)))
 }
 
+// The settle tests whose subject is time run on synctest's fake clock: a
+// step is exactly as far from the last as written, however loaded the
+// machine is.
+
 func TestSettleGivesUpWithoutProgress(t *testing.T) {
-	l := newLedger(1)
-	l.forwarded(false, 10)
-	start := time.Now()
-	err := requireSettled(t, settleAsync(l, 200*time.Millisecond))
-	require.ErrorIs(t, err, errAckIdle)
-	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+	synctest.Test(t, func(t *testing.T) {
+		l := newLedger(1)
+		l.forwarded(false, 10)
+		start := time.Now()
+		err := requireSettled(t, settleAsync(l, 200*time.Millisecond))
+		require.ErrorIs(t, err, errAckIdle)
+		assert.Equal(t, 200*time.Millisecond, time.Since(start))
+	})
 }
 
 func TestSettleKeepsWaitingWhileAcknowledgementsAdvance(t *testing.T) {
-	const idle = 300 * time.Millisecond
-	l := newLedger(0)
-	l.forwarded(false, 10)
-	done := settleAsync(l, idle)
-	// Ten steps a third of the idle period apart: three idle periods in
-	// all, and never one without progress.
-	for i := range 9 {
-		time.Sleep(idle / 3)
-		l.ack(Counts{Stdout: int64(i + 1)})
-	}
-	requirePending(t, done, idle/3, "acknowledgements advancing")
-	l.ack(Counts{Stdout: 10})
-	require.NoError(t, requireSettled(t, done))
+	synctest.Test(t, func(t *testing.T) {
+		const idle = 300 * time.Millisecond
+		l := newLedger(0)
+		l.forwarded(false, 10)
+		done := settleAsync(l, idle)
+		// Ten steps a third of the idle period apart: three idle periods in
+		// all, and never one without progress.
+		for i := range 9 {
+			time.Sleep(idle / 3)
+			l.ack(Counts{Stdout: int64(i + 1)})
+		}
+		requirePending(t, done, idle/3, "acknowledgements advancing")
+		l.ack(Counts{Stdout: 10})
+		require.NoError(t, requireSettled(t, done))
+	})
 }
 
 func TestReadAcksKeepsTheLatestAndStopsOnForeignInput(t *testing.T) {
@@ -214,13 +225,13 @@ func TestAckerCountsWhatWasDeliveredAndAcknowledgesTheLatest(t *testing.T) {
 	rec := &lineRecorder{}
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx, rec, 50*time.Millisecond) }()
-	require.Eventually(t, func() bool { return rec.last() == "ack 5 2\n" }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rec.last() == "ack 5 2\n" }, testdeadline.Scale(5*time.Second), 5*time.Millisecond)
 	// A burst within one interval is acknowledged once, at its end.
 	for range 100 {
 		_, err := stdout.Write([]byte("x"))
 		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool { return rec.last() == "ack 105 2\n" }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rec.last() == "ack 105 2\n" }, testdeadline.Scale(5*time.Second), 5*time.Millisecond)
 	assert.LessOrEqual(t, rec.count(), 3, "acknowledgements are coalesced")
 	time.Sleep(150 * time.Millisecond)
 	assert.Equal(t, "ack 105 2\n", rec.last(), "nothing new, nothing sent")

@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/internal/testdeadline"
 )
 
 // mainEnv makes the test binary act as the helper (TestMain).
@@ -101,9 +103,11 @@ func (e *executor) acknowledge(t *testing.T) {
 	go func() { _ = e.acker.Run(ctx, e.stdin, 5*time.Millisecond) }()
 }
 
-// wait returns the gate's exit status.
+// wait returns the gate's exit status; within, written for an idle
+// machine, is scaled to this one's slowdown.
 func (e *executor) wait(t *testing.T, within time.Duration) int {
 	t.Helper()
+	within = testdeadline.Scale(within)
 	select {
 	case err := <-e.exited:
 		return exitCode(t, err)
@@ -141,7 +145,7 @@ func TestGateForwardsSignalsAndReportsDeath(t *testing.T) {
 	e := startGate(t, nil, "--", "sh", "-c", `trap 'echo term; exit 7' TERM; echo up; while :; do sleep 0.05; done`)
 	e.release(t)
 	e.acknowledge(t)
-	require.Eventually(t, func() bool { return bytes.Contains(e.stdout.Bytes(), []byte("up\n")) }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return bytes.Contains(e.stdout.Bytes(), []byte("up\n")) }, testdeadline.Scale(10*time.Second), 10*time.Millisecond)
 	require.NoError(t, e.cmd.Process.Signal(syscall.SIGTERM))
 	assert.Equal(t, 7, e.wait(t, 10*time.Second), "SIGTERM reaches the command, whose status the gate returns")
 	assert.Contains(t, string(e.stdout.Bytes()), "term\n")
@@ -183,7 +187,7 @@ func TestGateHoldsItsExitUntilEveryByteIsAcknowledged(t *testing.T) {
 			e.release(t)
 			e.acknowledge(t)
 			if tc.exitsFirst {
-				require.Eventually(t, func() bool { _, err := os.Stat(marker); return err == nil }, 10*time.Second, 10*time.Millisecond)
+				require.Eventually(t, func() bool { _, err := os.Stat(marker); return err == nil }, testdeadline.Scale(10*time.Second), 10*time.Millisecond)
 			}
 			select {
 			case err := <-e.exited:
@@ -231,7 +235,7 @@ func TestGateDoesNotWaitForAGoneExecutor(t *testing.T) {
 	// gate exits at once, with the command's status.
 	e := startGate(t, nil, "--ack-idle", "1m", "--", "sh", "-c", "echo out; exit 5")
 	e.release(t)
-	require.Eventually(t, func() bool { return string(e.stdout.Bytes()) == "out\n" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return string(e.stdout.Bytes()) == "out\n" }, testdeadline.Scale(10*time.Second), 10*time.Millisecond)
 	require.NoError(t, e.stdin.Close())
 	assert.Equal(t, 5, e.wait(t, 10*time.Second))
 

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/internal/testdeadline"
 )
 
 // shortDir is a temp dir with a path short enough for unix sockets.
@@ -71,7 +73,7 @@ func TestTunnelCarriesAnAgentConnectionToTheExecutorsSocket(t *testing.T) {
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { _, err := os.Stat(control); return err == nil }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, err := os.Stat(control); return err == nil }, testdeadline.Scale(10*time.Second), 10*time.Millisecond)
 	require.NoError(t, cmd.Start())
 	ready, paired := make(chan struct{}), make(chan struct{})
 	carried := make(chan error, 1)
@@ -106,7 +108,7 @@ func TestTunnelForAnUnknownSocketIsRefused(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = Serve(ctx, control, []string{filepath.Join(dir, "gw.sock")}) }()
-	require.Eventually(t, func() bool { _, err := os.Stat(control); return err == nil }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, err := os.Stat(control); return err == nil }, testdeadline.Scale(10*time.Second), 10*time.Millisecond)
 	c, err := net.Dial("unix", control)
 	require.NoError(t, err)
 	defer c.Close()
