@@ -151,6 +151,8 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	wg.Wait()
 	// The collection record lists what every walk skipped.
 	files.do(c.collectionRecord(ctx, ex), "collection record")
+	// The attestation covers every object above.
+	files.do(c.attestation(ctx, wd, ex, v), "attestation")
 	stopPersist()
 	slices.SortFunc(c.out.objects, func(a, b persist.ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
 	errs := append(records.errs, files.errs...)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/agentmd"
+	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/helpers"
@@ -170,6 +171,13 @@ type RunTaskInput struct {
 	Journal *journal.Dir
 	// Executor identifies the executor process in the journal.
 	Executor instance.Info
+	// AttestKey signs the run's attestation (package attest), stored as
+	// attest.ObjectName beside the run's other objects. Without a key the
+	// attestation is stored unsigned, and says so. The key stays in the
+	// executor: it never enters the sandbox, a log or a record.
+	AttestKey *attest.Signer
+	// Version is the executor's version, recorded in the attestation.
+	Version string
 	// StoreURL and ControlPlane are journaled (without credentials) so
 	// that `taskrun gc` can finish the run if the executor dies.
 	StoreURL     string

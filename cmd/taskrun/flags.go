@@ -2,11 +2,13 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 
 	"github.com/docker/go-units"
 	"github.com/spf13/pflag"
 
+	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/controlplane/client"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -147,4 +149,35 @@ func (u *userAPIFlags) client() (*client.Client, error) {
 		tok = os.Getenv(envToken)
 	}
 	return client.New(u.server, tok, nil)
+}
+
+// envAttestKey names the environment variable --attest-key defaults to.
+const envAttestKey = "TASKRUN_ATTEST_KEY"
+
+// attestKeyFlag is --attest-key, the host's private key that signs every
+// run's attestation.
+type attestKeyFlag struct {
+	path   string
+	signer *attest.Signer
+}
+
+func (k *attestKeyFlag) define(fs *pflag.FlagSet) {
+	fs.StringVar(&k.path, "attest-key", "", "PEM private key (ECDSA P-256 or Ed25519, PKCS #8) signing each run's attestation; it never enters a sandbox (default $"+envAttestKey+"; none: attestations are stored unsigned)")
+}
+
+// load reads the key named by the flag or $TASKRUN_ATTEST_KEY; with
+// neither set there is no key and signer stays nil.
+func (k *attestKeyFlag) load() error {
+	if k.path == "" {
+		k.path = os.Getenv(envAttestKey)
+	}
+	if k.path == "" {
+		return nil
+	}
+	s, err := attest.LoadSigner(k.path)
+	if err != nil {
+		return fmt.Errorf("--attest-key: %w", err)
+	}
+	k.signer = s
+	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/recovery"
 	"github.com/taskrun/taskrun/sandbox/docker"
 )
@@ -42,13 +43,18 @@ func init() {
 			jsonOut := fs.Bool("json", false, "print the report as JSON")
 			all := fs.Bool("all", false, "remove leftover containers of every executor on the host, not only of gone ones")
 			var root, token string
+			var key attestKeyFlag
 			addTokenFlag(fs, &token)
 			addRootFlag(fs, &root, defaultRoot)
+			key.define(fs)
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) > 0 {
 					return a.usageError("gc", fmt.Errorf("unexpected argument %q", args[0]))
 				}
-				return runGC(ctx, a, root, tokenOrEnv(token), *grace, *all, *dryRun, *jsonOut)
+				if err := key.load(); err != nil {
+					return a.usageError("gc", err)
+				}
+				return runGC(ctx, a, root, tokenOrEnv(token), key.signer, *grace, *all, *dryRun, *jsonOut)
 			}
 		},
 	})
@@ -62,12 +68,13 @@ type gcReport struct {
 
 // runGC recovers the root's runs whose executor is gone, then removes
 // managed containers that no live run owns.
-func runGC(ctx context.Context, a *app, root, token string, grace time.Duration, all, dryRun, jsonOut bool) int {
+func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, grace time.Duration, all, dryRun, jsonOut bool) int {
 	host, err := openHostState(root, token, a.log)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun gc:", err)
 		return exitUsage
 	}
+	host.attestKey = key
 	backend, err := docker.New(ctx, docker.WithLogger(a.log))
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun gc:", err)

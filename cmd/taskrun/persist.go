@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox/docker"
@@ -34,10 +35,12 @@ func init() {
 			var (
 				ref         runRefFlags
 				srv         serverFlags
+				key         attestKeyFlag
 				root, store string
 			)
 			ref.define(fs, "the run whose kept local copy to persist (required)")
 			srv.define(fs)
+			key.define(fs)
 			addRootFlag(fs, &root, defaultRoot)
 			addStoreFlag(fs, &store)
 			all := fs.Bool("all", false, "retry every kept run under --root, each with its own store and control plane")
@@ -49,7 +52,10 @@ func init() {
 					if ref.runID != "" {
 						return a.usageError("persist", fmt.Errorf("give --run-id or --all, not both"))
 					}
-					return persistAll(ctx, a, root, tokenOrEnv(srv.token))
+					if err := key.load(); err != nil {
+						return a.usageError("persist", err)
+					}
+					return persistAll(ctx, a, root, tokenOrEnv(srv.token), key.signer)
 				}
 				if ref.runID == "" {
 					return a.usageError("persist", fmt.Errorf("--run-id is required (or --all)"))
@@ -60,14 +66,17 @@ func init() {
 				if err := srv.check(); err != nil {
 					return a.usageError("persist", err)
 				}
-				return runPersist(ctx, a, ref, srv, root, store)
+				if err := key.load(); err != nil {
+					return a.usageError("persist", err)
+				}
+				return runPersist(ctx, a, ref, srv, root, store, key.signer)
 			}
 		},
 	})
 }
 
 // runPersist uploads the local copy a run kept because its store was down.
-func runPersist(ctx context.Context, a *app, ref runRefFlags, srv serverFlags, root, store string) int {
+func runPersist(ctx context.Context, a *app, ref runRefFlags, srv serverFlags, root, store string, key *attest.Signer) int {
 	rootAbs, err := filepath.Abs(root)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun persist: --root:", err)
@@ -88,6 +97,8 @@ func runPersist(ctx context.Context, a *app, ref runRefFlags, srv serverFlags, r
 		ArtifactStorage: st,
 		Updater:         logUpdater{log: a.log},
 		Logger:          a.log,
+		AttestKey:       key,
+		Version:         version,
 	}
 	if srv.server != "" {
 		in.Updater = workerclient.New(srv.server, srv.token)
@@ -111,12 +122,13 @@ func runPersist(ctx context.Context, a *app, ref runRefFlags, srv serverFlags, r
 
 // persistAll recovers the runs whose executor is gone, then retries every
 // kept run under root once.
-func persistAll(ctx context.Context, a *app, root, token string) int {
+func persistAll(ctx context.Context, a *app, root, token string, key *attest.Signer) int {
 	host, err := openHostState(root, token, a.log)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun persist:", err)
 		return exitUsage
 	}
+	host.attestKey = key
 	// Without Docker, runs that still have a container wait for taskrun gc.
 	backend, berr := docker.New(ctx, docker.WithLogger(a.log))
 	if berr == nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
@@ -39,6 +40,9 @@ type hostState struct {
 	// token is --token, for runs whose control plane needs one that was not
 	// journaled by variable name.
 	token string
+	// attestKey signs the attestations of the runs finished here; nil
+	// leaves them unsigned.
+	attestKey *attest.Signer
 }
 
 func openHostState(root, token string, log *slog.Logger) (*hostState, error) {
@@ -85,6 +89,8 @@ func (h *hostState) input(ctx context.Context, rec journal.Record) (in taskrun.R
 		Updater:         logUpdater{log: h.log},
 		Journal:         h.journal,
 		Logger:          h.log,
+		AttestKey:       h.attestKey,
+		Version:         version,
 	}
 	if cp := rec.ControlPlane; cp != nil && cp.URL != "" {
 		in.Updater = workerclient.New(cp.URL, h.tokenFor(cp))

@@ -39,6 +39,7 @@ type runOptions struct {
 	runRefFlags
 	serverFlags
 	backendFlags
+	attestKey  attestKeyFlag
 	workspace  string
 	prompt     string
 	image      string
@@ -122,6 +123,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	o.runRefFlags.define(fs, "run ID (default: generated)")
 	o.serverFlags.define(fs)
 	o.backendFlags.define(fs)
+	o.attestKey.define(fs)
 	addStoreFlag(fs, &o.store)
 	addRootFlag(fs, &o.root, defaultRoot)
 	fs.StringVar(&o.workspace, "workspace", "", "host directory copied into the run's home")
@@ -171,6 +173,9 @@ func (o *runOptions) finish(args []string) error {
 		o.command = []string{agentCommand}
 	}
 	if err := parseModel(o.modelSpec, &o.model); err != nil {
+		return err
+	}
+	if err := o.attestKey.load(); err != nil {
 		return err
 	}
 	var err error
@@ -394,6 +399,7 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
+	host.attestKey = o.attestKey.signer
 	inst, err := instance.Start(host.executorsDir())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
@@ -476,6 +482,8 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		Logger:          log,
 		Timings:         rec,
 		Executor:        inst.Info(),
+		AttestKey:       o.attestKey.signer,
+		Version:         version,
 		StoreURL:        o.store,
 		// The run winds down a little before the backstop ends the process.
 		ShutdownGrace: o.shutdownGrace - min(o.shutdownGrace/5, 5*time.Second),

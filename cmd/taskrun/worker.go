@@ -78,6 +78,7 @@ type workerOptions struct {
 	allowedImages            []string
 	drainGrace               time.Duration
 	metricsListen            string
+	attestKey                attestKeyFlag
 	leaseWait                time.Duration
 	memory                   int64
 	warm                     int
@@ -126,6 +127,7 @@ func (o *workerOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the worker token (default $"+workerTokenEnv+")")
 	addStoreFlag(fs, &o.store)
 	addRootFlag(fs, &o.root, defaultRoot)
+	o.attestKey.define(fs)
 	fs.IntVar(&o.slots, "slots", 1, "runs executed at once")
 	fs.StringSliceVar(&o.labels, "labels", nil, "what this worker offers, as KEY=VALUE: runtime=NAME and image=REF (repeatable, comma-separated); default: the --runtime (runc) and the --image")
 	fs.StringVar(&o.pullSpec, "pull", string(sandbox.PullNever), "pull a run's image from its registry: missing, always or never (the default: only local images; anything else tells the control plane this worker may pull)")
@@ -159,6 +161,9 @@ func (o *workerOptions) define(fs *pflag.FlagSet) {
 func (o *workerOptions) finish() error {
 	if o.server == "" {
 		return errors.New("--server is required: the control plane's base URL, e.g. http://127.0.0.1:8080")
+	}
+	if err := o.attestKey.load(); err != nil {
+		return err
 	}
 	if o.tokenFile != "" {
 		data, err := os.ReadFile(o.tokenFile)
@@ -300,6 +305,7 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 	if err != nil {
 		return exitCannotRun, err
 	}
+	host.attestKey = o.attestKey.signer
 	inst, err := instance.Start(host.executorsDir())
 	if err != nil {
 		return exitCannotRun, err
@@ -367,6 +373,8 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 			UIDs:            uids,
 			Logger:          log,
 			Executor:        inst.Info(),
+			AttestKey:       o.attestKey.signer,
+			Version:         version,
 			StoreURL:        o.store,
 			ControlPlane:    cp,
 			ShutdownGrace:   o.shutdownGrace,
