@@ -197,7 +197,13 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 		}
 		wd.unmount = release
 	}
-	st, persistErr := collect(ctx, retry, wd, kept.Execution, v)
+	// Storing has the deadline it had at the end of the run, and is never
+	// left holding the mount: when it passes, or ctx is cancelled (the
+	// first SIGINT or SIGTERM of `taskrun persist`), collect returns and
+	// release unmounts the image before anything else.
+	collectCtx, cancelCollect := context.WithTimeout(ctx, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
+	st, persistErr := collect(collectCtx, retry, wd, kept.Execution, v)
+	cancelCollect()
 	journalCollected(retry, wd, persistErr)
 	release(retry, wd, persistErr)
 	out, err = report(ctx, retry, wd, kept.Execution, v, st, persistErr)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/taskrun/taskrun/agentmd"
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
@@ -156,7 +157,8 @@ func prepare(ctx context.Context, p *plan, wd *workdir) error {
 	if err := os.WriteFile(filepath.Join(p.dirs.Dir, model.PromptFileName), []byte(p.in.Task.Prompt), 0o644); err != nil {
 		return fmt.Errorf("write prompt: %w", err)
 	}
-	if err := WriteRunAgentsMd(p.dirs.Dir, p.dirs.Home); err != nil {
+	instructions := agentmd.InstructionsDir(p.dirs.Home, p.in.Task.WorkspaceDir, p.in.Run.PreviousRunID != "")
+	if err := WriteRunAgentsMd(p.dirs.Dir, instructions); err != nil {
 		return fmt.Errorf("write AGENTS.md: %w", err)
 	}
 	return nil

@@ -51,13 +51,17 @@ type TaskRunUpdater interface {
 }
 
 // BuildRunAgentsMdContent returns the run's AGENTS.md: the run-directory
-// section first, then runHome/AGENTS.md if present.
-func BuildRunAgentsMdContent(runHome string) (string, error) {
-	return agentmd.BuildRunAgentsMdContent(runHome)
+// section first, then workspaceDir/AGENTS.md if present (see
+// agentmd.BuildRunAgentsMdContent for which directory may be given).
+func BuildRunAgentsMdContent(workspaceDir string) (string, error) {
+	return agentmd.BuildRunAgentsMdContent(workspaceDir)
 }
 
-// WriteRunAgentsMd writes BuildRunAgentsMdContent(runHome) to runDir/AGENTS.md.
-func WriteRunAgentsMd(runDir, runHome string) error { return agentmd.WriteRunAgentsMd(runDir, runHome) }
+// WriteRunAgentsMd writes BuildRunAgentsMdContent(workspaceDir) to
+// runDir/AGENTS.md.
+func WriteRunAgentsMd(runDir, workspaceDir string) error {
+	return agentmd.WriteRunAgentsMd(runDir, workspaceDir)
+}
 
 // RunTaskInput is everything one run needs.
 type RunTaskInput struct {

@@ -274,6 +274,25 @@ func TestVsockAndUnneededSocketFamiliesAreRefused(t *testing.T) {
 	})
 }
 
+// A netlink socket for the host's device events (NETLINK_KOBJECT_UEVENT)
+// fails inside a run; routing netlink still works (TestVsockAnd...). Under
+// runc a container whose network namespace belongs to the host's user
+// namespace receives every uevent of the host: other runs' loop devices
+// being set up and torn down.
+//
+// Protection: the profile's socket rule for AF_NETLINK also requires a
+// protocol other than NETLINK_KOBJECT_UEVENT. Under the engine's default
+// profile the socket opens.
+func TestUeventSocketIsRefused(t *testing.T) {
+	assertKernelClass(t, []string{"socket_netlink_uevent"}, func(t *testing.T, name, runc, gvisor, dockerDefault, _ string) {
+		assert.Equal(t, "EPERM", runc, "%s under runc with taskrun's profile", name)
+		assert.Equal(t, "OK", dockerDefault, "%s is allowed by the engine's default profile", name)
+		if gvisor != "" {
+			t.Logf("%s under gVisor: %s (its uevents are the sandbox's own)", name, gvisor)
+		}
+	})
+}
+
 // userfaultfd fails inside a run. Without any seccomp profile an
 // unprivileged process gets a user-mode-only descriptor.
 //

@@ -141,7 +141,7 @@ echo ok`)
 // allocatedBytes is what the run dir costs the host: its image's allocated
 // blocks while a capped filesystem is mounted, else the tree's usage.
 func allocatedBytes(dir string) int64 {
-	img := filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+".diskcap.img")
+	img := diskcap.ImagePath(dir)
 	var st syscall.Stat_t
 	total := int64(0)
 	if syscall.Stat(img, &st) == nil {

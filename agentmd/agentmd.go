@@ -51,11 +51,16 @@ filesystem is read-only; /tmp is a small scratch space that is not kept.
 const dir = model.ContainerRunDir
 
 // BuildRunAgentsMdContent returns the content of the run's AGENTS.md: the
-// run-directory section first, then runHome/AGENTS.md if present.
-func BuildRunAgentsMdContent(runHome string) (string, error) {
+// run-directory section first, then, as "Workspace instructions",
+// workspaceDir/AGENTS.md if present. workspaceDir must hold what the task's
+// submitter wrote, never what an agent did: a fresh run's home before the
+// agent starts, or the task's workspace; never a resumed run's home, which
+// an earlier agent wrote (see InstructionsDir). An empty workspaceDir
+// gives no workspace instructions.
+func BuildRunAgentsMdContent(workspaceDir string) (string, error) {
 	var b strings.Builder
 	b.WriteString(RunDirSection)
-	own, err := readWorkspaceAgentsMd(runHome)
+	own, err := readWorkspaceAgentsMd(workspaceDir)
 	if err != nil {
 		return "", err
 	}
@@ -69,9 +74,10 @@ func BuildRunAgentsMdContent(runHome string) (string, error) {
 	return b.String(), nil
 }
 
-// WriteRunAgentsMd writes BuildRunAgentsMdContent(runHome) to runDir/AGENTS.md.
-func WriteRunAgentsMd(runDir, runHome string) error {
-	content, err := BuildRunAgentsMdContent(runHome)
+// WriteRunAgentsMd writes BuildRunAgentsMdContent(workspaceDir) to
+// runDir/AGENTS.md.
+func WriteRunAgentsMd(runDir, workspaceDir string) error {
+	content, err := BuildRunAgentsMdContent(workspaceDir)
 	if err != nil {
 		return err
 	}
@@ -82,9 +88,25 @@ func WriteRunAgentsMd(runDir, runHome string) error {
 	return nil
 }
 
+// InstructionsDir is the directory whose AGENTS.md a run reads as its
+// workspace instructions: the home, materialized from the workspace, for a
+// fresh run; for a run resuming a session, the task's own workspace
+// (workspaceDir, "" for none), because the restored home holds whatever
+// the earlier agents wrote, and an AGENTS.md there is theirs, not the
+// submitter's.
+func InstructionsDir(home, workspaceDir string, resumed bool) string {
+	if resumed {
+		return workspaceDir
+	}
+	return home
+}
+
 // readWorkspaceAgentsMd reads runHome/AGENTS.md without following a symlink
 // (the workspace may come from an earlier, untrusted run) and caps its size.
 func readWorkspaceAgentsMd(runHome string) (string, error) {
+	if runHome == "" {
+		return "", nil
+	}
 	root, err := os.OpenRoot(runHome)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil

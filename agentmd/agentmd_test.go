@@ -70,3 +70,15 @@ func TestWriteRunAgentsMd(t *testing.T) {
 	assert.True(t, strings.HasPrefix(string(data), RunDirSection))
 	assert.Contains(t, string(data), "workspace rules\n")
 }
+
+// A resumed run's instructions come from the task's workspace, never from
+// the restored home an earlier agent wrote; without a workspace there are
+// none.
+func TestInstructionsDirOfAResumedRunIsTheWorkspace(t *testing.T) {
+	assert.Equal(t, "/home", InstructionsDir("/home", "/ws", false))
+	assert.Equal(t, "/ws", InstructionsDir("/home", "/ws", true))
+	assert.Empty(t, InstructionsDir("/home", "", true))
+	got, err := BuildRunAgentsMdContent("")
+	require.NoError(t, err)
+	assert.Equal(t, RunDirSection, got)
+}

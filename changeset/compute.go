@@ -52,21 +52,27 @@ type Change struct {
 	// Omitted says why the change is not in the patch (over a cap, or its
 	// starting content was not kept); empty when it is.
 	Omitted string `json:"omitted,omitempty"`
+	// NotHashed says why a side has no digest (a sparse file, or over a
+	// hashing bound): the path is listed as changed without comparing
+	// its content, and left out of the patch.
+	NotHashed string `json:"not_hashed,omitempty"`
 }
 
 // Summary counts a change set, small enough for a status report.
 type Summary struct {
-	Files       int   `json:"files"`
-	Added       int   `json:"added"`
-	Deleted     int   `json:"deleted"`
-	Modified    int   `json:"modified"`
-	Renamed     int   `json:"renamed"`
-	ModeChanged int   `json:"mode_changed"`
-	TypeChanged int   `json:"type_changed"`
-	Omitted     int   `json:"omitted"`
-	Insertions  int   `json:"insertions"`
-	Deletions   int   `json:"deletions"`
-	PatchBytes  int64 `json:"patch_bytes"`
+	Files       int `json:"files"`
+	Added       int `json:"added"`
+	Deleted     int `json:"deleted"`
+	Modified    int `json:"modified"`
+	Renamed     int `json:"renamed"`
+	ModeChanged int `json:"mode_changed"`
+	TypeChanged int `json:"type_changed"`
+	Omitted     int `json:"omitted"`
+	// NotHashed counts the changes listed without a digest.
+	NotHashed  int   `json:"not_hashed,omitempty"`
+	Insertions int   `json:"insertions"`
+	Deletions  int   `json:"deletions"`
+	PatchBytes int64 `json:"patch_bytes"`
 }
 
 // Set is a run's change set: what changes.json holds.
@@ -132,6 +138,9 @@ func Compute(ctx context.Context, baseDir, home string, patch io.Writer) (*Set, 
 	if m.Scan.OverCap+c.scan.OverCap > 0 {
 		set.Notes = append(set.Notes, fmt.Sprintf("%d entries over the %d-entry cap were not compared", m.Scan.OverCap+c.scan.OverCap, lim.MaxEntries))
 	}
+	if n := c.notHashed(); n > 0 {
+		set.Notes = append(set.Notes, fmt.Sprintf("%d files were not hashed (sparse, or over the %d-byte or %s hashing bound): they are listed as changed, and the tree hash does not cover their content", n, lim.MaxHashBytes, lim.HashTimeout))
+	}
 	set.TreeHash = TreeHash(c.finalEntries())
 	set.Changes = c.changes()
 	h := sha256.New()
@@ -175,6 +184,8 @@ func (c *computer) scanHome(ctx context.Context, home string) error {
 	c.cur = make(map[string]entry)
 	c.tooBig = make(map[string]string)
 	buf := new(bytes.Buffer)
+	budget, cancel := newHashBudget(ctx, c.lim)
+	defer cancel()
 	c.scan, err = workspace.Scan(ctx, home, workspace.ScanOptions{Exclude: isGitDir, MaxEntries: c.lim.MaxEntries},
 		func(ctx context.Context, e workspace.ScanEntry) error {
 			en := entry{Path: e.RelPath, Mode: gitMode(e.Mode), Size: e.Size}
@@ -184,21 +195,26 @@ func (c *computer) scanHome(ctx context.Context, home string) error {
 				c.cur[en.Path] = en
 				return nil
 			}
-			h := sha256.New()
 			if e.Size > c.lim.MaxFileBytes {
-				if _, err := io.Copy(h, e.Reader); err != nil {
+				_, digest, notHashed, err := budget.hash(ctx, e, io.Discard)
+				if err != nil {
 					return err
 				}
-				en.SHA256 = hex.EncodeToString(h.Sum(nil))
+				en.SHA256, en.NotHashed = digest, notHashed
 				c.tooBig[en.Path] = fmt.Sprintf("file of %d bytes is over the %d-byte per-file cap (MaxFileBytes)", e.Size, c.lim.MaxFileBytes)
 				c.cur[en.Path] = en
 				return nil
 			}
 			buf.Reset()
-			if _, err := io.Copy(io.MultiWriter(buf, h), e.Reader); err != nil {
+			_, digest, notHashed, err := budget.hash(ctx, e, buf)
+			if err != nil {
 				return err
 			}
-			en.SHA256 = hex.EncodeToString(h.Sum(nil))
+			en.SHA256, en.NotHashed = digest, notHashed
+			if notHashed != "" {
+				c.cur[en.Path] = en
+				return nil // compared as changed; no content in the patch
+			}
 			if old, ok := c.old[en.Path]; ok && old.SHA256 == en.SHA256 && old.Target == "" {
 				c.cur[en.Path] = en
 				return nil // unchanged content
@@ -262,6 +278,22 @@ func (c *computer) dropIgnored(ctx context.Context) (int, error) {
 	return n, nil
 }
 
+// notHashed counts the files of either tree recorded without a digest.
+func (c *computer) notHashed() int {
+	n := 0
+	for _, e := range c.old {
+		if e.NotHashed != "" {
+			n++
+		}
+	}
+	for _, e := range c.cur {
+		if e.NotHashed != "" {
+			n++
+		}
+	}
+	return n
+}
+
 // finalEntries returns the final tree's entries in path order.
 func (c *computer) finalEntries() []TreeEntry {
 	out := make([]TreeEntry, 0, len(c.cur))
@@ -283,6 +315,8 @@ func (c *computer) changes() []Change {
 			deleted = append(deleted, o)
 		case (o.Mode == modeSymlink) != (n.Mode == modeSymlink):
 			out = append(out, c.pair(TypeChanged, o, n))
+		case o.NotHashed != "" || n.NotHashed != "":
+			out = append(out, c.pair(Modified, o, n)) // cannot be compared
 		case o.SHA256 != n.SHA256:
 			out = append(out, c.pair(Modified, o, n))
 		case o.Mode != n.Mode:
@@ -300,8 +334,8 @@ func (c *computer) changes() []Change {
 	// are a rename.
 	byContent := make(map[string][]int)
 	for i, d := range deleted {
-		if d.Size == 0 {
-			continue // as in git, empty files are never paired
+		if d.Size == 0 || d.NotHashed != "" {
+			continue // as in git, empty files are never paired; nor are unhashed ones
 		}
 		k := renameKey(d)
 		byContent[k] = append(byContent[k], i)
@@ -309,7 +343,7 @@ func (c *computer) changes() []Change {
 	renamed := make(map[int]bool)
 	for _, a := range added {
 		k := renameKey(a)
-		if idx := byContent[k]; len(idx) > 0 {
+		if idx := byContent[k]; len(idx) > 0 && a.NotHashed == "" {
 			byContent[k] = idx[1:]
 			renamed[idx[0]] = true
 			ch := c.pair(Renamed, deleted[idx[0]], a)
@@ -349,6 +383,10 @@ func (c *computer) pair(kind Kind, o, n entry) Change {
 	if n.Path != "" {
 		ch.NewMode, ch.NewSize, ch.NewSHA256 = modeString(n.Mode), n.Size, n.SHA256
 	}
+	ch.NotHashed = n.NotHashed
+	if ch.NotHashed == "" {
+		ch.NotHashed = o.NotHashed
+	}
 	return ch
 }
 
@@ -371,6 +409,9 @@ func summarize(changes []Change, patchBytes int64) Summary {
 		}
 		if ch.Omitted != "" {
 			s.Omitted++
+		}
+		if ch.NotHashed != "" {
+			s.NotHashed++
 		}
 		s.Insertions += ch.Insertions
 		s.Deletions += ch.Deletions

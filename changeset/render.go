@@ -62,6 +62,10 @@ func (c *computer) writePatch(w io.Writer, ch *Change) error {
 		_, err := fmt.Fprintf(w, "diff --git %s %s\nold mode %s\nnew mode %s\n", a, b, ch.OldMode, ch.NewMode)
 		return err
 	}
+	if ch.NotHashed != "" {
+		ch.Omitted = ch.NotHashed
+		return nil
+	}
 	oldSide, newSide, reason := c.sides(ch)
 	if reason != "" {
 		ch.Omitted = reason

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"time"
 
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -31,6 +32,13 @@ type Limits struct {
 	MaxFileBytes int64
 	// MaxPatchBytes caps the new content put into the patch in total.
 	MaxPatchBytes int64
+	// MaxHashBytes caps the bytes hashed in each tree. Sparse files (far
+	// larger than what the filesystem allocated for them) are never read;
+	// a file past the cap is recorded without a digest, as changed.
+	MaxHashBytes int64
+	// HashTimeout bounds the time spent hashing each tree; files not
+	// hashed by then are recorded without a digest, as changed.
+	HashTimeout time.Duration
 }
 
 // DefaultLimits suit a source repository with some build output.
@@ -39,6 +47,8 @@ var DefaultLimits = Limits{
 	MaxBaseBytes:  1 << 30,
 	MaxFileBytes:  16 << 20,
 	MaxPatchBytes: 256 << 20,
+	MaxHashBytes:  8 << 30,
+	HashTimeout:   2 * time.Minute,
 }
 
 func (l Limits) withDefaults() Limits {
@@ -54,6 +64,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxPatchBytes <= 0 {
 		l.MaxPatchBytes = d.MaxPatchBytes
+	}
+	if l.MaxHashBytes <= 0 {
+		l.MaxHashBytes = d.MaxHashBytes
+	}
+	if l.HashTimeout <= 0 {
+		l.HashTimeout = d.HashTimeout
 	}
 	return l
 }
@@ -82,6 +98,9 @@ type entry struct {
 	Mode   uint32 `json:"mode"`
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
+	// NotHashed says why a file has no SHA256 (a sparse file, or over
+	// MaxHashBytes or HashTimeout): it cannot be compared.
+	NotHashed string `json:"not_hashed,omitempty"`
 	// Target is a symlink's target.
 	Target string `json:"target,omitempty"`
 	// Kept says the content is in the baseline's pack, at Offset.
@@ -133,6 +152,8 @@ func Snapshot(ctx context.Context, home, baseDir string, opts Options) error {
 	pw := bufio.NewWriterSize(pack, 256<<10)
 	m := manifest{Home: home, Limits: lim}
 	var kept int64
+	budget, cancel := newHashBudget(ctx, lim)
+	defer cancel()
 	report, err := workspace.Scan(ctx, home, workspace.ScanOptions{Exclude: isGitDir, MaxEntries: lim.MaxEntries},
 		func(ctx context.Context, e workspace.ScanEntry) error {
 			en := entry{Path: e.RelPath, Mode: gitMode(e.Mode), Size: e.Size}
@@ -147,16 +168,15 @@ func Snapshot(ctx context.Context, home, baseDir string, opts Options) error {
 			if keep {
 				dst = pw
 			}
-			h := sha256.New()
-			n, err := io.Copy(io.MultiWriter(dst, h), e.Reader)
+			n, digest, notHashed, err := budget.hash(ctx, e, dst)
 			if keep {
-				en.Kept, en.Offset = true, kept
+				en.Kept, en.Offset = notHashed == "", kept
 				kept += n
 			}
 			if err != nil {
 				return err
 			}
-			en.SHA256 = hex.EncodeToString(h.Sum(nil))
+			en.SHA256, en.NotHashed = digest, notHashed
 			m.Entries = append(m.Entries, en)
 			return nil
 		})

@@ -52,13 +52,21 @@ func Detach(dir string) error {
 // until then the image cannot be mounted again.
 func awaitLoopDetached(img string) error {
 	for range 100 {
-		out, err := exec.Command("losetup", "-j", img).Output()
-		if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		if backed, err := loopBacked(img); err != nil || !backed {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("diskcap: a loop device still backs %s after unmounting it", img)
+}
+
+// loopBacked reports whether a loop device is backed by img.
+func loopBacked(img string) (bool, error) {
+	out, err := exec.Command("losetup", "-j", img).Output()
+	if err != nil {
+		return false, fmt.Errorf("diskcap: losetup -j %s: %w", img, err)
+	}
+	return len(bytes.TrimSpace(out)) > 0, nil
 }
 
 // Reattach mounts, read-only, the image Detach kept for dir back on dir so

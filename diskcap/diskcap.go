@@ -63,7 +63,8 @@ const ImageOverhead = 64 << 10
 // MinSize is the smallest cap Mount accepts (ext4 needs room for metadata).
 const MinSize = 8 << 20
 
-// Mount creates a sparse image of size bytes next to dir (as "."+base+
+// Mount creates a sparse image of size bytes (under an opaque name in the
+// images directory, see WithImages; else next to dir as "."+base+
 // ".diskcap.img"), formats it ext4 and loop-mounts it on dir, which must exist
 // and be empty. The mounted root gets dir's owner and mode. unmount unmounts
 // and deletes the image (calling it again returns the first result): it
@@ -93,8 +94,14 @@ func Mount(ctx context.Context, dir string, size int64, opts ...Option) (unmount
 	} else if mounted {
 		return nil, fmt.Errorf("diskcap: %w: %s is already a mount point", ErrInUse, dir)
 	}
-	img := imagePath(dir)
+	img, err := claimImage(cfg, dir)
+	if err != nil {
+		return nil, err
+	}
 	if err := makeImage(img, size); err != nil {
+		if !errors.Is(err, ErrInUse) {
+			forgetImage(dir, img)
+		}
 		return nil, err
 	}
 	fromTemplate, err := format(ctx, cfg, img, size)
@@ -103,6 +110,7 @@ func Mount(ctx context.Context, dir string, size int64, opts ...Option) (unmount
 	}
 	if err != nil {
 		os.Remove(img)
+		forgetImage(dir, img)
 		return nil, err
 	}
 	// The mount is never abandoned for ctx: a mount made after the caller
@@ -134,6 +142,7 @@ func Mount(ctx context.Context, dir string, size int64, opts ...Option) (unmount
 				return
 			}
 			unmountErr = os.Remove(img)
+			forgetImage(dir, img)
 		})
 		return unmountErr
 	}
@@ -170,12 +179,8 @@ func undoFailedMount(dir, img string, mountErr error, out []byte) error {
 	if err := os.Remove(img); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return errors.Join(cause, fmt.Errorf("diskcap: %w", err))
 	}
+	forgetImage(dir, img)
 	return cause
-}
-
-// imagePath is where Mount keeps the filesystem image for dir.
-func imagePath(dir string) string {
-	return filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+".diskcap.img")
 }
 
 // Release undoes a Mount on dir made by another process (an executor that
@@ -191,13 +196,17 @@ func Release(dir string) error {
 		if err := unmountBusy(dir); err != nil {
 			return err
 		}
-		if err := awaitLoopDetached(imagePath(dir)); err != nil {
+	}
+	img := imagePath(dir)
+	if mounted {
+		if err := awaitLoopDetached(img); err != nil {
 			return err
 		}
 	}
-	if err := os.Remove(imagePath(dir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(img); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("diskcap: %w", err)
 	}
+	forgetImage(dir, img)
 	return nil
 }
 

@@ -19,6 +19,7 @@ type Option func(*mountConfig)
 
 type mountConfig struct {
 	templates string
+	images    string
 }
 
 // WithTemplates formats the image by copying a pre-formatted image of the
@@ -29,7 +30,8 @@ type mountConfig struct {
 // 0700); the runs root's "diskcap" directory is meant. Every filesystem
 // made from one template shares its UUID and directory hash seed, which no
 // run can read (the image is the host's) and which matter only within the
-// run's own filesystem.
+// run's own filesystem. Unless WithImages says otherwise, the images
+// themselves are kept in dir's "images" directory (see WithImages).
 func WithTemplates(dir string) Option {
 	return func(c *mountConfig) { c.templates = dir }
 }

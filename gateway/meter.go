@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"fmt"
 	"sync"
 )
@@ -15,10 +16,77 @@ const BytesPerToken = 3
 // the model's name (the limit key and its value, stream options).
 const rewriteOverhead = 64
 
-// estimateTokens is the estimated prompt tokens of a request body of
-// bodyBytes sent upstream for a model named modelBytes long.
-func estimateTokens(bodyBytes, modelBytes int) int {
-	return (bodyBytes + modelBytes + rewriteOverhead + BytesPerToken - 1) / BytesPerToken
+// ImageTokens is what the gateway estimates one image of a prompt at,
+// whatever its encoded size: the APIs bill an image by its pixels, after
+// scaling it down, at about a thousand to a few thousand tokens, never by
+// the length of its base64 or its URL. It errs high.
+const ImageTokens = 3000
+
+// estimateTokens is the estimated prompt tokens of a request body sent
+// upstream for a model named modelBytes long: one token per BytesPerToken
+// bytes of its text and framing, and ImageTokens per image part (whose
+// bytes, a data URL or base64 data, are not counted as text).
+func estimateTokens(body []byte, modelBytes int) int {
+	images, imageBytes := imageParts(body)
+	text := len(body) - imageBytes
+	return (text+modelBytes+rewriteOverhead+BytesPerToken-1)/BytesPerToken + images*ImageTokens
+}
+
+// imageTypes are the "type" values of an image part in the chat
+// completions ("image_url"), responses ("input_image") and messages
+// ("image") APIs.
+var imageTypes = map[string]bool{"image_url": true, "input_image": true, "image": true}
+
+// imageParts counts the image parts of a JSON request body and the bytes
+// of the strings inside them (the image's URL or data). A body that is not
+// JSON has none.
+func imageParts(body []byte) (count, stringBytes int) {
+	var doc any
+	if json.Unmarshal(body, &doc) != nil {
+		return 0, 0
+	}
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if t, _ := v["type"].(string); imageTypes[t] {
+				count++
+				stringBytes += stringLen(v)
+				return
+			}
+			for _, e := range v {
+				walk(e)
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	walk(doc)
+	return count, min(stringBytes, len(body))
+}
+
+// stringLen is the total length of the strings in v, as JSON encodes them
+// at the least.
+func stringLen(v any) int {
+	switch v := v.(type) {
+	case string:
+		return len(v)
+	case map[string]any:
+		n := 0
+		for _, e := range v {
+			n += stringLen(e)
+		}
+		return n
+	case []any:
+		n := 0
+		for _, e := range v {
+			n += stringLen(e)
+		}
+		return n
+	}
+	return 0
 }
 
 // meter counts what the run spends and enforces its budgets. Before a
@@ -57,7 +125,7 @@ func (m *meter) admit(promptTokens int) (int, error) {
 			return 0, m.exceed(fmt.Errorf("%w: max_tokens=%d spent (%d used)", ErrBudgetExceeded, m.maxTokens, m.used.TotalTokens()))
 		}
 		if promptTokens >= left {
-			return 0, m.exceed(fmt.Errorf("%w: max_tokens=%d: the request's prompt is estimated at %d tokens (one per %d bytes) and only %d are left", ErrBudgetExceeded, m.maxTokens, promptTokens, BytesPerToken, left))
+			return 0, m.exceed(fmt.Errorf("%w: max_tokens=%d: the request's prompt is estimated at %d tokens (one per %d bytes of text, %d per image) and only %d are left", ErrBudgetExceeded, m.maxTokens, promptTokens, BytesPerToken, ImageTokens, left))
 		}
 		limit = left - promptTokens
 		m.reserved += promptTokens + limit

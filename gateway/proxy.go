@@ -135,7 +135,7 @@ func (g *Gateway) serveExchange(w http.ResponseWriter, r *http.Request, api *mod
 		g.fail(w, api.shape, x, http.StatusBadRequest, codeInvalidRequest, "previous_response_id and conversation continue a prompt the gateway cannot see, so it cannot reserve its cost against the run's token budget: send the whole conversation in input")
 		return
 	}
-	prompt := estimateTokens(len(body), len(g.up.model))
+	prompt := estimateTokens(body, len(g.up.model))
 	limit, err := g.meter.admit(prompt)
 	if err != nil {
 		x.setRequest(body, omitBudget)

@@ -18,6 +18,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/taskrun/taskrun/audit"
@@ -45,6 +46,9 @@ const downloadPolicy = "default-src 'none'; sandbox; frame-ancestors 'none'"
 const (
 	// DefaultMaxStreams caps concurrent server-sent event connections.
 	DefaultMaxStreams = 256
+	// DefaultMaxStreamsPerTenant caps one tenant's share of them, so that
+	// one tenant cannot hold every live connection.
+	DefaultMaxStreamsPerTenant = 32
 	// outputChunk is the most output one event carries.
 	outputChunk = 64 << 10
 	// listPoll is how often the live run list looks for changes.
@@ -63,6 +67,10 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxStreams caps concurrent live connections (<= 0: DefaultMaxStreams).
 	MaxStreams int
+	// MaxStreamsPerTenant caps one tenant's concurrent live connections
+	// when Tenant is set (<= 0: DefaultMaxStreamsPerTenant); requests
+	// without a tenant share one such share. Past it a request gets 429.
+	MaxStreamsPerTenant int
 	// Tenant, when set, names the tenant a request reads as: it sees only
 	// that tenant's runs (another tenant's run is not found) and only that
 	// tenant's leases on the hosts page. ok false: the request sees no run.
@@ -77,6 +85,10 @@ type Handler struct {
 	mux   *http.ServeMux
 	pages map[string]*template.Template
 	slots chan struct{}
+	// perTenant caps each tenant's live connections; live counts them.
+	perTenant int
+	liveMu    sync.Mutex
+	live      map[string]int
 	// tenant scopes requests (Options.Tenant).
 	tenant func(*http.Request) (string, bool)
 }
@@ -93,7 +105,11 @@ func New(src Source, opts Options) (*Handler, error) {
 	if opts.MaxStreams <= 0 {
 		opts.MaxStreams = DefaultMaxStreams
 	}
-	h := &Handler{src: src, base: base, log: opts.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{}, slots: make(chan struct{}, opts.MaxStreams), tenant: opts.Tenant}
+	if opts.MaxStreamsPerTenant <= 0 {
+		opts.MaxStreamsPerTenant = DefaultMaxStreamsPerTenant
+	}
+	h := &Handler{src: src, base: base, log: opts.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{}, slots: make(chan struct{}, opts.MaxStreams), tenant: opts.Tenant,
+		perTenant: opts.MaxStreamsPerTenant, live: map[string]int{}}
 	funcs := template.FuncMap{
 		"base": func() string { return base },
 		"t":    termsafe.String,
@@ -284,19 +300,43 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request) {
 	h.render(w, http.StatusOK, "runs.html", runsPage{Title: "Runs", Statuses: []string{"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}, Filter: f, Query: r.URL.RawQuery, Runs: runs})
 }
 
-// acquire takes a live connection slot, or answers 503.
-func (h *Handler) acquire(w http.ResponseWriter) bool {
+// acquire takes a live connection slot for r, or answers 429 when r's
+// tenant holds its share of them (Options.MaxStreamsPerTenant) and 503 when
+// all are taken. release gives the slot back.
+func (h *Handler) acquire(w http.ResponseWriter, r *http.Request) (release func(), ok bool) {
+	tenant, scoped := "", h.tenant != nil
+	if scoped {
+		tenant, _ = h.tenant(r)
+		h.liveMu.Lock()
+		if h.live[tenant] >= h.perTenant {
+			h.liveMu.Unlock()
+			w.Header().Set("Retry-After", "5")
+			http.Error(w, fmt.Sprintf("this tenant has %d live connections open, its share; close one and try again", h.perTenant), http.StatusTooManyRequests)
+			return nil, false
+		}
+		h.live[tenant]++
+		h.liveMu.Unlock()
+	}
+	untrack := func() {
+		if !scoped {
+			return
+		}
+		h.liveMu.Lock()
+		if h.live[tenant]--; h.live[tenant] == 0 {
+			delete(h.live, tenant)
+		}
+		h.liveMu.Unlock()
+	}
 	select {
 	case h.slots <- struct{}{}:
-		return true
+		return func() { <-h.slots; untrack() }, true
 	default:
+		untrack()
 		w.Header().Set("Retry-After", "5")
 		http.Error(w, "too many live connections; try again shortly", http.StatusServiceUnavailable)
-		return false
+		return nil, false
 	}
 }
-
-func (h *Handler) release() { <-h.slots }
 
 // sse starts a server-sent event answer.
 func sse(w http.ResponseWriter) (send func(event, id string, data any) error, ok bool) {
@@ -333,10 +373,11 @@ func (h *Handler) runEvents(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if !h.acquire(w) {
+	release, ok := h.acquire(w, r)
+	if !ok {
 		return
 	}
-	defer h.release()
+	defer release()
 	send, ok := sse(w)
 	if !ok {
 		return
@@ -403,10 +444,11 @@ func (h *Handler) outputEvents(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if !h.acquire(w) {
+	release, ok := h.acquire(w, r)
+	if !ok {
 		return
 	}
-	defer h.release()
+	defer release()
 	send, ok := sse(w)
 	if !ok {
 		return

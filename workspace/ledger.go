@@ -15,6 +15,21 @@ import (
 // and store bytes that were never written.
 const SparseAllowance int64 = 64 << 10
 
+// allocated is the bytes the filesystem allocated for the file info
+// describes, or its size when the platform does not say.
+func allocated(info fs.FileInfo) int64 {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return info.Size()
+}
+
+// IsSparse reports whether a file of size bytes with allocated bytes of
+// blocks is mostly holes: larger than its blocks plus SparseAllowance.
+func IsSparse(size, allocated int64) bool {
+	return size > allocated+SparseAllowance
+}
+
 // Ledger is what the collection of one run has read so far. The Collect
 // and PackHome calls of a run share one, so that the run's total is capped
 // across its artifacts, output, traces and session state, and a file
@@ -58,7 +73,7 @@ func (l *Ledger) admit(rel string, info fs.FileInfo) string {
 	if !ok {
 		return "cannot tell the file's allocated size or identity"
 	}
-	if allocated := st.Blocks * 512; size > allocated+SparseAllowance {
+	if allocated := st.Blocks * 512; IsSparse(size, allocated) {
 		return fmt.Sprintf("sparse file: %d bytes long but only %d allocated (holes are not read)", size, allocated)
 	}
 	l.mu.Lock()

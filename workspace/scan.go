@@ -32,6 +32,10 @@ type ScanEntry struct {
 	// Size is a regular file's size when it was opened, or the length of a
 	// symlink's target.
 	Size int64
+	// Allocated is the bytes the filesystem really allocated for a regular
+	// file (its blocks): a Size far above it means a sparse file, mostly
+	// holes, which costs its whole Size to read or hash. Zero for a symlink.
+	Allocated int64
 	// Target is a symlink's target, as stored; it is never followed.
 	Target string
 	// Reader yields a regular file's Size bytes (and fails wrapping
@@ -137,7 +141,7 @@ func (s *scanner) file(n node) error {
 	}
 	defer f.Close()
 	size := info.Size()
-	e := ScanEntry{RelPath: n.rel, Mode: info.Mode(), Size: size, Reader: &exactReader{r: f, left: size}}
+	e := ScanEntry{RelPath: n.rel, Mode: info.Mode(), Size: size, Allocated: allocated(info), Reader: &exactReader{r: f, left: size}}
 	if err := s.visit(s.ctx, e); err != nil {
 		if errors.Is(err, ErrFileChanged) {
 			s.skip(n.rel, errText(err))

@@ -251,3 +251,59 @@ func TestChangeSetEndToEnd(t *testing.T) {
 		})
 	}
 }
+
+// scriptOf writes a scripted conversation whose first turn runs command
+// with the agent's shell tool and whose second ends the run.
+func scriptOf(t *testing.T, command string) string {
+	t.Helper()
+	usage := `"usage":{"prompt_tokens":10,"completion_tokens":5}`
+	cmd, err := json.Marshal(command)
+	require.NoError(t, err)
+	body := `{"content":"Working.\n",` + usage + `,"tool_calls":[{"name":"run_command","arguments":{"command":` + string(cmd) + `}}]}` + "\n" +
+		`{"content":"Done.\n",` + usage + "}\n"
+	p := filepath.Join(t.TempDir(), "script.jsonl")
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+	return p
+}
+
+// An agent under a 64 MiB disk cap leaves four 256 GiB sparse files: a
+// terabyte of holes that, hashed, would hold the run past its storing
+// deadline. The run succeeds, and its change set lists them as changed
+// without a digest, with the reason.
+func TestSparseFilesUnderDiskCapEndWithAChangeSet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real containers")
+	}
+	img := buildShellAgentImage(t)
+	script := scriptOf(t, "for i in 0 1 2 3; do truncate -s 256G hole$i || exit 1; done; echo small > small.txt")
+	orig := t.TempDir()
+	writeWorkspace(t, orig, false)
+	root, store, user, runID := t.TempDir(), "file://"+filepath.Join(t.TempDir(), "store"), tenant(t), "sparse-"+tenant(t)
+	runOut, stderr, code := taskrunCmd("run", "--workspace", orig, "--prompt", "make holes", "--model", "scripted:"+script,
+		"--image", img, "--root", root, "--store", store, "--user", user, "--run-id", runID, "--disk", "64m",
+		"--helpers-dir", testbin.Dir(t), "--gc=false", "--json")
+	require.Equal(t, exitOK, code, stderr)
+	var res jsonResult
+	require.NoError(t, json.Unmarshal([]byte(runOut), &res))
+	assert.EqualValues(t, "SUCCEEDED", res.Status)
+	require.NotNil(t, res.Changes, "the change set was recorded")
+
+	js, stderr, code := taskrunCmd("diff", "--store", store, "--json", runID)
+	require.Equal(t, exitOK, code, stderr)
+	var set changeset.Set
+	require.NoError(t, json.Unmarshal([]byte(js), &set))
+	byPath := map[string]changeset.Change{}
+	for _, c := range set.Changes {
+		byPath[c.Path] = c
+	}
+	for i := range 4 {
+		c := byPath["hole"+string(rune('0'+i))]
+		assert.Equal(t, changeset.Added, c.Kind)
+		assert.Equal(t, int64(256<<30), c.NewSize)
+		assert.Empty(t, c.NewSHA256)
+		assert.Contains(t, c.NotHashed, "sparse file")
+	}
+	assert.Equal(t, changeset.Added, byPath["small.txt"].Kind)
+	assert.NotEmpty(t, byPath["small.txt"].NewSHA256)
+	assert.Equal(t, 4, set.Summary.NotHashed)
+}

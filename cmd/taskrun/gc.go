@@ -90,7 +90,7 @@ func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, 
 	rep.Runs, recoverErr = host.recoverRuns(ctx, backend, dryRun, lines)
 	rep.Containers, err = backend.Reap(ctx, host.reapOptions(grace, all, dryRun, rep.Runs))
 	if !dryRun {
-		err = errors.Join(err, host.sweepPools())
+		err = errors.Join(err, host.sweepPools(), host.sweepImages())
 		host.removeGoneExecutors()
 	}
 	if jsonOut {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/attest"
+	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
@@ -223,6 +224,15 @@ func (h *hostState) sweepPools() error {
 	removed, err := warmpool.Sweep(taskrun.PoolDir(h.root), gone, func(path string) bool { return journaled[path] })
 	for _, dir := range removed {
 		h.log.Info("removed a gone executor's warm pool slot", "dir", dir)
+	}
+	return err
+}
+
+// sweepImages removes the disk cap images no run dir names any longer.
+func (h *hostState) sweepImages() error {
+	removed, err := diskcap.SweepImages(filepath.Join(taskrun.DiskCapTemplatesDir(h.root), diskcap.ImagesDirName))
+	for _, img := range removed {
+		h.log.Info("removed a disk cap image no run dir names", "image", img)
 	}
 	return err
 }

@@ -76,6 +76,7 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, created time.Time, slack tim
 		PublishAllPorts: false,
 		ReadonlyRootfs:  pol.ReadOnlyRootfs,
 		SecurityOpt:     []string{"no-new-privileges", seccomp.SecurityOpt()},
+		MaskedPaths:     MaskedPaths(),
 		Tmpfs:           map[string]string{TmpfsPath: tmpfsOptions(pol.TmpfsSizeBytes)},
 		Runtime:         pol.Runtime,
 		Init:            &init,
@@ -98,6 +99,28 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, created time.Time, slack tim
 		Host:    host,
 		Network: &network.NetworkingConfig{},
 	}
+}
+
+// dockerMaskedPaths are the paths Docker masks in a container by default
+// (github.com/moby/moby oci.DefaultSpec); a container given MaskedPaths of
+// its own gets only those, so they are repeated here.
+var dockerMaskedPaths = []string{
+	"/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+	"/sys/firmware", "/sys/devices/virtual/powercap",
+}
+
+// hostActivityPaths show, under runc, what the host's other runs do: every
+// block device's I/O counters (/proc/diskstats) and the host's block
+// devices, loop devices among them, with their backing files (/sys/block,
+// /sys/devices/virtual/block). runc masks a file with /dev/null and a
+// directory with an empty read-only tmpfs; gVisor shows none of them anyway.
+var hostActivityPaths = []string{"/proc/diskstats", "/sys/block", "/sys/devices/virtual/block"}
+
+// MaskedPaths are the paths masked in every run container: Docker's
+// default ones and hostActivityPaths.
+func MaskedPaths() []string {
+	return append(slices.Clone(dockerMaskedPaths), hostActivityPaths...)
 }
 
 // labels merges the Spec's labels with the dev.taskrun.* labels, which win.

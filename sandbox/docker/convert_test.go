@@ -34,6 +34,12 @@ func TestConvert(t *testing.T) {
 		{"policy User", func(_ *sandbox.Spec, p *sandbox.Policy) { p.User = "4242:4343" }, func(t *testing.T, cc createConfig) {
 			assert.Equal(t, "4242:4343", cc.Config.User)
 		}},
+		{"masked paths: Docker's and the host's activity", nil, func(t *testing.T, cc createConfig) {
+			for _, p := range []string{"/proc/kcore", "/proc/keys", "/sys/firmware", "/proc/diskstats", "/sys/block", "/sys/devices/virtual/block"} {
+				assert.Contains(t, cc.Host.MaskedPaths, p)
+			}
+			assert.Nil(t, cc.Host.ReadonlyPaths, "Docker's read-only paths stay its default")
+		}},
 		{"policy ReadOnlyRootfs true", nil, func(t *testing.T, cc createConfig) {
 			assert.True(t, cc.Host.ReadonlyRootfs)
 		}},

@@ -19,6 +19,11 @@
 //     default action. (EAFNOSUPPORT for them would need a second action on
 //     socket's first argument, which libseccomp refuses when the filter is
 //     loaded.)
+//   - socket(AF_NETLINK, ..., NETLINK_KOBJECT_UEVENT): under runc, a container
+//     whose network namespace belongs to the host's user namespace receives
+//     the host's device events (loop devices of other runs being set up and
+//     torn down); other netlink protocols (routing, for ip and name
+//     resolution) stay allowed.
 //   - socketcall, and every system call of the 32-bit x86 ABI (int $0x80):
 //     socketcall passes socket(2)'s arguments in memory, where seccomp cannot
 //     see them, and libseccomp allows socketcall(SYS_SOCKET) whenever socket
@@ -94,10 +99,15 @@ func Profile() *moby.Seccomp {
 		}
 	}
 	for _, family := range AllowedSocketFamilies {
+		args := []specs.LinuxSeccompArg{{Index: 0, Value: uint64(family), Op: specs.OpEqualTo}}
+		if family == unix.AF_NETLINK {
+			// Any netlink protocol but the host's device events.
+			args = append(args, specs.LinuxSeccompArg{Index: 2, Value: unix.NETLINK_KOBJECT_UEVENT, Op: specs.OpNotEqual})
+		}
 		syscalls = append(syscalls, &moby.Syscall{LinuxSyscall: specs.LinuxSyscall{
 			Names:  []string{"socket"},
 			Action: specs.ActAllow,
-			Args:   []specs.LinuxSeccompArg{{Index: 0, Value: uint64(family), Op: specs.OpEqualTo}},
+			Args:   args,
 		}})
 	}
 	p.Syscalls = syscalls

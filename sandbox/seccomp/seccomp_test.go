@@ -50,10 +50,17 @@ func TestSocketIsAnAllowlistOfFamilies(t *testing.T) {
 			require.Equal(t, []string{"socket"}, s.Names, "socket has rules of its own")
 			assert.Equal(t, specs.ActAllow, s.Action)
 			assert.Nil(t, s.Includes)
-			require.Len(t, s.Args, 1)
+			require.NotEmpty(t, s.Args)
 			assert.Equal(t, specs.OpEqualTo, s.Args[0].Op)
 			assert.Zero(t, s.Args[0].Index)
 			families = append(families, s.Args[0].Value)
+			if s.Args[0].Value == unix.AF_NETLINK {
+				require.Len(t, s.Args, 2)
+				assert.Equal(t, specs.LinuxSeccompArg{Index: 2, Value: unix.NETLINK_KOBJECT_UEVENT, Op: specs.OpNotEqual}, s.Args[1],
+					"netlink but the host's device events")
+			} else {
+				require.Len(t, s.Args, 1)
+			}
 		}
 	}
 	assert.ElementsMatch(t, []uint64{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}, families)

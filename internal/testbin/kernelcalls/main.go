@@ -48,6 +48,7 @@ func main() {
 		{"socket_inet", socketOf(unix.AF_INET, unix.SOCK_STREAM)},
 		{"socket_inet6", socketOf(unix.AF_INET6, unix.SOCK_STREAM)},
 		{"socket_netlink", socketOf(unix.AF_NETLINK, unix.SOCK_RAW)},
+		{"socket_netlink_uevent", netlinkOf(unix.NETLINK_KOBJECT_UEVENT)},
 		{"userfaultfd", userfaultfd},
 		{"perf_event_open", perfEventOpen},
 		{"bpf", bpfMapCreate},
@@ -97,6 +98,18 @@ func vsockBind() unix.Errno {
 func socketOf(family, typ int) func() unix.Errno {
 	return func() unix.Errno {
 		fd, err := unix.Socket(family, typ, 0)
+		if err != nil {
+			return err.(unix.Errno)
+		}
+		unix.Close(fd)
+		return 0
+	}
+}
+
+// netlinkOf opens a netlink socket of the given protocol.
+func netlinkOf(protocol int) func() unix.Errno {
+	return func() unix.Errno {
+		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, protocol)
 		if err != nil {
 			return err.(unix.Errno)
 		}
