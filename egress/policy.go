@@ -283,6 +283,11 @@ func ParseCredential(s string) (Credential, error) {
 	if err != nil {
 		return Credential{}, fmt.Errorf("%w: --credential %q: %w", ErrBadPolicy, s, err)
 	}
+	return credentialFromPairs(fields)
+}
+
+// credentialFromPairs builds and validates a credential from --credential's pairs.
+func credentialFromPairs(fields [][2]string) (Credential, error) {
 	var c Credential
 	for _, kv := range fields {
 		switch kv[0] {
