@@ -23,7 +23,10 @@ type SubmitRequest struct {
 	SessionID      string `json:"session_id,omitempty"`
 	PreviousRunID  string `json:"previous_run_id,omitempty"`
 	// Model, Image, Runtime, Command, Env, Limits and Egress are passed to the
-	// worker as they are (see workerclient.Assignment).
+	// worker (see workerclient.Assignment). They are the tenant's request:
+	// Limits must be within the operator's maxima (runlimits.Maxima) and
+	// Egress is an egress.TenantRequest, granted by the worker's operator
+	// policy (docs/architecture.md, "Trust boundary").
 	Model   string              `json:"model,omitempty"`
 	Image   string              `json:"image,omitempty"`
 	Runtime string              `json:"runtime,omitempty"`

@@ -695,3 +695,44 @@ func TestCredentialIsNeverSentInClear(t *testing.T) {
 	assert.Empty(t, <-seen, "plain HTTP never carries the brokered credential")
 	assert.Empty(t, h.entries(t)[0].Credential)
 }
+
+// TestAmbiguousPathsNeverReachTheUpstreamWithTheCredential: a path an
+// upstream may read as walking out of the allowed prefix ("..;", a second
+// encoding, a backslash) is refused before the brokered credential is sent.
+func TestAmbiguousPathsNeverReachTheUpstreamWithTheCredential(t *testing.T) {
+	var seen []string
+	var mu sync.Mutex
+	srv, pool := tlsUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.URL.RawPath+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		fmt.Fprint(w, "ok")
+	}))
+	port := portOf(t, srv.URL)
+	pol := Policy{Rules: []Rule{{Host: "example.com", Port: port, Paths: []string{"/repos/"}}, {Host: "127.0.0.1", Port: port}},
+		Credentials: []Credential{{Host: "example.com", Header: "Authorization", ValueEnv: "TOKEN"}}}
+	h := startProxy(t, pol, resolverFor(map[string]string{"example.com": "127.0.0.1"}), func(c *Config) {
+		c.UpstreamRoots = pool
+		c.Getenv = func(string) string { return "secret-token" }
+	})
+	caPEM, err := os.ReadFile(h.p.CAPath())
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	c := h.client(roots)
+	base := fmt.Sprintf("https://example.com:%d", port)
+	for _, path := range []string{"/repos/..;/admin", "/repos/..;x=1/admin", "/repos/%252e%252e/admin", "/repos/%2e%2e%5cadmin", "/repos/..%5cadmin", "/repos/a%00b"} {
+		code, body := get(t, c, base+path)
+		assert.Equal(t, http.StatusForbidden, code, path)
+		assert.Contains(t, body, "does not allow GET", path)
+	}
+	mu.Lock()
+	assert.Empty(t, seen, "no ambiguous path reached the upstream")
+	mu.Unlock()
+	code, body := get(t, c, base+"/repos/a;b/c.d/..x")
+	assert.Equal(t, http.StatusOK, code, body)
+	mu.Lock()
+	require.Len(t, seen, 1)
+	assert.Contains(t, seen[0], "secret-token", "a plain path is brokered as before")
+	mu.Unlock()
+}

@@ -243,11 +243,20 @@ func (r Rule) allowsRequest(method, path string) bool {
 	return true
 }
 
-// canonicalPath reports whether path has no "." or ".." segment and no
-// empty segment, so a prefix check cannot be walked around.
+// canonicalPath reports whether path (decoded once) has no "." or ".."
+// segment and no empty segment, so a prefix check cannot be walked around,
+// and nothing an upstream may read as one: a dot segment with parameters
+// ("..;"), a backslash ("..\"), a '%' left after decoding (a second
+// encoding, "%252e%252e"), a control character.
 func canonicalPath(p string) bool {
-	return strings.HasPrefix(p, "/") && !strings.Contains(p, "//") &&
-		!slices.ContainsFunc(strings.Split(p, "/"), func(s string) bool { return s == "." || s == ".." })
+	if !strings.HasPrefix(p, "/") || strings.Contains(p, "//") || strings.ContainsAny(p, "\\%") ||
+		strings.ContainsFunc(p, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+		return false
+	}
+	return !slices.ContainsFunc(strings.Split(p, "/"), func(s string) bool {
+		s, _, _ = strings.Cut(s, ";")
+		return s == "." || s == ".."
+	})
 }
 
 // ParseAllow parses an --allow value, HOST or HOST:PORT ("[::1]:443" for
@@ -283,6 +292,11 @@ func ParseCredential(s string) (Credential, error) {
 	if err != nil {
 		return Credential{}, fmt.Errorf("%w: --credential %q: %w", ErrBadPolicy, s, err)
 	}
+	return credentialFromPairs(fields)
+}
+
+// credentialFromPairs builds and validates a credential from --credential's pairs.
+func credentialFromPairs(fields [][2]string) (Credential, error) {
 	var c Credential
 	for _, kv := range fields {
 		switch kv[0] {

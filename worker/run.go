@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -232,7 +230,12 @@ func (w *Worker) input(ctx context.Context, a *workerclient.Assignment, g *gate)
 		}
 		in.Env = append(slices.Clone(in.Env), a.Env...)
 	}
+	// The assignment is a tenant's request: its limits within the
+	// operator's maxima, its egress granted by the operator's policy.
 	lim := a.Limits
+	if err := w.cfg.RunMaxima.Check(lim); err != nil {
+		return in, cleanup, err
+	}
 	if lim.TimeoutMillis > 0 {
 		in.Timeout = time.Duration(lim.TimeoutMillis) * time.Millisecond
 	}
@@ -265,19 +268,12 @@ func (w *Worker) input(ctx context.Context, a *workerclient.Assignment, g *gate)
 	if lim.MaxTokens > 0 {
 		in.Model.MaxTokens = int(lim.MaxTokens)
 	}
-	if len(a.Egress) > 0 && string(a.Egress) != "null" {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return in, cleanup, err
-		}
-		f := filepath.Join(dir, "egress.json")
-		if err := os.WriteFile(f, a.Egress, 0o600); err != nil {
-			return in, cleanup, err
-		}
-		p, err := egress.LoadPolicy(f)
-		if err != nil {
-			return in, cleanup, err
-		}
-		in.Egress = p
+	req, err := egress.ParseTenantRequest(a.Egress)
+	if err != nil {
+		return in, cleanup, err
+	}
+	if in.Egress, err = w.cfg.Egress.Grant(a.Task.UserID, req); err != nil {
+		return in, cleanup, err
 	}
 	if a.Workspace != nil {
 		home, err := w.fetchWorkspace(ctx, a.Workspace, dir)

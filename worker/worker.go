@@ -59,8 +59,10 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/internal/backoff"
 	"github.com/taskrun/taskrun/recovery"
+	"github.com/taskrun/taskrun/runlimits"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
@@ -125,6 +127,15 @@ type Config struct {
 	// Models resolves an assignment's model name to the host's entry (with
 	// its upstream and key); nil accepts only runs without a model.
 	Models func(name string) (config.ModelEntry, error)
+	// Egress is the operator's egress configuration. A run's egress policy
+	// is what it grants the run's tenant for the assignment's request
+	// (egress.Operator.Grant); Template.Egress is not used. The zero value
+	// gives every run no network and refuses a run asking for any.
+	Egress egress.Operator
+	// RunMaxima are the largest limits an assignment may ask for (zero
+	// fields: runlimits.Default); an assignment over one is refused. The
+	// Template's defaults must be within them.
+	RunMaxima runlimits.Maxima
 	// LeaseWait is how long one lease call may be held: DefaultLeaseWait.
 	LeaseWait time.Duration
 	// DrainGrace is how long live runs may go on once Run's ctx ended:
@@ -194,6 +205,15 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.Template.Policy.MemoryBytes == 0 {
 		cfg.Template.Policy = sandbox.DefaultPolicy()
+	}
+	if err := cfg.Egress.Validate(); err != nil {
+		return nil, fmt.Errorf("worker: the operator's egress: %w", err)
+	}
+	cfg.RunMaxima = cfg.RunMaxima.WithDefaults()
+	tp := cfg.Template
+	if err := cfg.RunMaxima.CheckDefaults(runlimits.Maxima{Timeout: tp.Timeout, MemoryBytes: tp.Policy.MemoryBytes,
+		CPUs: float64(tp.Policy.NanoCPUs) / 1e9, PIDs: tp.Policy.PidsLimit, DiskBytes: tp.DiskLimitBytes, MaxOutputBytes: tp.MaxOutputBytes}); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
 	}
 	if cfg.LeaseWait <= 0 {
 		cfg.LeaseWait = DefaultLeaseWait

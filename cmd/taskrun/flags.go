@@ -12,6 +12,7 @@ import (
 	"github.com/taskrun/taskrun/controlplane/client"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runlimits"
 )
 
 // Flags that mean the same thing in several commands are defined here, once,
@@ -179,5 +180,25 @@ func (k *attestKeyFlag) load() error {
 		return fmt.Errorf("--attest-key: %w", err)
 	}
 	k.signer = s
+	return nil
+}
+
+// addRunMaximaFlags defines the --max-run-* flags: the largest limits a
+// submission may ask for per run. A submission over one is refused.
+func addRunMaximaFlags(fs *pflag.FlagSet, m *runlimits.Maxima) {
+	*m = runlimits.Default
+	fs.DurationVar(&m.Timeout, runlimits.FlagTimeout, m.Timeout, "largest time limit a submitted run may ask for")
+	addSizeFlag(fs, &m.MemoryBytes, runlimits.FlagMemory, "largest memory limit a submitted run may ask for")
+	fs.Float64Var(&m.CPUs, runlimits.FlagCPUs, m.CPUs, "largest CPU limit a submitted run may ask for")
+	fs.Int64Var(&m.PIDs, runlimits.FlagPIDs, m.PIDs, "largest process limit a submitted run may ask for")
+	addSizeFlag(fs, &m.DiskBytes, runlimits.FlagDisk, "largest disk cap a submitted run may ask for")
+	addSizeFlag(fs, &m.MaxOutputBytes, runlimits.FlagMaxOutput, "largest output cap a submitted run may ask for")
+}
+
+// checkRunMaxima refuses --max-run-* values that are not positive.
+func checkRunMaxima(m runlimits.Maxima) error {
+	if m.Timeout <= 0 || m.CPUs <= 0 || m.PIDs <= 0 {
+		return errors.New("--max-run-timeout, --max-run-cpus and --max-run-pids must be positive")
+	}
 	return nil
 }

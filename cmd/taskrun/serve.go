@@ -18,6 +18,7 @@ import (
 	"github.com/taskrun/taskrun/controlplane/server"
 	"github.com/taskrun/taskrun/controlplane/sqlite"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runlimits"
 )
 
 const serveHelp = `
@@ -57,6 +58,7 @@ type serveOptions struct {
 	workerTokens, userTokens string
 	leaseTTL                 time.Duration
 	maxWorkspace, maxOutput  int64
+	maxima                   runlimits.Maxima
 }
 
 func init() {
@@ -74,9 +76,13 @@ func init() {
 			fs.DurationVar(&o.leaseTTL, "lease-ttl", o.leaseTTL, "lease length; workers renew every third of it")
 			addSizeFlag(fs, &o.maxWorkspace, "max-workspace", "largest workspace archive a submission may upload")
 			addSizeFlag(fs, &o.maxOutput, "max-output", "largest output stream held per run")
+			addRunMaximaFlags(fs, &o.maxima)
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) > 0 {
 					return a.usageError("serve", fmt.Errorf("unexpected argument %q", args[0]))
+				}
+				if err := checkRunMaxima(o.maxima); err != nil {
+					return a.usageError("serve", err)
 				}
 				return runServe(ctx, a, o)
 			}
@@ -144,7 +150,7 @@ func runServe(ctx context.Context, a *app, o serveOptions) int {
 	}
 	defer blobs.Close()
 	cfg := server.Config{Store: store, Blobs: blobs, Tokens: tk, LeaseTTL: o.leaseTTL, Log: a.log,
-		Limits: server.Limits{MaxWorkspaceBytes: o.maxWorkspace, MaxOutputBytes: o.maxOutput}}
+		Limits: server.Limits{MaxWorkspaceBytes: o.maxWorkspace, MaxOutputBytes: o.maxOutput}, RunMaxima: o.maxima}
 	wrap := func(h http.Handler) http.Handler { return h }
 	if serveUI != nil {
 		if cfg.UI, wrap, err = serveUI(store, blobs, a.log); err != nil {

@@ -16,11 +16,13 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runlimits"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/uidpool"
@@ -61,6 +63,14 @@ cluster --kubeconfig names, exactly as taskrun run --backend kubernetes does
 (start-up recovery then reaps the Pods of gone executors); --warm needs the
 Docker backend.
 
+Everything a submission asks for is a tenant's request, checked against
+this worker's flags (the operator's word): its limits are refused over the
+--max-run-* maxima; its egress can only narrow --allow and --egress-policy
+(none given: runs have no network), can never reach a loopback, private,
+link-local or metadata address, and names a credential only by the id a
+--credential gives it for that tenant. See "Trust boundary" in
+docs/architecture.md.
+
 --metrics-listen serves /metrics (Prometheus), /healthz and /readyz (ready
 once recovery finished, until draining).
 `
@@ -96,6 +106,14 @@ type workerOptions struct {
 	modelSpec     string
 	model         config.ModelEntry
 	shutdownGrace time.Duration
+
+	// The operator's egress configuration and maxima: what a submitted
+	// run's request is checked against.
+	egressFile  string
+	allows      []string
+	credentials []string
+	egress      egress.Operator
+	maxima      runlimits.Maxima
 
 	backendFlags
 }
@@ -155,6 +173,10 @@ func (o *workerOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.model.APIKeyEnv, "model-api-key-env", "", "host environment variable holding --model's API key (it never enters the sandbox)")
 	fs.StringVar(&o.model.APIKeyFile, "model-api-key-file", "", "host file holding --model's API key (it never enters the sandbox)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "once a run is cancelled, how long it may take to stop, store and report")
+	fs.StringArrayVar(&o.allows, "allow", nil, "let submitted runs ask to reach HOST[:PORT] through their egress proxy (no port: 80 and 443; *.suffix for every name below suffix); repeatable; none: runs have no network")
+	fs.StringVar(&o.egressFile, "egress-policy", "", "JSON egress policy file: the rules and budgets submitted runs may ask for within (see docs/egress.md); its credentials go in --credential")
+	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, for the tenants named, who ask for it by id: id=ID,tenants="USER ...",host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"] (tenants=* for all); repeatable`)
+	addRunMaximaFlags(fs, &o.maxima)
 	o.backendFlags.define(fs)
 }
 
@@ -196,7 +218,13 @@ func (o *workerOptions) finish() error {
 		return fmt.Errorf("--cpus %v: give a positive number such as 1 or 0.5", o.cpus)
 	}
 	o.policy.NanoCPUs = int64(o.cpus * 1e9)
+	if err := checkRunMaxima(o.maxima); err != nil {
+		return err
+	}
 	var err error
+	if o.egress, err = egress.BuildOperator(o.egressFile, o.allows, o.credentials); err != nil {
+		return err
+	}
 	if o.pull, err = sandbox.ParsePullPolicy(o.pullSpec); err != nil {
 		return fmt.Errorf("--pull: %w", err)
 	}
@@ -386,6 +414,8 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 		MemoryBytes: o.memory,
 		Workspaces:  store,
 		Models:      o.models,
+		Egress:      o.egress,
+		RunMaxima:   o.maxima,
 		LeaseWait:   o.leaseWait,
 		DrainGrace:  o.drainGrace,
 		Recover: func(ctx context.Context) error {

@@ -39,8 +39,8 @@ type serveProc struct {
 }
 
 // startServeProcs starts replicas `taskrun serve` processes on db, all
-// sharing store, and waits until each is ready.
-func startServeProcs(t *testing.T, env *crashEnv, db string, replicas int, ttl time.Duration) []*serveProc {
+// sharing store, with extra flags, and waits until each is ready.
+func startServeProcs(t *testing.T, env *crashEnv, db string, replicas int, ttl time.Duration, extra ...string) []*serveProc {
 	t.Helper()
 	dir := t.TempDir()
 	wtok, utok := filepath.Join(dir, "w.tok"), filepath.Join(dir, "u.tok")
@@ -54,6 +54,7 @@ func startServeProcs(t *testing.T, env *crashEnv, db string, replicas int, ttl t
 		require.NoError(t, err)
 		p.cmd = env.command(t, nil, "serve", "--log-format", "json", "--listen", addr, "--db", db, "--store", env.store,
 			"--worker-token-file", wtok, "--user-token-file", utok, "--lease-ttl", ttl.String())
+		p.cmd.Args = append(p.cmd.Args, extra...)
 		p.cmd.Stdout, p.cmd.Stderr = logf, logf
 		require.NoError(t, p.cmd.Start())
 		go func() {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runlimits"
 )
 
 // Limits bound everything a client controls.
@@ -74,6 +75,9 @@ type Config struct {
 	PollInterval time.Duration
 	// Limits bound clients (zero fields: DefaultLimits).
 	Limits Limits
+	// RunMaxima are the largest run limits a submission may ask for (zero
+	// fields: runlimits.Default); a submission over one is refused (400).
+	RunMaxima runlimits.Maxima
 	// Now is the clock (default time.Now); tests inject one.
 	Now func() time.Time
 	// Log receives the server's log (default slog.Default()).

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,9 +29,11 @@ import (
 	"github.com/taskrun/taskrun/controlplane/client"
 	"github.com/taskrun/taskrun/controlplane/server"
 	"github.com/taskrun/taskrun/controlplane/sqlite"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/internal/pgtest"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runlimits"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -739,4 +742,47 @@ func TestWorkersList(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.NotEqual(t, http.StatusOK, resp.StatusCode, "a worker token reads no user API")
+}
+
+// TestSubmissionIsATenantsRequest: limits over the maxima, a credential
+// source of the host and a rule for a special address are refused (400)
+// and queue nothing; the credential refusal says the same whatever it named.
+func TestSubmissionIsATenantsRequest(t *testing.T) {
+	e := newEnv(t, nil, func(c *server.Config) { c.RunMaxima = runlimits.Maxima{PIDs: 1024} })
+	ctx := context.Background()
+	refused := func(req controlplane.SubmitRequest) string {
+		t.Helper()
+		req.Prompt = "p"
+		_, err := e.user.Submit(ctx, req, nil)
+		var he *client.HTTPError
+		require.ErrorAs(t, err, &he)
+		require.Equal(t, http.StatusBadRequest, he.StatusCode, he.Message)
+		return he.Message
+	}
+	msg := refused(controlplane.SubmitRequest{Limits: workerclient.Limits{PIDs: 100000}})
+	assert.Contains(t, msg, "limits.pids 100000 is over the maximum 1024")
+	assert.Contains(t, msg, "--max-run-pids")
+	assert.Contains(t, refused(controlplane.SubmitRequest{Limits: workerclient.Limits{MemoryBytes: 1 << 40}}), "--max-run-memory", "zero maxima are the defaults")
+
+	file := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(file, []byte("x\n"), 0o600))
+	var msgs []string
+	for _, src := range []string{`"value_env":"HOME"`, `"value_env":"NOPE_NOT_SET"`, `"value_file":"` + file + `"`, `"value_file":"/nope"`} {
+		msgs = append(msgs, refused(controlplane.SubmitRequest{Egress: json.RawMessage(
+			`{"rules":[{"host":"a.example"}],"credentials":[{"host":"a.example","header":"X",` + src + `}]}`)}))
+	}
+	for _, m := range msgs {
+		assert.Equal(t, msgs[0], m)
+	}
+	assert.Contains(t, msgs[0], egress.ErrHostSecretNamed.Error())
+
+	assert.Contains(t, refused(controlplane.SubmitRequest{Egress: json.RawMessage(`{"rules":[{"host":"127.0.0.1","port":9000}]}`)}),
+		egress.ErrSpecialAddress.Error())
+
+	runs, err := e.user.ListRuns(ctx, "", 0)
+	require.NoError(t, err)
+	assert.Empty(t, runs, "no refused submission created a run")
+	_, err = e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p", Limits: workerclient.Limits{PIDs: 1024},
+		Egress: json.RawMessage(`{"rules":[{"host":"api.github.com"}],"credentials":[{"id":"github"}]}`)}, nil)
+	require.NoError(t, err, "a request within the maxima, naming a credential by id")
 }

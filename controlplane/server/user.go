@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -215,6 +216,15 @@ func (s *Server) checkSubmit(r *http.Request, req *controlplane.SubmitRequest) e
 	}
 	if len(req.Egress) > 0 && !json.Valid(req.Egress) {
 		return errors.New("egress: not valid JSON")
+	}
+	// A submission is a tenant's request: its limits within the operator's
+	// maxima, its egress only what a tenant may ask for (no credential
+	// source of the host, no special address). Each worker checks again.
+	if err := s.cfg.RunMaxima.Check(l); err != nil {
+		return err
+	}
+	if _, err := egress.ParseTenantRequest(req.Egress); err != nil {
+		return err
 	}
 	if req.ConversationID == "" {
 		req.ConversationID = DefaultConversation
