@@ -42,11 +42,18 @@ var (
 	taskrunBinErr  error
 )
 
-// taskrunBin builds this package's binary once per test process, next to the
-// static helpers (which --helpers-dir points at).
+// taskrunBin is this package's binary: the one `make build` put in
+// TASKRUN_BIN_DIR (testbin.EnvBinDir), or one built once per test process.
 func taskrunBin(t *testing.T) string {
 	t.Helper()
 	taskrunBinOnce.Do(func() {
+		if d := os.Getenv(testbin.EnvBinDir); d != "" {
+			taskrunBinPath = filepath.Join(d, "taskrun")
+			if _, taskrunBinErr = os.Stat(taskrunBinPath); taskrunBinErr != nil {
+				taskrunBinErr = fmt.Errorf("%s=%s has no taskrun: run make build, or unset it: %w", testbin.EnvBinDir, d, taskrunBinErr)
+			}
+			return
+		}
 		dir, err := os.MkdirTemp("", "taskrun-crash-bin-")
 		if err != nil {
 			taskrunBinErr = err
@@ -65,7 +72,7 @@ func taskrunBin(t *testing.T) string {
 
 // removeTaskrunBin removes the binary taskrunBin built; TestMain calls it.
 func removeTaskrunBin() {
-	if taskrunBinPath != "" {
+	if taskrunBinPath != "" && os.Getenv(testbin.EnvBinDir) == "" {
 		_ = os.RemoveAll(filepath.Dir(taskrunBinPath))
 	}
 }

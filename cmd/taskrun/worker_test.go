@@ -165,7 +165,9 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 func watchCreates(t *testing.T) func() map[string]int {
 	t.Helper()
 	var out lockedbuf.Buffer
-	cmd := exec.Command("docker", "events", "--filter", "type=container", "--filter", "event=create",
+	// --since: the engine replays what happened while the CLI started.
+	since := strconv.FormatInt(time.Now().Unix()-1, 10)
+	cmd := exec.Command("docker", "events", "--since", since, "--filter", "type=container", "--filter", "event=create",
 		"--filter", "label="+sandbox.LabelRun, "--format", `{{index .Actor.Attributes "`+sandbox.LabelRun+`"}}`)
 	cmd.Stdout = &out
 	require.NoError(t, cmd.Start())
@@ -194,23 +196,30 @@ func watchCreates(t *testing.T) func() map[string]int {
 
 // awaitMarker creates (and removes) a container labelled with a run ID of
 // its own, not managed by taskrun, and waits until out, a create event
-// stream, shows it.
+// stream, shows it; a marker made before the stream subscribed is not
+// shown, so another is made every few seconds until one is.
 func awaitMarker(t *testing.T, out *lockedbuf.Buffer) {
 	t.Helper()
-	marker := "events-marker-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	seen := out.Seen(marker + "\n")
-	create := exec.Command("docker", "create", "--label", sandbox.LabelRun+"="+marker, "--name", marker, testImage, "true")
-	msg, err := create.CombinedOutput()
-	require.NoError(t, err, "docker create %s: %s", marker, msg)
-	t.Cleanup(func() { _ = exec.Command("docker", "rm", "-f", marker).Run() })
 	// The engine reports a create within moments; the deadline only bounds
 	// a stream that broke.
-	select {
-	case <-seen:
-	case <-time.After(testdeadline.Scale(time.Minute)):
-		t.Fatalf("the engine's event stream never showed container %s; it has %q", marker, out.String())
+	deadline := time.After(testdeadline.Scale(time.Minute))
+	for {
+		marker := "events-marker-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		seen := out.Seen(marker + "\n")
+		create := exec.Command("docker", "create", "--label", sandbox.LabelRun+"="+marker, "--name", marker, testImage, "true")
+		msg, err := create.CombinedOutput()
+		require.NoError(t, err, "docker create %s: %s", marker, msg)
+		t.Cleanup(func() { _ = exec.Command("docker", "rm", "-f", marker).Run() })
+		select {
+		case <-seen:
+			require.NoError(t, exec.Command("docker", "rm", "-f", marker).Run())
+			return
+		case <-time.After(3 * time.Second): // another marker; the last one may predate the subscription
+			require.NoError(t, exec.Command("docker", "rm", "-f", marker).Run())
+		case <-deadline:
+			t.Fatalf("the engine's event stream never showed container %s; it has %q", marker, out.String())
+		}
 	}
-	require.NoError(t, exec.Command("docker", "rm", "-f", marker).Run())
 }
 
 // assertNoLoopDevices checks that no loop device is (still, once the kernel
