@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -407,4 +408,33 @@ func TestUnusableKeysAreRefusedWithTheFix(t *testing.T) {
 	kp := newKeyPair(t, "ed25519")
 	_, err = attest.ParseVerifier(kp.privPEM)
 	assert.ErrorIs(t, err, attest.ErrKey, "a private key given as --key is refused")
+}
+
+// Printing or logging a Signer shows its key ID, never the private key.
+func TestASignerNeverPrintsItsKey(t *testing.T) {
+	for _, alg := range []string{"ed25519", "ecdsa"} {
+		kp := newKeyPair(t, alg)
+		block, _ := pem.Decode(kp.privPEM)
+		priv, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+		require.NoError(t, err)
+		var secret string
+		switch k := priv.(type) {
+		case ed25519.PrivateKey:
+			secret = fmt.Sprint(k.Seed())
+		case *ecdsa.PrivateKey:
+			secret = k.D.String()
+		}
+		holder := struct{ Key *attest.Signer }{kp.signer}
+		var logged bytes.Buffer
+		slog.New(slog.NewJSONHandler(&logged, nil)).Info("run", "key", kp.signer, "input", holder)
+		id, _ := kp.signer.KeyID()
+		for _, out := range []string{
+			fmt.Sprintf("%v", kp.signer), fmt.Sprintf("%+v", kp.signer), fmt.Sprintf("%#v", kp.signer),
+			fmt.Sprintf("%+v", holder), fmt.Sprintf("%#v", holder), logged.String(),
+		} {
+			assert.NotContains(t, out, secret, alg)
+		}
+		assert.Contains(t, fmt.Sprintf("%v", kp.signer), id)
+		assert.Contains(t, logged.String(), id)
+	}
 }

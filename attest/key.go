@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
@@ -109,6 +110,16 @@ func (s *Signer) Sign(_ context.Context, data []byte) ([]byte, error) {
 
 // KeyID is the key's SSH SHA256 fingerprint, as DSSE verifiers compute it.
 func (s *Signer) KeyID() (string, error) { return s.keyID, nil }
+
+// String names the key by its ID only, so that printing a Signer (or a
+// struct holding one) never shows the private key.
+func (s *Signer) String() string { return "attest signer " + s.keyID }
+
+// GoString is String, for %#v.
+func (s *Signer) GoString() string { return s.String() }
+
+// LogValue is the key ID, for log/slog.
+func (s *Signer) LogValue() slog.Value { return slog.StringValue(s.keyID) }
 
 // Public returns the public half of the key.
 func (s *Signer) Public() crypto.PublicKey { return s.key.Public() }
