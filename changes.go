@@ -52,7 +52,7 @@ func SpoolPath(paths RuntimePaths, ref model.RunRef, stderr bool) (string, error
 // in, or the restored session) for the change set. A failure costs only the
 // change set, never the run.
 func snapshotChanges(ctx context.Context, p *plan) {
-	var opts changeset.Options
+	opts := changeset.Options{Exclude: p.in.ChangeExcludes}
 	if p.in.Run.PreviousRunID == "" {
 		// A resumed run starts from its session, not from the workspace's
 		// base commit.
