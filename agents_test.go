@@ -17,6 +17,8 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
@@ -118,4 +120,57 @@ func TestRunTaskSDKAgentThroughRelay(t *testing.T) {
 	require.NotNil(t, res.Result.PromptTokens)
 	assert.Equal(t, 90, *res.Result.PromptTokens)
 	assert.Equal(t, 12, *res.Result.CompletionTokens)
+}
+
+// chatScript asks the model one question through OPENAI_BASE_URL and prints
+// the answer; it exits 3 when the request fails. Busybox wget ignores
+// NO_PROXY, so it is told not to use the egress proxy for the relay.
+const chatScript = `wget -Y off -q -O - --header "Content-Type: application/json" \
+  --post-data "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" "$OPENAI_BASE_URL/chat/completions" || exit 3`
+
+// An own agent is run one way whatever the run's egress: taskrun starts the
+// relay in front of it, so a bare command finds the model at
+// OPENAI_BASE_URL, and the documented `taskrun-relay -- AGENT` still works,
+// with egress on as well (the inner relay only runs the agent).
+func TestRunTaskStartsTheRelayForTheAgent(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		name   string
+		egress bool
+		cmd    []string
+	}{
+		{name: "bare", cmd: []string{"sh", "-c", chatScript}},
+		{name: "relay", cmd: []string{"/.taskrun/bin/taskrun-relay", "--", "sh", "-c", chatScript}},
+		{name: "egress-bare", egress: true, cmd: []string{"sh", "-c", chatScript}},
+		{name: "egress-relay", egress: true, cmd: []string{"/.taskrun/bin/taskrun-relay", "--", "sh", "-c", chatScript}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &controlplanetest.Recorder{}
+			in := h.input(rec, "relayed-"+tc.name, tc.cmd...)
+			in.HelpersDir = testbin.Dir(t)
+			in.Model = config.ModelEntry{Provider: config.ProviderScripted, Name: gateway.DemoScriptName}
+			if tc.egress {
+				in.Egress = egress.Policy{Rules: []egress.Rule{{Host: "127.0.0.1", Port: 1}}}
+			}
+			out, err := taskrun.Execute(context.Background(), in)
+			require.NoError(t, err, "reason: %s; output: %s", out.Reason, out.Result.OutputStr)
+			assert.Contains(t, out.Result.OutputStr, `"chat.completion"`)
+			require.NotNil(t, out.Result.PromptTokens)
+			assert.Positive(t, *out.Result.PromptTokens, "the gateway metered the request")
+		})
+	}
+}
+
+// Entrypoint replaces the image's entrypoint as docker run --entrypoint
+// does, behind the self-check and the relay: the command is its arguments.
+func TestRunTaskEntrypoint(t *testing.T) {
+	h := newHarness(t)
+	rec := &controlplanetest.Recorder{}
+	in := h.input(rec, "entrypoint1", "-c", `echo "[$0] $OPENAI_BASE_URL"`, "from-entrypoint")
+	in.Entrypoint = []string{"/bin/sh"}
+	in.HelpersDir = testbin.Dir(t)
+	in.Model = config.ModelEntry{Provider: config.ProviderScripted, Name: gateway.DemoScriptName}
+	out, err := taskrun.Execute(context.Background(), in)
+	require.NoError(t, err, "reason: %s", out.Reason)
+	assert.Equal(t, "[from-entrypoint] http://127.0.0.1:8411/v1\n", out.Result.OutputStr)
 }

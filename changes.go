@@ -52,7 +52,7 @@ func SpoolPath(paths RuntimePaths, ref model.RunRef, stderr bool) (string, error
 // in, or the restored session) for the change set. A failure costs only the
 // change set, never the run.
 func snapshotChanges(ctx context.Context, p *plan) {
-	var opts changeset.Options
+	opts := changeset.Options{Exclude: p.in.ChangeExcludes}
 	if p.in.Run.PreviousRunID == "" {
 		// A resumed run starts from its session, not from the workspace's
 		// base commit.
@@ -213,21 +213,17 @@ func isolationVerdict(record []byte) string {
 	if err := json.Unmarshal(record, &r); err != nil {
 		return "unreadable isolation record: " + err.Error()
 	}
-	failed := 0
-	for _, f := range r.Findings {
-		if f.Status == audit.Fail {
-			failed++
-		}
-	}
+	_, failed, _ := audit.Tally(r.Findings)
+	tally := audit.TallyLine(r.Findings)
 	switch {
 	case len(r.ProbeContradictions) > 0:
 		return fmt.Sprintf("refused: the self-check contradicts the host (%d contradictions)", len(r.ProbeContradictions))
 	case failed > 0:
-		return fmt.Sprintf("%d of %d rules failed", failed, len(r.Findings))
+		return tally
 	case r.Probe == nil:
-		return fmt.Sprintf("%d rules passed (no in-sandbox self-check)", len(r.Findings))
+		return tally + " (no in-sandbox self-check)"
 	}
-	return fmt.Sprintf("%d rules passed; the self-check agrees", len(r.Findings))
+	return tally + "; the self-check agrees"
 }
 
 // writeIndex stores rec in the run index when the store keeps one. The

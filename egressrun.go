@@ -80,15 +80,14 @@ func startEgress(ctx context.Context, p *plan, agent workspace.Owner, budget *re
 	return &runEgress{px: px, record: record, policy: p.in.Egress}, nil
 }
 
-// apply routes the container through the proxy: the relay runs the command
-// (after the self-check, which wraps everything), the environment points at
-// it, and a label tells the audit the run has a policy.
+// apply routes the container through the proxy: the environment points at
+// the relay that runs the command (wrapRelay), and a label tells the audit
+// the run has a policy.
 func (e *runEgress) apply(spec *sandbox.Spec) {
 	if e == nil {
 		return
 	}
 	dir := model.ContainerRunDir + "/" + egressDir
-	spec.Wrapper = append(spec.Wrapper, model.ContainerHelpersDir+"/"+RelayBinary, "--")
 	spec.Env = append(spec.Env, e.px.ContainerEnv(dir)...)
 	spec.Labels[sandbox.LabelEgress] = egressSocketLabel()
 }

@@ -3,6 +3,7 @@ package taskrun
 import (
 	"context"
 
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/timings"
 )
@@ -36,8 +37,25 @@ func newLaunch(p *plan, wd *workdir, eg *runEgress) (*launch, error) {
 			return nil, err
 		}
 	}
+	wrapRelay(p, &spec)
 	eg.apply(&spec)
 	return &launch{spec: spec, policy: policy, iso: iso}, nil
+}
+
+// wrapRelay runs the command behind the relay (after the self-check, which
+// wraps everything) when the run has a model or an egress policy and the
+// relay is among its helpers: the agent finds the model gateway at
+// OPENAI_BASE_URL and ANTHROPIC_BASE_URL, and the egress proxy at
+// HTTP_PROXY, whatever its command. An agent that starts the relay itself
+// as well still works: a relay under a relay only runs its command.
+func wrapRelay(p *plan, spec *sandbox.Spec) {
+	if p.in.Model.IsZero() && p.in.Egress.IsZero() {
+		return
+	}
+	if _, ok := p.helpers[helpers.RelayName]; !ok {
+		return
+	}
+	spec.Wrapper = append(spec.Wrapper, helpers.RelayPath, "--")
 }
 
 // createAhead creates a run's container while the run directory is being

@@ -159,6 +159,9 @@ func newPlan(in RunTaskInput) (*plan, error) {
 	if err := p.checkEgress(); err != nil {
 		return nil, err
 	}
+	if _, err := workspace.Matcher(in.ChangeExcludes); err != nil {
+		return nil, fmt.Errorf("%w: change set excludes: %w", ErrInvalidInput, err)
+	}
 	return p, nil
 }
 
@@ -216,6 +219,7 @@ func (p *plan) baseSpec() sandbox.Spec {
 	return sandbox.Spec{
 		Name:       ContainerName(p.ref.RunID),
 		Image:      image,
+		Entrypoint: slices.Clone(p.in.Entrypoint),
 		Cmd:        slices.Clone(p.in.Command),
 		WorkingDir: model.ContainerHomeDir,
 		// The run's own variables last: they win over any the caller set.

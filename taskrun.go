@@ -108,6 +108,10 @@ type RunTaskInput struct {
 	AllowedImages []string
 	// Command replaces the image's default command when non-empty.
 	Command []string
+	// Entrypoint replaces the image's entrypoint when non-empty, as
+	// `docker run --entrypoint` does: the container runs Entrypoint followed
+	// by Command, and the image's own command is dropped.
+	Entrypoint []string
 	// Env adds NAME=VALUE variables to the agent's environment, after the
 	// image's own. It is visible to the agent and everything it runs: a
 	// secret belongs to the model gateway (Model) or the credential broker,
@@ -148,6 +152,12 @@ type RunTaskInput struct {
 	// SessionExcludes are the glob patterns (relative to home) left out of
 	// the session state; workspace.DefaultExcludes when nil.
 	SessionExcludes []string
+	// ChangeExcludes are the patterns (relative to home, in the syntax of
+	// SessionExcludes) left out of the run's change set, so neither
+	// changes.patch nor `taskrun apply` carries them:
+	// changeset.DefaultExcludes (the reference agent's state) when nil,
+	// nothing when empty. changes.json lists them.
+	ChangeExcludes []string
 	// KeepRunDir keeps the run directory on the host after a successful
 	// run; by default it is removed once everything is persisted.
 	KeepRunDir bool

@@ -66,8 +66,12 @@ func (r Report) FailedIDs() []string {
 }
 
 // Counts returns how many rules passed, failed and were not applicable.
-func (r Report) Counts() (pass, fail, na int) {
-	for _, f := range r.Findings {
+func (r Report) Counts() (pass, fail, na int) { return Tally(r.Findings) }
+
+// Tally counts findings as every view of a run counts them: passed, failed,
+// and not applicable (any other status).
+func Tally(findings []Finding) (pass, fail, na int) {
+	for _, f := range findings {
 		switch f.Status {
 		case Pass:
 			pass++
@@ -78,6 +82,13 @@ func (r Report) Counts() (pass, fail, na int) {
 		}
 	}
 	return pass, fail, na
+}
+
+// TallyLine is Tally as the one line `taskrun audit`, `taskrun inspect` and
+// the run index show: "N passed, N failed, N not applicable".
+func TallyLine(findings []Finding) string {
+	pass, fail, na := Tally(findings)
+	return fmt.Sprintf("%d passed, %d failed, %d not applicable", pass, fail, na)
 }
 
 // WriteTable renders the report as an aligned text table (rule, source,
@@ -98,8 +109,7 @@ func (r Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	pass, fail, na := r.Counts()
-	_, err := fmt.Fprintf(w, "%d passed, %d failed, %d not applicable\n\n", pass, fail, na)
+	_, err := fmt.Fprintf(w, "%s\n\n", TallyLine(r.Findings))
 	return err
 }
 

@@ -437,3 +437,49 @@ func joinLines(ls []string, noFinalNewline bool) string {
 	}
 	return s
 }
+
+// The agent's own state is no change to the user's code: the default
+// excludes leave .taskrun-agent out of the patch and the list, and say so;
+// Options.Exclude replaces the default, and an empty one excludes nothing.
+func TestExcludesLeaveTheAgentsStateOut(t *testing.T) {
+	orig := t.TempDir()
+	write(t, orig, "main.go", "package main\n", 0o644)
+	write(t, orig, ".taskrun-agent/old.json", "{}\n", 0o644)
+	mutate := func(home string) func() {
+		return func() {
+			write(t, home, "main.go", "package main\n\nfunc main() {}\n", 0o644)
+			write(t, home, ".taskrun-agent/conversation.json", "[]\n", 0o644)
+			require.NoError(t, os.Remove(filepath.Join(home, ".taskrun-agent/old.json")))
+			write(t, home, "sub/.taskrun-agent/x", "x\n", 0o644)
+			write(t, home, "build/out.bin", "bin\n", 0o644)
+		}
+	}
+	paths := func(set *changeset.Set) []string {
+		var out []string
+		for _, c := range set.Changes {
+			out = append(out, c.Path)
+		}
+		return out
+	}
+
+	home := copyTree(t, orig)
+	set, patch := run(t, home, changeset.Options{}, mutate(home))
+	assert.Equal(t, []string{"build/out.bin", "main.go"}, paths(set))
+	assert.Equal(t, changeset.DefaultExcludes, set.Excluded)
+	assert.NotContains(t, string(patch), ".taskrun-agent")
+	applies(t, orig, home, patch, func(rel string) bool { return filepath.Base(rel) == ".taskrun-agent" })
+
+	home = copyTree(t, orig)
+	set, patch = run(t, home, changeset.Options{Exclude: []string{"/build"}}, mutate(home))
+	assert.Equal(t, []string{".taskrun-agent/conversation.json", ".taskrun-agent/old.json", "main.go", "sub/.taskrun-agent/x"}, paths(set))
+	assert.Equal(t, []string{"/build"}, set.Excluded)
+	assert.NotContains(t, string(patch), "build/out.bin")
+
+	home = copyTree(t, orig)
+	set, _ = run(t, home, changeset.Options{Exclude: []string{}}, mutate(home))
+	assert.Len(t, set.Changes, 5)
+	assert.Empty(t, set.Excluded)
+
+	err := changeset.Snapshot(context.Background(), home, filepath.Join(t.TempDir(), "base"), changeset.Options{Exclude: []string{"/"}})
+	assert.ErrorContains(t, err, "give a path relative to home")
+}

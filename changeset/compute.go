@@ -89,6 +89,9 @@ type Set struct {
 	Changes     []Change `json:"changes"`
 	// Ignored counts paths that ignore rules left out.
 	Ignored int `json:"ignored,omitempty"`
+	// Excluded are the patterns (Options.Exclude) whose paths were left
+	// out of both trees, so neither the patch nor the tree hash has them.
+	Excluded []string `json:"excluded,omitempty"`
 	// Skipped lists entries of either tree that could not be compared
 	// (special files, over a cap), the first workspace.MaxSkips of them.
 	Skipped []workspace.Skip `json:"skipped,omitempty"`
@@ -123,7 +126,7 @@ func Compute(ctx context.Context, baseDir, home string, patch io.Writer) (*Set, 
 	if err != nil {
 		return nil, err
 	}
-	set := &Set{BaseCommit: m.BaseCommit, Git: m.Git, Notes: slices.Clone(m.Notes)}
+	set := &Set{BaseCommit: m.BaseCommit, Git: m.Git, Notes: slices.Clone(m.Notes), Excluded: slices.Clone(m.Exclude)}
 	if m.Git {
 		n, err := c.dropIgnored(ctx)
 		if err != nil {
@@ -183,10 +186,14 @@ func (c *computer) scanHome(ctx context.Context, home string) error {
 	pw := bufio.NewWriterSize(pack, 256<<10)
 	c.cur = make(map[string]entry)
 	c.tooBig = make(map[string]string)
+	exclude, err := scanExclude(c.m.Exclude)
+	if err != nil {
+		return err
+	}
 	buf := new(bytes.Buffer)
 	budget, cancel := newHashBudget(ctx, c.lim)
 	defer cancel()
-	c.scan, err = workspace.Scan(ctx, home, workspace.ScanOptions{Exclude: isGitDir, MaxEntries: c.lim.MaxEntries},
+	c.scan, err = workspace.Scan(ctx, home, workspace.ScanOptions{Exclude: exclude, MaxEntries: c.lim.MaxEntries},
 		func(ctx context.Context, e workspace.ScanEntry) error {
 			en := entry{Path: e.RelPath, Mode: gitMode(e.Mode), Size: e.Size}
 			if e.Reader == nil {

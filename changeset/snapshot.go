@@ -118,6 +118,8 @@ type manifest struct {
 	Entries    []entry              `json:"entries"`
 	Scan       workspace.ScanReport `json:"scan"`
 	Notes      []string             `json:"notes,omitempty"`
+	// Exclude are the patterns left out of both trees.
+	Exclude []string `json:"exclude,omitempty"`
 }
 
 // Options configure Snapshot.
@@ -129,6 +131,25 @@ type Options struct {
 	Workspace string
 	// Limits bound the scans and the patch.
 	Limits Limits
+	// Exclude are patterns (relative to home, in the syntax of
+	// workspace.DefaultExcludes) left out of both trees: the agent's own
+	// state, which is no change to the user's code. Nil means
+	// DefaultExcludes; an empty, non-nil slice excludes nothing.
+	Exclude []string
+}
+
+// DefaultExcludes are the change set's default Options.Exclude: the state
+// directory of taskrun's reference agent.
+var DefaultExcludes = []string{".taskrun-agent"}
+
+// scanExclude is the scans' filter: .git directories and what the manifest
+// excludes.
+func scanExclude(patterns []string) (func(rel string) bool, error) {
+	match, err := workspace.Matcher(patterns)
+	if err != nil {
+		return nil, fmt.Errorf("changeset: %w", err)
+	}
+	return func(rel string) bool { return isGitDir(rel) || match(rel) }, nil
 }
 
 // Snapshot records the starting tree of home in baseDir, an empty or
@@ -138,7 +159,8 @@ type Options struct {
 // Call it after the home is materialized and before the agent starts.
 //
 // Directories named ".git" are left out at every depth: they are the
-// repository, not its content, and a patch cannot carry them.
+// repository, not its content, and a patch cannot carry them. So is what
+// opts.Exclude names, in both trees.
 func Snapshot(ctx context.Context, home, baseDir string, opts Options) error {
 	lim := opts.Limits.withDefaults()
 	if err := os.MkdirAll(baseDir, 0o700); err != nil {
@@ -150,11 +172,18 @@ func Snapshot(ctx context.Context, home, baseDir string, opts Options) error {
 	}
 	defer pack.Close()
 	pw := bufio.NewWriterSize(pack, 256<<10)
-	m := manifest{Home: home, Limits: lim}
+	m := manifest{Home: home, Limits: lim, Exclude: opts.Exclude}
+	if m.Exclude == nil {
+		m.Exclude = DefaultExcludes
+	}
+	exclude, err := scanExclude(m.Exclude)
+	if err != nil {
+		return err
+	}
 	var kept int64
 	budget, cancel := newHashBudget(ctx, lim)
 	defer cancel()
-	report, err := workspace.Scan(ctx, home, workspace.ScanOptions{Exclude: isGitDir, MaxEntries: lim.MaxEntries},
+	report, err := workspace.Scan(ctx, home, workspace.ScanOptions{Exclude: exclude, MaxEntries: lim.MaxEntries},
 		func(ctx context.Context, e workspace.ScanEntry) error {
 			en := entry{Path: e.RelPath, Mode: gitMode(e.Mode), Size: e.Size}
 			if e.Reader == nil {

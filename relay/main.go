@@ -14,7 +14,12 @@
 // OPENAI_BASE_URL (http://ADDR/v1) and ANTHROPIC_BASE_URL (http://ADDR)
 // pointing at the relay (and placeholder OPENAI_API_KEY and
 // ANTHROPIC_API_KEY if none is set: the real key stays on the host), and
-// exits with its status.
+// exits with its status. The command also gets TASKRUN_RELAY, the address
+// the relay listens on: a relay started under it with the same address (the
+// agent's own `taskrun-relay -- AGENT` in a run where taskrun already runs
+// the agent behind one) serves nothing and just runs its command, so one
+// command line works whether or not taskrun started the relay.
+//
 // Main is the whole program; the taskrun binary runs it when invoked as
 // taskrun-relay (package helpers), and cmd/taskrun-relay builds it alone.
 package relay
@@ -31,6 +36,10 @@ import (
 	"syscall"
 )
 
+// OuterEnv names the variable a relay sets for its command: the loopback
+// address it listens on.
+const OuterEnv = "TASKRUN_RELAY"
+
 // errBadUsage marks invalid flags.
 var errBadUsage = errors.New("invalid usage")
 
@@ -40,6 +49,8 @@ type options struct {
 	socket  string
 	egress  *egressOptions
 	command []string
+	// outer is $TASKRUN_RELAY: the address of a relay this one runs under.
+	outer string
 }
 
 // Main runs the relay with the arguments after the program name and returns
@@ -75,6 +86,7 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 		return o, fmt.Errorf("%w: %w", errBadUsage, err)
 	}
 	o.command = fs.Args()
+	o.outer = getenv(OuterEnv)
 	if err := checkLoopback(o.listen); err != nil {
 		return o, fmt.Errorf("-listen: %w", err)
 	}
@@ -97,7 +109,11 @@ func checkLoopback(addr string) error {
 }
 
 // run serves the relay, alone or around a command, and returns the exit code.
+// Under a relay that already listens on o.listen it only runs the command.
 func run(ctx context.Context, o options, log *slog.Logger) (int, error) {
+	if len(o.command) > 0 && o.outer == o.listen {
+		return runCommand(ctx, o.command, o.listen)
+	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return 1, fmt.Errorf("listen: %w", err)

@@ -109,12 +109,13 @@ const (
 )
 
 // commandEnv is what the command gets on top of the relay's environment:
-// both SDKs' base URLs pointing at the relay, and placeholder keys where
-// none is set.
+// both SDKs' base URLs pointing at the relay, placeholder keys where none
+// is set, and the relay's address in OuterEnv.
 func commandEnv(getenv func(string) string, addr string) []string {
 	env := []string{
 		"OPENAI_BASE_URL=http://" + addr + "/v1",
 		"ANTHROPIC_BASE_URL=http://" + addr,
+		OuterEnv + "=" + addr,
 	}
 	if getenv("OPENAI_API_KEY") == "" {
 		env = append(env, "OPENAI_API_KEY="+placeholderOpenAIKey)

@@ -91,10 +91,11 @@ func TestCommandEnvKeepsTheAgentsOwnKeys(t *testing.T) {
 	assert.ElementsMatch(t, []string{
 		"OPENAI_BASE_URL=http://127.0.0.1:8411/v1", "ANTHROPIC_BASE_URL=http://127.0.0.1:8411",
 		"OPENAI_API_KEY=" + placeholderOpenAIKey, "ANTHROPIC_API_KEY=" + placeholderAnthropicKey,
+		"TASKRUN_RELAY=127.0.0.1:8411",
 	}, env)
 	set := map[string]string{"OPENAI_API_KEY": "x", "ANTHROPIC_AUTH_TOKEN": "y"}
 	env = commandEnv(func(k string) string { return set[k] }, "127.0.0.1:8411")
-	assert.ElementsMatch(t, []string{"OPENAI_BASE_URL=http://127.0.0.1:8411/v1", "ANTHROPIC_BASE_URL=http://127.0.0.1:8411"}, env)
+	assert.ElementsMatch(t, []string{"OPENAI_BASE_URL=http://127.0.0.1:8411/v1", "ANTHROPIC_BASE_URL=http://127.0.0.1:8411", "TASKRUN_RELAY=127.0.0.1:8411"}, env)
 }
 
 func TestRelayExposesEgressProxy(t *testing.T) {

@@ -74,3 +74,16 @@ func lastComponents(rel string, n int) string {
 	}
 	return rel[i+1:]
 }
+
+// Matcher returns a function reporting whether a slash path relative to a
+// scanned root is excluded by globs (the patterns of DefaultExcludes'
+// syntax: whole path components, a leading "/" anchors to the root, a
+// directory excludes what is below it). It fits ScanOptions.Exclude, which
+// never asks about what lies below an excluded directory.
+func Matcher(globs []string) (func(rel string) bool, error) {
+	e, err := newExcluder(globs)
+	if err != nil {
+		return nil, err
+	}
+	return e.match, nil
+}

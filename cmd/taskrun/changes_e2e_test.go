@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -172,9 +173,16 @@ func TestChangeSetEndToEnd(t *testing.T) {
 			orig := t.TempDir()
 			writeWorkspace(t, orig, tc.git)
 			root, store, user, runID := t.TempDir(), tc.store(t), tenant(t), "chg-"+tenant(t)
-			runOut, stderr, code := taskrunCmd("run", "--workspace", orig, "--prompt", "change things", "--model", "scripted:"+script,
+			args := []string{"run", "--workspace", orig, "--prompt", "change things", "--model", "scripted:" + script,
 				"--image", img, "--root", root, "--store", store, "--user", user, "--run-id", runID,
-				"--helpers-dir", testbin.Dir(t), "--gc=false", "--keep", "--json")
+				"--helpers-dir", testbin.Dir(t), "--gc=false", "--keep", "--json"}
+			excluded := changeset.DefaultExcludes
+			if !tc.git {
+				// Where no .gitignore applies, the run leaves the log out.
+				args = append(args, "--change-exclude", "debug.log")
+				excluded = append(slices.Clone(excluded), "debug.log")
+			}
+			runOut, stderr, code := taskrunCmd(args...)
 			require.Equal(t, exitOK, code, stderr)
 			var res jsonResult
 			require.NoError(t, json.Unmarshal([]byte(runOut), &res))
@@ -191,7 +199,10 @@ func TestChangeSetEndToEnd(t *testing.T) {
 			out, err := apply.CombinedOutput()
 			require.NoError(t, err, "git apply: %s\n%s", out, patch)
 
-			ignored := func(rel string) bool { return tc.git && rel == "debug.log" }
+			// The agent's own state is in the home but not in the patch.
+			require.DirExists(t, filepath.Join(home, ".taskrun-agent"))
+			assert.NotContains(t, patch, ".taskrun-agent")
+			ignored := func(rel string) bool { return rel == "debug.log" || rel == ".taskrun-agent" }
 			assert.Equal(t, fileTree(t, home, ignored), fileTree(t, fresh, ignored), "patched copy equals the final home")
 
 			js, stderr, code := taskrunCmd("diff", "--store", store, "--json", runID)
@@ -210,11 +221,13 @@ func TestChangeSetEndToEnd(t *testing.T) {
 			assert.Equal(t, changeset.ModeChanged, kinds["run.sh"])
 			assert.Equal(t, changeset.ModeChanged, kinds["tool"])
 			assert.Equal(t, tc.git, set.Git)
+			assert.NotContains(t, kinds, "debug.log")
+			assert.Equal(t, excluded, set.Excluded, "changes.json lists what was left out")
+			for p := range kinds {
+				assert.NotContains(t, p, ".taskrun-agent")
+			}
 			if tc.git {
-				assert.NotContains(t, kinds, "debug.log")
 				assert.Len(t, set.BaseCommit, 40)
-			} else {
-				assert.Equal(t, changeset.Added, kinds["debug.log"])
 			}
 
 			runs, stderr, code := taskrunCmd("runs", "--store", store, "--user", user, "--json")

@@ -117,12 +117,7 @@ func followLive(ctx context.Context, a *app, st *persist.Store, rec *runindex.Re
 	_, err = spool.FollowFile(ctx, path, out, followPoll, done)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		// The run ended between the lookup and now: print what it stored.
-		now, ferr := runindex.Find(ctx, st, rec.RunID, rec.UserID)
-		if ferr != nil {
-			return a.storeError("logs", ferr)
-		}
-		return printLog(ctx, a, st, now, stderr, out)
+		return spoolMissing(ctx, a, st, rec, rootAbs, stderr, out)
 	case errors.Is(err, context.Canceled):
 		return exitInterrupted
 	case err != nil:
@@ -130,6 +125,36 @@ func followLive(ctx context.Context, a *app, st *persist.Store, rec *runindex.Re
 		return exitFailure
 	}
 	return exitOK
+}
+
+// spoolGoneWait is how long --follow waits, when a live run's spool is not
+// where --root says, for the run's record to say it ended (its spool is
+// removed a moment before) before it blames --root.
+const spoolGoneWait = 10 * time.Second
+
+// spoolMissing handles a live run without a spool under root: the run has
+// just ended (its stored log is printed once its record says so), or root is
+// not the run's, which the message names.
+func spoolMissing(ctx context.Context, a *app, st *persist.Store, rec *runindex.Record, root string, stderr bool, out io.Writer) int {
+	deadline := time.Now().Add(spoolGoneWait)
+	for {
+		now, err := runindex.Find(ctx, st, rec.RunID, rec.UserID)
+		if err != nil {
+			return a.storeError("logs", err)
+		}
+		if now.Status.Terminal() {
+			return printLog(ctx, a, st, now, stderr, out)
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(a.stderr, "taskrun logs: run %s is in progress on this host, but not under --root %s: give the --root it was started with (taskrun run --root), or wait for it to end to print its stored log\n", rec.RunID, root)
+			return exitUsage
+		}
+		select {
+		case <-ctx.Done():
+			return exitInterrupted
+		case <-time.After(followRecheck):
+		}
+	}
 }
 
 // remoteLogs prints (or follows) a run's output from the control plane.

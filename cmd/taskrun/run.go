@@ -10,12 +10,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/changeset"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/gateway"
@@ -61,10 +63,14 @@ type runOptions struct {
 	excludes   []string
 	egress     egress.Policy
 	command    []string
+	entrypoint string
 	env        []string
 	pull       sandbox.PullPolicy
 	// allowedImages are the --allowed-images patterns.
 	allowedImages []string
+	// changeExcludes are the --change-exclude patterns, added to
+	// changeset.DefaultExcludes.
+	changeExcludes []string
 
 	// Raw --env and --env-file values, read by finish.
 	envVars  []string
@@ -131,6 +137,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.image, "image", taskrun.DefaultImage, "run image: NAME[:TAG] or NAME@sha256:DIGEST (taskrun images build makes the default)")
 	fs.StringVar(&o.pullSpec, "pull", string(sandbox.DefaultPullPolicy), "pull the image from its registry: missing (when not present locally), always or never; credentials come from the docker config (DOCKER_CONFIG, ~/.docker/config.json) and its credential helpers")
 	fs.StringArrayVar(&o.allowedImages, "allowed-images", nil, "allow only images matching PATTERN (NAME, NAME:TAG or NAME@sha256:HEX, * globs; see README); any other is refused before it is pulled; repeatable")
+	fs.StringVar(&o.entrypoint, "entrypoint", "", "program to run instead of the image's entrypoint, as docker run --entrypoint: CMD after it are its arguments, and the image's own command is dropped")
 	fs.StringVar(&o.resumeFrom, "resume-from", "", "run ID whose session state this run resumes")
 	fs.DurationVar(&o.timeout, "timeout", taskrun.DefaultTimeout, "stop the run after this long")
 	o.maxOutput, o.disk = taskrun.DefaultMaxOutputBytes, taskrun.DefaultDiskLimitBytes
@@ -143,6 +150,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.uidRange, "uid-range", uidpool.DefaultRange().String(), `host uids for runs, FIRST-LAST: each live run gets one of its own; "" runs every run as uid 10001`)
 	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
 	fs.StringArrayVar(&o.excludes, "session-exclude", nil, "glob pattern (relative to home) left out of the session state; repeatable (default: "+strings.Join(workspace.DefaultExcludes, ", ")+")")
+	fs.StringArrayVar(&o.changeExcludes, "change-exclude", nil, "glob pattern (relative to home, as --session-exclude) left out of the change set, so diff and apply never carry it; repeatable; always excluded: "+strings.Join(changeset.DefaultExcludes, ", ")+" (the reference agent's state)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directory on the host after a successful run")
 	fs.BoolVar(&o.reap, "gc", true, "first recover runs whose executor is gone and remove leftover containers, as taskrun gc does (--gc=false skips it)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, stop the container, store and report within this long; what is left waits in the journal for taskrun gc (a second signal exits at once)")
@@ -167,7 +175,7 @@ func (o *runOptions) finish(args []string) error {
 	if err := o.backendFlags.check(); err != nil {
 		return err
 	}
-	if o.backend == backendKubernetes && len(o.command) == 0 && o.image == taskrun.DefaultImage {
+	if o.backend == backendKubernetes && len(o.command) == 0 && o.entrypoint == "" && o.image == taskrun.DefaultImage {
 		// A cluster's images cannot be inspected from here: name the
 		// reference agent's command (its image's CMD) explicitly.
 		o.command = []string{agentCommand}
@@ -468,12 +476,14 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		Pull:            o.pull,
 		AllowedImages:   o.allowedImages,
 		Command:         o.command,
+		Entrypoint:      entrypoint(o.entrypoint),
 		Env:             o.env,
 		Policy:          o.policy,
 		Timeout:         o.timeout,
 		DiskLimitBytes:  o.disk,
 		KeepRunDir:      o.keep,
 		SessionExcludes: o.excludes,
+		ChangeExcludes:  changeExcludes(o.changeExcludes),
 		MaxOutputBytes:  o.maxOutput,
 		Helpers:         helperFiles,
 		HelpersDir:      helpersDir,
@@ -653,4 +663,22 @@ func collectGarbage(ctx context.Context, host *hostState, backend *docker.Backen
 		log.Info("removed leftover containers", "count", len(rep.Removed))
 	}
 	host.removeGoneExecutors()
+}
+
+// entrypoint is the --entrypoint flag as RunTaskInput.Entrypoint: none when
+// empty.
+func entrypoint(flag string) []string {
+	if flag == "" {
+		return nil
+	}
+	return []string{flag}
+}
+
+// changeExcludes is --change-exclude as RunTaskInput.ChangeExcludes: the
+// default excludes and the given patterns.
+func changeExcludes(given []string) []string {
+	if len(given) == 0 {
+		return nil
+	}
+	return append(slices.Clone(changeset.DefaultExcludes), given...)
 }

@@ -146,6 +146,14 @@ func TestRunEnvReachesTheAgent(t *testing.T) {
 	assert.Contains(t, stderr, "HOME is set by taskrun")
 }
 
+// --entrypoint replaces the image's entrypoint, as docker run's does: what
+// follows -- are its arguments.
+func TestRunEntrypoint(t *testing.T) {
+	stdout, stderr, code := cli(t, "--image", testImage, "--entrypoint", "/bin/echo", "--", "hello", "world")
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, "hello world\n", stdout)
+}
+
 func TestExitCodeFollowsDockerRun(t *testing.T) {
 	assert.Equal(t, 0, exitCode(&taskrun.Outcome{Status: model.StatusSucceeded}, nil))
 	assert.Equal(t, 7, exitCode(&taskrun.Outcome{Status: model.StatusFailed, Exit: sandbox.Result{ExitCode: 7}}, taskrun.ErrRunFailed))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -147,4 +149,63 @@ func TestServeRefusesBadTokens(t *testing.T) {
 	assert.Contains(t, stderr, "no user token")
 	_, stderr, code = taskrunCmd("serve", "--db", "mysql://x", "--store", "mem://", "--worker-token-file", tok)
 	assert.NotEqual(t, exitOK, code, fmt.Sprint(stderr))
+}
+
+// submit passes the command, the environment, the egress policy and the
+// limits to the worker as taskrun run takes them, and cancel stops the run
+// through the control plane.
+func TestSubmitPassesTheRunAndCancelStopsIt(t *testing.T) {
+	url, _ := startServe(t)
+	t.Setenv(envToken, testUserToken)
+	t.Setenv("SUBMIT_TEST_FROM_HOST", "host value")
+
+	out, stderr, code := taskrunCmd("submit", "--server", url, "--prompt", "p", "--image", "taskrun/agent:local",
+		"--env", "GREETING=hi", "--env", "SUBMIT_TEST_FROM_HOST", "--allow", "api.example.com", "--max-tokens", "500",
+		"--cpus", "0.5", "--pids", "64", "--disk", "1g", "--max-output", "1m", "--timeout", "90s",
+		"--", "sh", "-c", "echo --not-a-flag")
+	require.Equal(t, exitOK, code, stderr)
+	runID := strings.TrimSpace(out)
+
+	ctx := context.Background()
+	wc := workerclient.New(url, testWorkerToken)
+	a, err := wc.AcquireLease(ctx, workerclient.LeaseRequest{WorkerID: "w1", Capacity: workerclient.Capacity{Slots: 1, FreeSlots: 1},
+		Labels: workerclient.WorkerLabels{Images: []string{"taskrun/agent:local"}}})
+	require.NoError(t, err)
+	require.NotNil(t, a)
+	require.Equal(t, runID, a.Run.ID)
+	assert.Equal(t, []string{"sh", "-c", "echo --not-a-flag"}, a.Command)
+	assert.Equal(t, []string{"GREETING=hi", "SUBMIT_TEST_FROM_HOST=host value"}, a.Env)
+	assert.Equal(t, workerclient.Limits{TimeoutMillis: 90_000, CPUs: 0.5, PIDs: 64, DiskBytes: 1 << 30, MaxOutputBytes: 1 << 20, MaxTokens: 500}, a.Limits)
+	pol, err := egress.BuildPolicy("", []string{"api.example.com"}, nil)
+	require.NoError(t, err)
+	var got egress.Policy
+	require.NoError(t, json.Unmarshal(a.Egress, &got))
+	assert.Equal(t, pol, got)
+
+	_, stderr, code = taskrunCmd("cancel", runID)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "--server is required")
+	out, stderr, code = taskrunCmd("cancel", "--server", url, runID)
+	require.Equal(t, exitOK, code, stderr)
+	assert.JSONEq(t, `{"run":"`+runID+`","status":"RUNNING","cancel_requested":true}`, out)
+	renew, err := wc.RenewLease(ctx, a.Lease)
+	require.NoError(t, err)
+	assert.True(t, renew.Cancel, "the worker is told to stop the run")
+
+	// A queued run ends at once; an ended one is refused.
+	out, stderr, code = taskrunCmd("submit", "--server", url, "--prompt", "p")
+	require.Equal(t, exitOK, code, stderr)
+	queued := strings.TrimSpace(out)
+	out, stderr, code = taskrunCmd("cancel", "--server", url, queued)
+	require.Equal(t, exitOK, code, stderr)
+	assert.JSONEq(t, `{"run":"`+queued+`","status":"CANCELLED"}`, out)
+	_, stderr, code = taskrunCmd("cancel", "--server", url, queued)
+	assert.Equal(t, exitFailure, code)
+	assert.Contains(t, stderr, "taskrun cancel:")
+
+	_, stderr, code = taskrunCmd("submit", "--server", url, "--prompt", "p", "--env", "HOME=/root")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "HOME is set by taskrun")
+	_, stderr, code = taskrunCmd("submit", "--server", url, "--prompt", "p", "--allow", "")
+	assert.Equal(t, exitUsage, code, stderr)
 }

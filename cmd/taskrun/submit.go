@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
@@ -24,13 +25,21 @@ taskrun packs a run's home: regular files, bounded) and uploaded with the
 task. Without --conversation the task joins conversation "api"; without
 --session its agent session is named after the task. With --wait, the run's output is followed until it ends, then its
 status is printed and taskrun exits 0 only if the run succeeded.
+
+Everything after the first argument that is not a flag is the command to run
+instead of the image's default, as for taskrun run. --env, --allow,
+--egress-policy and the limits are passed to the worker as they are; the
+worker's own settings apply to what is not given. Credentials for the egress
+proxy are the worker operator's to configure: --credential is not offered here.
 `
 
 func init() {
 	register(&command{
-		Name:     "submit",
-		Synopsis: "submit a task to a control plane (taskrun serve)",
-		Help:     submitHelp,
+		Name:          "submit",
+		Synopsis:      "submit a task to a control plane (taskrun serve)",
+		Args:          "[--] [CMD [ARGS...]]",
+		Help:          submitHelp,
+		StopAtCommand: true,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
 				api               userAPIFlags
@@ -39,6 +48,10 @@ func init() {
 				timeout           time.Duration
 				wait              bool
 				memory            int64
+				envVars, envFiles []string
+				allows            []string
+				egressFile        string
+				lim               workerclient.Limits
 			)
 			api.define(fs)
 			fs.StringVar(&req.Prompt, "prompt", "", "the instruction for the agent")
@@ -52,12 +65,19 @@ func init() {
 			fs.StringVar(&req.PreviousRunID, "resume", "", "ID of an earlier run of yours whose session this run resumes")
 			fs.DurationVar(&timeout, "timeout", 0, "run timeout (default: the worker's)")
 			addSizeFlag(fs, &memory, "memory", "memory limit (default: the worker's)")
+			fs.Float64Var(&lim.CPUs, "cpus", 0, "CPU limit (default: the worker's)")
+			fs.Int64Var(&lim.PIDs, "pids", 0, "process limit (default: the worker's)")
+			addSizeFlag(fs, &lim.DiskBytes, "disk", "cap on what the run may store under /taskrun (default: the worker's)")
+			addSizeFlag(fs, &lim.MaxOutputBytes, "max-output", "cap on the output kept from the run (default: the worker's)")
+			fs.Int64Var(&lim.MaxTokens, "max-tokens", 0, "fail the run once it has used this many tokens (0: no cap)")
+			fs.StringArrayVar(&envVars, "env", nil, "set NAME=VALUE in the agent's environment (a bare NAME takes this host's value); repeatable; visible to the agent, so never a secret")
+			fs.StringArrayVar(&envFiles, "env-file", nil, "read variables from a file in docker's --env-file format; repeatable")
+			fs.StringArrayVar(&allows, "allow", nil, "let the run reach HOST[:PORT] through its egress proxy (as taskrun run --allow); repeatable")
+			fs.StringVar(&egressFile, "egress-policy", "", "JSON egress policy file (see docs/egress.md); its credentials are read on the worker")
 			fs.BoolVar(&req.Retryable, "retryable", false, "run the task again if its worker is lost (only for tasks safe to repeat)")
 			fs.BoolVar(&wait, "wait", false, "follow the output until the run ends; exit non-zero unless it succeeded")
 			return func(ctx context.Context, a *app, args []string) int {
-				if len(args) > 0 {
-					return a.usageError("submit", fmt.Errorf("unexpected argument %q", args[0]))
-				}
+				req.Command = args
 				if api.server == "" {
 					return a.usageError("submit", errors.New("--server is required"))
 				}
@@ -71,11 +91,38 @@ func init() {
 				if req.Prompt == "" {
 					return a.usageError("submit", errors.New("give --prompt or --prompt-file"))
 				}
-				req.Limits = workerclient.Limits{TimeoutMillis: timeout.Milliseconds(), MemoryBytes: memory}
+				if err := submitOptions(&req, envFiles, envVars, egressFile, allows); err != nil {
+					return a.usageError("submit", err)
+				}
+				if lim.CPUs < 0 || lim.PIDs < 0 || lim.MaxTokens < 0 {
+					return a.usageError("submit", errors.New("--cpus, --pids and --max-tokens: give a positive number, or leave the flag out for the worker's default"))
+				}
+				lim.TimeoutMillis, lim.MemoryBytes = timeout.Milliseconds(), memory
+				req.Limits = lim
 				return runSubmit(ctx, a, api, req, wsDir, wait)
 			}
 		},
 	})
+}
+
+// submitOptions puts the environment and the egress policy into req, checked
+// as taskrun run checks them.
+func submitOptions(req *controlplane.SubmitRequest, envFiles, envVars []string, egressFile string, allows []string) error {
+	env, err := readEnv(envFiles, envVars, os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	req.Env = env
+	pol, err := egress.BuildPolicy(egressFile, allows, nil)
+	if err != nil {
+		return err
+	}
+	if !pol.IsZero() {
+		if req.Egress, err = json.Marshal(pol); err != nil {
+			return fmt.Errorf("egress policy: %w", err)
+		}
+	}
+	return nil
 }
 
 func readPromptFile(name string) ([]byte, error) {
