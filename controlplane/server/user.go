@@ -9,11 +9,13 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/imageref"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -216,6 +218,9 @@ func (s *Server) checkSubmit(r *http.Request, req *controlplane.SubmitRequest) e
 	if len(req.Egress) > 0 && !json.Valid(req.Egress) {
 		return errors.New("egress: not valid JSON")
 	}
+	if err := s.runnable(req); err != nil {
+		return err
+	}
 	if req.ConversationID == "" {
 		req.ConversationID = DefaultConversation
 	}
@@ -237,6 +242,51 @@ func (s *Server) checkSubmit(r *http.Request, req *controlplane.SubmitRequest) e
 		}
 	}
 	return nil
+}
+
+// runnable refuses a task no worker can run, which would otherwise wait
+// QUEUED until it expired: an image reference that does not parse, a runtime
+// the workers do not offer, limits above the largest a worker grants.
+func (s *Server) runnable(req *controlplane.SubmitRequest) error {
+	if req.Image != "" && !isImageID(req.Image) {
+		if _, err := imageref.Normalize(req.Image); err != nil {
+			return fmt.Errorf("%w: give a reference such as registry.example.com/team/agent:v1 or an image ID sha256:<64 hex>", err)
+		}
+	}
+	if rt := s.cfg.Runtimes; req.Runtime != "" && len(rt) > 0 && !slices.Contains(rt, req.Runtime) {
+		return fmt.Errorf("runtime %q: the workers offer %s; ask for one of them or leave runtime empty", req.Runtime, strings.Join(rt, ", "))
+	}
+	l, m := req.Limits, s.cfg.MaxRunLimits
+	for _, c := range []struct {
+		name      string
+		got, most float64
+	}{
+		{"timeout_ms", float64(l.TimeoutMillis), float64(m.TimeoutMillis)},
+		{"memory_bytes", float64(l.MemoryBytes), float64(m.MemoryBytes)},
+		{"cpus", l.CPUs, m.CPUs},
+		{"pids", float64(l.PIDs), float64(m.PIDs)},
+		{"disk_bytes", float64(l.DiskBytes), float64(m.DiskBytes)},
+	} {
+		if c.most > 0 && c.got > c.most {
+			return fmt.Errorf("limits.%s: %s is over %s, the most any worker grants a run; ask for at most that",
+				c.name, strconv.FormatFloat(c.got, 'f', -1, 64), strconv.FormatFloat(c.most, 'f', -1, 64))
+		}
+	}
+	return nil
+}
+
+// isImageID reports whether ref is an image ID, sha256:<64 hex>.
+func isImageID(ref string) bool {
+	hex, ok := strings.CutPrefix(ref, "sha256:")
+	if !ok || len(hex) != 64 {
+		return false
+	}
+	for _, c := range hex {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // ownRun returns the run if it belongs to the request's user; else it
