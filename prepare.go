@@ -105,10 +105,10 @@ func policyOwner(user string) workspace.Owner {
 }
 
 // reserve takes what the run's container is created with: the run's own
-// uid and its (empty) run directory. The workdir is returned even on
-// error, for release.
-func reserve(ctx context.Context, p *plan) (*workdir, error) {
-	wd := &workdir{started: time.Now(), records: records.NewBudget(p.limits.records)}
+// uid and its (empty) run directory. started is the run's start time, as
+// journaled. The workdir is returned even on error, for release.
+func reserve(ctx context.Context, p *plan, started time.Time) (*workdir, error) {
+	wd := &workdir{started: started, records: records.NewBudget(p.limits.records)}
 	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
 	if err := p.timings.Time(timings.UIDLease, func() error { return wd.leaseUID(ctx, p) }); err != nil {
 		return wd, err
