@@ -146,10 +146,10 @@ func prepare(ctx context.Context, p *plan, wd *workdir) error {
 		// The previous run's home already holds the persistent files and the
 		// workspace as that run left them.
 		if err := restoreSession(ctx, p, prev, wd.owner); err != nil {
-			return err
+			return diskcap.Explain(p.dirs.Dir, err)
 		}
 	} else if err := materializeHome(ctx, p, wd.owner); err != nil {
-		return err
+		return diskcap.Explain(p.dirs.Dir, err)
 	}
 	stopMaterialize()
 	p.timings.Time(timings.Snapshot, func() error { snapshotChanges(ctx, p); return nil })
