@@ -199,6 +199,7 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 	}
 	st, persistErr := collect(ctx, retry, wd, kept.Execution, v)
 	journalCollected(retry, wd, persistErr)
+	finishStream(ctx, retry, wd, kept.Execution)
 	release(retry, wd, persistErr)
 	out, err = report(ctx, retry, wd, kept.Execution, v, st, persistErr)
 	if reportFailed(err) {

@@ -25,6 +25,9 @@ import (
 type workdir struct {
 	// started is when the run began preparing.
 	started time.Time
+	// streamLoss says what of the stdout stream the control plane did not
+	// acknowledge (finishStream); nil when it holds it all.
+	streamLoss error
 	// owned is set once this run created its directory; only then may it be
 	// removed. A reused run ID must never touch the first run's files.
 	owned bool

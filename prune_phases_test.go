@@ -12,6 +12,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/sandbox/sandboxfake"
+	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
 // Finished runs leave no empty directories under the runs root: neither
@@ -25,6 +26,8 @@ func TestPhasesFinishedRunsLeaveNoEmptyDirectories(t *testing.T) {
 			return 0
 		})
 		in.Task.ID, in.Run.TaskID = "task-"+id, "task-"+id
+		rec := &controlplanetest.Recorder{} // each run its own stream
+		in.Updater, in.StreamSender = rec, rec
 		_, err := taskrun.Execute(context.Background(), in)
 		require.NoError(t, err)
 	}

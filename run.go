@@ -128,6 +128,7 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	// released, only once it is gone.
 	ex.awaitRemoved()
 	journalCollected(p, wd, persistErr)
+	finishStream(hard, p, wd, ex)
 	rec.Time(timings.Release, func() error { release(p, wd, persistErr); return nil })
 
 	reportCtx, cancelReport := context.WithTimeout(hard, deadline(input.ReportTimeout, DefaultReportTimeout))

@@ -87,9 +87,12 @@ func (h *hostState) input(ctx context.Context, rec journal.Record) (in taskrun.R
 		Logger:          h.log,
 	}
 	if cp := rec.ControlPlane; cp != nil && cp.URL != "" {
-		in.Updater = workerclient.New(cp.URL, h.tokenFor(cp))
+		// Recovery finishes the output stream too: the report follows it.
+		c := workerclient.New(cp.URL, h.tokenFor(cp))
+		in.Updater, in.StreamSender = c, c.Stream()
 		if cp.Fence > 0 {
-			in.Updater = staleLeaseDone{workerclient.New(cp.URL, h.tokenFor(cp)).Fenced(cp.Fence), h.log}
+			s := staleLeaseDone{c: workerclient.New(cp.URL, h.tokenFor(cp)).Fenced(cp.Fence), log: h.log}
+			in.Updater, in.StreamSender = s, s
 		}
 	}
 	return in, func() { store.Close() }, nil
@@ -252,6 +255,23 @@ func (s staleLeaseDone) UpdateRunStatus(ctx context.Context, runID string, req *
 		return nil
 	}
 	return err
+}
+
+// Send implements workerclient.StreamSender: a refused fence drops the
+// output, which is no longer this worker's to deliver.
+func (s staleLeaseDone) Send(ctx context.Context, runID string, d workerclient.Delta) error {
+	if err := s.c.Stream().Send(ctx, runID, d); !errors.Is(err, workerclient.ErrLeaseLost) {
+		return err
+	}
+	return nil
+}
+
+// End implements workerclient.StreamSender, as Send does.
+func (s staleLeaseDone) End(ctx context.Context, runID string, total int64) error {
+	if err := s.c.Stream().End(ctx, runID, total); !errors.Is(err, workerclient.ErrLeaseLost) {
+		return err
+	}
+	return nil
 }
 
 // oneLineStr flattens a multi-line message.
