@@ -68,6 +68,17 @@ func (h *hostState) executorGone(id string) (bool, string) {
 	return gone, why
 }
 
+// executorProcessGone is executorGone for a container that may carry its
+// executor's process record: an executor that exited cleanly removed its
+// lock file, and the record then proves it gone.
+func (h *hostState) executorProcessGone(id, process string) (bool, string) {
+	gone, why, err := instance.Gone(h.executorsDir(), instance.ParseProcess(id, process))
+	if err != nil {
+		return false, err.Error()
+	}
+	return gone, why
+}
+
 // input is the RunTaskInput that names a journaled run, with its store and
 // control plane opened from the record; close releases them.
 func (h *hostState) input(ctx context.Context, rec journal.Record) (in taskrun.RunTaskInput, closeFn func(), err error) {
@@ -195,7 +206,7 @@ func stillKept(d *journal.Dir, runID string) bool {
 // reapOptions are the reaper's rules for this host: own and gone executors'
 // containers, sparing those a recovery still needs.
 func (h *hostState) reapOptions(grace time.Duration, all, dryRun bool, results []recovery.Result) docker.ReapOptions {
-	opts := docker.ReapOptions{Grace: grace, All: all, DryRun: dryRun, ExecutorGone: h.executorGone}
+	opts := docker.ReapOptions{Grace: grace, All: all, DryRun: dryRun, ExecutorGone: h.executorProcessGone}
 	for _, res := range results {
 		if res.ContainerID != "" && res.Action != recovery.ActionRecovered && res.Action != recovery.ActionKept {
 			opts.Spare = append(opts.Spare, res.ContainerID)
