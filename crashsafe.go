@@ -111,8 +111,10 @@ func DiskNeed(diskLimit, maxOutput int64) int64 {
 
 // beginJournal records the run before anything of it exists on disk. The
 // record is exclusive: a second run with the same ID is refused here,
-// before it can touch the first one's files.
-func beginJournal(p *plan) (*journal.Entry, error) {
+// before it can touch the first one's files. started is the run's start
+// time, the one its run index record is keyed by: recovery indexes the run
+// under the same key.
+func beginJournal(p *plan, started time.Time) (*journal.Entry, error) {
 	d, err := openJournal(p)
 	if err != nil || d == nil {
 		return nil, err
@@ -129,7 +131,7 @@ func beginJournal(p *plan) (*journal.Entry, error) {
 		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir, PoolSlot: p.poolSlot(),
 		Store: journal.RedactURL(p.in.StoreURL), ControlPlane: p.in.ControlPlane,
 		KeepRunDir: p.keepRunDir, SessionExcludes: p.sessionExcludes, MaxOutputBytes: p.limits.maxOutput,
-		Timeout: p.spec.Timeout, Phase: journal.PhasePrepare,
+		Timeout: p.spec.Timeout, Phase: journal.PhasePrepare, StartedAt: started,
 		Pending: []journal.Pending{journal.PendingRelease, journal.PendingReport},
 	})
 }

@@ -205,6 +205,7 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 	st, persistErr := collect(collectCtx, retry, wd, kept.Execution, v)
 	cancelCollect()
 	journalCollected(retry, wd, persistErr)
+	finishStream(ctx, retry, wd, kept.Execution)
 	release(retry, wd, persistErr)
 	out, err = report(ctx, retry, wd, kept.Execution, v, st, persistErr)
 	if reportFailed(err) {

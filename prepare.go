@@ -26,6 +26,9 @@ import (
 type workdir struct {
 	// started is when the run began preparing.
 	started time.Time
+	// streamLoss says what of the stdout stream the control plane did not
+	// acknowledge (finishStream); nil when it holds it all.
+	streamLoss error
 	// owned is set once this run created its directory; only then may it be
 	// removed. A reused run ID must never touch the first run's files.
 	owned bool
@@ -106,10 +109,10 @@ func policyOwner(user string) workspace.Owner {
 }
 
 // reserve takes what the run's container is created with: the run's own
-// uid and its (empty) run directory. The workdir is returned even on
-// error, for release.
-func reserve(ctx context.Context, p *plan) (*workdir, error) {
-	wd := &workdir{started: time.Now(), records: records.NewBudget(p.limits.records)}
+// uid and its (empty) run directory. started is the run's start time, as
+// journaled. The workdir is returned even on error, for release.
+func reserve(ctx context.Context, p *plan, started time.Time) (*workdir, error) {
+	wd := &workdir{started: started, records: records.NewBudget(p.limits.records)}
 	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
 	if err := p.timings.Time(timings.UIDLease, func() error { return wd.leaseUID(ctx, p) }); err != nil {
 		return wd, err
@@ -147,10 +150,10 @@ func prepare(ctx context.Context, p *plan, wd *workdir) error {
 		// The previous run's home already holds the persistent files and the
 		// workspace as that run left them.
 		if err := restoreSession(ctx, p, prev, wd.owner); err != nil {
-			return err
+			return diskcap.Explain(p.dirs.Dir, err)
 		}
 	} else if err := materializeHome(ctx, p, wd.owner); err != nil {
-		return err
+		return diskcap.Explain(p.dirs.Dir, err)
 	}
 	stopMaterialize()
 	p.timings.Time(timings.Snapshot, func() error { snapshotChanges(ctx, p); return nil })

@@ -5,6 +5,7 @@ import (
 	"os"
 
 	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/workspace"
 )
 
 // release drops the run's local files once everything is persisted: the
@@ -56,9 +57,18 @@ func release(p *plan, wd *workdir, persistErr error) {
 	if p.keepRunDir {
 		return
 	}
+	removed := true
 	for _, dir := range []string{p.dirs.Dir, p.hostDir} {
 		if err := os.RemoveAll(dir); err != nil {
+			removed = false
 			p.log.Warn("remove local run files", "dir", dir, "err", err)
+		}
+	}
+	if removed && p.slot == nil {
+		// The task, conversation and user directories the run was the
+		// last of go too: finished runs leave no empty directories.
+		if err := workspace.PruneRunAncestors(p.dirs.Dir); err != nil {
+			p.log.Warn("remove empty run ancestors", "dir", p.dirs.Dir, "err", err)
 		}
 	}
 }

@@ -129,6 +129,11 @@ func cancelReason(ctx context.Context) string {
 // and returns the outcome with the run's error.
 func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, st stored, persistErr error) (*Outcome, error) {
 	out := outcome(p, ex, v, st, persistErr)
+	if wd.streamLoss != nil {
+		// The terminal report follows the whole output, or says what of it
+		// is missing: SUCCEEDED never hides a loss.
+		out.Status, out.Reason = model.StatusFailed, joinReasons(out.Reason, wd.streamLoss.Error())
+	}
 	req := patch(out, wd.started, container(p, ex))
 	req.Changes = out.Changes
 	if len(st.artifacts) > 0 {
@@ -144,7 +149,7 @@ func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, 
 	}
 	var err error
 	if out.Status != model.StatusSucceeded {
-		err = &RunError{Status: out.Status, Reason: out.Reason, Err: errors.Join(v.err, persistErr)}
+		err = &RunError{Status: out.Status, Reason: out.Reason, Err: errors.Join(v.err, persistErr, wd.streamLoss)}
 	}
 	stopReport := p.timings.Start(timings.Report)
 	perr := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req)

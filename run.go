@@ -80,8 +80,11 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 		discardWarm(ctx, p)
 		return fail(err)
 	}
+	// One start time names the run everywhere: its journal record, its
+	// run index key (RUNNING, then final, or recovered) and its reports.
+	started := time.Now().UTC()
 	stopJournal := rec.Start(timings.Journal)
-	j, err := beginJournal(p)
+	j, err := beginJournal(p, started)
 	stopJournal()
 	if err != nil {
 		discardWarm(ctx, p)
@@ -94,7 +97,7 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	// The engine creates the container while the run directory is
 	// prepared (createAhead): it reads the directory only at start.
 	stopPrepare := rec.Start(timings.Prepare)
-	wd, runErr := reserve(ctx, p)
+	wd, runErr := reserve(ctx, p, started)
 	var ahead *launch
 	if runErr == nil {
 		ahead = createAhead(ctx, p, wd)
@@ -125,6 +128,7 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	// released, only once it is gone.
 	ex.awaitRemoved()
 	journalCollected(p, wd, persistErr)
+	finishStream(hard, p, wd, ex)
 	rec.Time(timings.Release, func() error { release(p, wd, persistErr); return nil })
 
 	reportCtx, cancelReport := context.WithTimeout(hard, deadline(input.ReportTimeout, DefaultReportTimeout))

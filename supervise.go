@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/taskrun/taskrun/diskcap"
@@ -52,6 +53,9 @@ type execution struct {
 	// stderr reports a write refused by the read-only root filesystem:
 	// the image expects to write outside /taskrun and /tmp.
 	ReadOnlyRootWrite bool `json:"read_only_root_write,omitempty"`
+	// StreamEnded is set once the control plane acknowledged the whole
+	// stdout stream and its end; finishStream delivers it otherwise.
+	StreamEnded bool `json:"stream_ended,omitempty"`
 	// record is the isolation record (audit.json); nil when no container
 	// was inspected.
 	record []byte
@@ -205,6 +209,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir, l *launch) (ex executi
 	stopRecords()
 	stopDrain := p.timings.Start(timings.Drain)
 	followErr := followers.wait()
+	ex.StreamEnded = followers.streamEnded.Load()
 	stopDrain()
 	if followErr != nil {
 		p.log.Warn("stream output", "err", followErr)
@@ -309,6 +314,8 @@ type followers struct {
 	done   chan error
 	n      int
 	cancel context.CancelFunc
+	// streamEnded is set when the stream sender's pump ended the stream.
+	streamEnded atomic.Bool
 }
 
 // follow starts one goroutine per consumer. Each reads the spool from disk on
@@ -330,6 +337,7 @@ func follow(ctx context.Context, p *plan, stdout, stderr *spool.Spool) *follower
 	if sender := p.in.StreamSender; sender != nil {
 		start(stdout, func(rd io.Reader) error {
 			_, err := workerclient.Pump(ctx, rd, p.ref.RunID, sender, workerclient.PumpOptions{})
+			f.streamEnded.Store(err == nil)
 			return err
 		})
 	}

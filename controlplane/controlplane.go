@@ -38,6 +38,10 @@ var (
 // worker's lease expired without a terminal status.
 const ErrorWorkerLost = "worker lost"
 
+// ErrorQueueExpired starts the error recorded on a run that waited QUEUED
+// past the control plane's queue time to live.
+const ErrorQueueExpired = "expired in the queue"
+
 // TaskSpec is everything a submitted task asks of its runs: what to execute
 // and where. It is what the worker receives in its Assignment.
 type TaskSpec struct {
@@ -236,6 +240,10 @@ type Store interface {
 	// ExpireLeases finalizes or requeues every run whose lease lapsed before
 	// now.
 	ExpireLeases(ctx context.Context, now time.Time) ([]Expired, error)
+	// ExpireQueued ends FAILED, at now and with reason as its error, every
+	// run still QUEUED that was submitted before before (a batch at a time),
+	// and returns their IDs.
+	ExpireQueued(ctx context.Context, before, now time.Time, reason string) ([]string, error)
 	// CountByStatus counts runs per status: userID's runs, or all runs when
 	// userID is empty.
 	CountByStatus(ctx context.Context, userID string) (map[model.RunStatus]int, error)

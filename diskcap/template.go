@@ -38,18 +38,25 @@ func WithTemplates(dir string) Option {
 
 // templateVersion names the mkfs options of templateArgs: a change to them
 // must change it, so that no host keeps using templates made otherwise.
-const templateVersion = "1"
+const templateVersion = "2"
+
+// BytesPerInode is the cap's inode ratio: one inode per 4 KiB block, so a
+// workspace of small files runs out of bytes before it runs out of inodes
+// (ext4's default of one per 16 KiB gives a 1 GiB cap only 65,536 inodes,
+// fewer than a large repository's files). The inode tables take 1/16 of
+// the cap.
+const BytesPerInode = 4096
 
 // mkfsArgs format an image for Mount: -m 0 reserves no blocks for root (the
-// run gets its whole cap); nodiscard keeps the image's allocation
-// (discarding punches holes in a file).
-var mkfsArgs = []string{"-q", "-F", "-m", "0", "-E", "nodiscard"}
+// run gets its whole cap); -i sets BytesPerInode; nodiscard keeps the
+// image's allocation (discarding punches holes in a file).
+var mkfsArgs = []string{"-q", "-F", "-m", "0", "-i", strconv.Itoa(BytesPerInode), "-E", "nodiscard"}
 
 // templateArgs format a template: Mount's options, with the inode tables
 // and the journal left unwritten, so that the template's data is its
 // metadata alone. The images copied from it read as zeros there, as a
 // journal and inode tables zeroed by mkfs do.
-var templateArgs = []string{"-q", "-F", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"}
+var templateArgs = []string{"-q", "-F", "-m", "0", "-i", strconv.Itoa(BytesPerInode), "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"}
 
 // format puts an empty ext4 filesystem in the allocated image img of size
 // bytes: copied from the template in cfg.templates when there is one (it

@@ -88,6 +88,30 @@ func (i *Instance) ID() string { return i.info.ID }
 // instance counts as gone.
 func (i *Instance) Close() error { return i.lock.Unlock(true) }
 
+// Process is the process record of info, "PID/START_TICKS/BOOT_ID", for a
+// label on what the executor creates; ParseProcess reads it back.
+func (info Info) Process() string {
+	return fmt.Sprintf("%d/%d/%s", info.PID, info.StartTicks, info.BootID)
+}
+
+// ParseProcess returns the Info of executor id with the process record
+// process (Info.Process); a malformed record gives the Info of id alone,
+// which Gone never proves gone without a lock file.
+func ParseProcess(id, process string) Info {
+	info := Info{ID: id}
+	parts := strings.SplitN(process, "/", 3)
+	if len(parts) != 3 {
+		return info
+	}
+	pid, err1 := strconv.Atoi(parts[0])
+	ticks, err2 := strconv.ParseUint(parts[1], 10, 64)
+	if err1 != nil || err2 != nil || pid <= 0 || parts[2] == "" {
+		return info
+	}
+	info.PID, info.StartTicks, info.BootID = pid, ticks, parts[2]
+	return info
+}
+
 // NewID returns a fresh instance ID ("x" and 16 random base32 characters),
 // valid as a taskrun ID and as a label value.
 func NewID() string { return "x" + strings.ToLower(rand.Text()[:16]) }

@@ -27,6 +27,10 @@ const (
 	// container (package instance); reapers leave other live executors'
 	// containers alone by it.
 	LabelInstance = "dev.taskrun.instance"
+	// LabelInstanceProcess holds the creating executor's process record,
+	// "PID/START_TICKS/BOOT_ID" (instance.Info.Process): it proves the
+	// executor gone even after a clean exit removed its lock file.
+	LabelInstanceProcess = "dev.taskrun.instance-process"
 	// LabelEgress marks the container of a run with an egress policy; its
 	// value is the in-container path of the egress proxy's socket.
 	LabelEgress = "dev.taskrun.egress"

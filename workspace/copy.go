@@ -90,6 +90,11 @@ func CopyTree(ctx context.Context, src, dst string, opts CopyOptions) (CopyStats
 	c.dstInfo = dstInfo
 	walkErr := walkTree(c.ctx, srcTop, srcInfo, c)
 	waitErr := c.group.Wait()
+	if waitErr != nil && ctx.Err() == nil && errors.Is(walkErr, context.Canceled) {
+		// A worker's failure stopped the walk: the cause is the worker's
+		// error, not the cancellation it caused.
+		walkErr = nil
+	}
 	if err := errors.Join(walkErr, waitErr); err != nil {
 		return c.stats(), fmt.Errorf("copy tree %s to %s: %w", src, dst, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/taskrun/taskrun/model"
 )
@@ -180,14 +181,64 @@ func CreateRunDir(d RunDirs) error {
 	if d.Dir == "" {
 		return errors.New("create run dirs: empty run directory; build RunDirs with Paths.Run")
 	}
-	if err := os.MkdirAll(filepath.Dir(d.Dir), ancestorDirMode); err != nil {
-		return fmt.Errorf("create run dirs: %w", err)
+	// A run ending meanwhile may prune the ancestors it finds empty
+	// (PruneRunAncestors): what vanished is made again.
+	var err error
+	for range maxCreateAttempts {
+		if err = os.MkdirAll(filepath.Dir(d.Dir), ancestorDirMode); err != nil {
+			err = fmt.Errorf("create run dirs: %w", err)
+		} else {
+			err = makeFreshDir(d.Dir)
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
 	}
-	if err := makeFreshDir(d.Dir); err != nil {
+	if err != nil {
 		return err
 	}
 	if err := os.Chmod(d.Dir, runDirMode); err != nil {
 		return fmt.Errorf("create run dirs: %w", err)
+	}
+	return nil
+}
+
+// maxCreateAttempts bounds CreateRunDir's retries against concurrent pruning.
+const maxCreateAttempts = 8
+
+// runAncestors are the names of a run directory's ancestors in the layout
+// Paths makes, from its parent up: runs, T, tasks, C, conversations, U
+// (nil: a name that varies).
+var runAncestors = []*string{ptr("runs"), nil, ptr("tasks"), nil, ptr("conversations"), nil}
+
+func ptr(s string) *string { return &s }
+
+// PruneRunAncestors removes the ancestors of a removed run directory that
+// are left empty, from its runs directory up to its user's directory
+// (ROOT/users stays), so that finished runs leave no empty directories
+// behind. It stops at the first one that is not empty, and touches nothing
+// when dir is not laid out as Paths lays out runs. A concurrent
+// CreateRunDir makes again what it removed.
+func PruneRunAncestors(dir string) error {
+	dirs := make([]string, 0, len(runAncestors))
+	for d, i := filepath.Dir(filepath.Clean(dir)), 0; i < len(runAncestors); d, i = filepath.Dir(d), i+1 {
+		if want := runAncestors[i]; want != nil && filepath.Base(d) != *want {
+			return nil
+		}
+		dirs = append(dirs, d)
+	}
+	if filepath.Base(filepath.Dir(dirs[len(dirs)-1])) != "users" {
+		return nil
+	}
+	for _, d := range dirs {
+		err := os.Remove(d)
+		switch {
+		case err == nil, errors.Is(err, fs.ErrNotExist):
+		case errors.Is(err, syscall.ENOTEMPTY), errors.Is(err, fs.ErrExist):
+			return nil
+		default:
+			return fmt.Errorf("prune run directory %s: %w", d, err)
+		}
 	}
 	return nil
 }

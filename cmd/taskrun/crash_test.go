@@ -30,6 +30,8 @@ import (
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/persist/s3test"
 	"github.com/taskrun/taskrun/sandbox"
+
+	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
@@ -220,6 +222,20 @@ func TestKilledExecutorIsRecoveredByGC(t *testing.T) {
 	assert.Equal(t, model.StatusFailed, final.Status)
 	require.NotNil(t, final.Error)
 	assert.Contains(t, *final.Error, "executor lost")
+
+	// Recovery finished the control plane's stream: all of output.log, ended.
+	data, ended, _ := cp.Stream(runID)
+	assert.Equal(t, out, string(data), "the control plane's stream lacks output the store has")
+	assert.True(t, ended, "recovery did not end the output stream")
+
+	// One record per run in the index: the FAILED one replaced the RUNNING one.
+	st, err := persist.Open(context.Background(), e.store)
+	require.NoError(t, err)
+	defer st.Close()
+	recs, err := runindex.List(context.Background(), st, runindex.Filter{UserID: e.user})
+	require.NoError(t, err)
+	require.Len(t, recs, 1, "the run is indexed once")
+	assert.Equal(t, model.StatusFailed, recs[0].Status)
 }
 
 // TestSameRunIDTwiceRefusesTheSecond starts two runs with one run ID at once:

@@ -73,6 +73,17 @@ func (h *hostState) executorGone(id string) (bool, string) {
 	return gone, why
 }
 
+// executorProcessGone is executorGone for a container that may carry its
+// executor's process record: an executor that exited cleanly removed its
+// lock file, and the record then proves it gone.
+func (h *hostState) executorProcessGone(id, process string) (bool, string) {
+	gone, why, err := instance.Gone(h.executorsDir(), instance.ParseProcess(id, process))
+	if err != nil {
+		return false, err.Error()
+	}
+	return gone, why
+}
+
 // input is the RunTaskInput that names a journaled run, with its store and
 // control plane opened from the record; close releases them.
 func (h *hostState) input(ctx context.Context, rec journal.Record) (in taskrun.RunTaskInput, closeFn func(), err error) {
@@ -94,9 +105,12 @@ func (h *hostState) input(ctx context.Context, rec journal.Record) (in taskrun.R
 		Version:         version,
 	}
 	if cp := rec.ControlPlane; cp != nil && cp.URL != "" {
-		in.Updater = workerclient.New(cp.URL, h.tokenFor(cp))
+		// Recovery finishes the output stream too: the report follows it.
+		c := workerclient.New(cp.URL, h.tokenFor(cp))
+		in.Updater, in.StreamSender = c, c.Stream()
 		if cp.Fence > 0 {
-			in.Updater = staleLeaseDone{workerclient.New(cp.URL, h.tokenFor(cp)).Fenced(cp.Fence), h.log}
+			s := staleLeaseDone{c: workerclient.New(cp.URL, h.tokenFor(cp)).Fenced(cp.Fence), log: h.log}
+			in.Updater, in.StreamSender = s, s
 		}
 	}
 	return in, func() { store.Close() }, nil
@@ -199,7 +213,7 @@ func stillKept(d *journal.Dir, runID string) bool {
 // reapOptions are the reaper's rules for this host: own and gone executors'
 // containers, sparing those a recovery still needs.
 func (h *hostState) reapOptions(grace time.Duration, all, dryRun bool, results []recovery.Result) docker.ReapOptions {
-	opts := docker.ReapOptions{Grace: grace, All: all, DryRun: dryRun, ExecutorGone: h.executorGone}
+	opts := docker.ReapOptions{Grace: grace, All: all, DryRun: dryRun, ExecutorGone: h.executorProcessGone}
 	for _, res := range results {
 		if res.ContainerID != "" && res.Action != recovery.ActionRecovered && res.Action != recovery.ActionKept {
 			opts.Spare = append(opts.Spare, res.ContainerID)
@@ -268,6 +282,23 @@ func (s staleLeaseDone) UpdateRunStatus(ctx context.Context, runID string, req *
 		return nil
 	}
 	return err
+}
+
+// Send implements workerclient.StreamSender: a refused fence drops the
+// output, which is no longer this worker's to deliver.
+func (s staleLeaseDone) Send(ctx context.Context, runID string, d workerclient.Delta) error {
+	if err := s.c.Stream().Send(ctx, runID, d); !errors.Is(err, workerclient.ErrLeaseLost) {
+		return err
+	}
+	return nil
+}
+
+// End implements workerclient.StreamSender, as Send does.
+func (s staleLeaseDone) End(ctx context.Context, runID string, total int64) error {
+	if err := s.c.Stream().End(ctx, runID, total); !errors.Is(err, workerclient.ErrLeaseLost) {
+		return err
+	}
+	return nil
 }
 
 // oneLineStr flattens a multi-line message.

@@ -427,7 +427,7 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 		}
 		runBackend = kb
 	} else {
-		backendOpts := []docker.Option{docker.WithLogger(log), docker.WithInstance(inst.ID())}
+		backendOpts := []docker.Option{docker.WithLogger(log), docker.WithInstance(inst.ID()), docker.WithInstanceProcess(inst.Info().Process())}
 		if f, ok := a.stderr.(*os.File); ok && !a.quiet {
 			// Pulls show docker's progress bars on a terminal, else a summary
 			// on the log.

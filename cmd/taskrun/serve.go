@@ -56,9 +56,10 @@ var serveUI func(r controlplane.RunReader, blobs *persist.Store, log *slog.Logge
 type serveOptions struct {
 	listen, db, store        string
 	workerTokens, userTokens string
-	leaseTTL                 time.Duration
+	leaseTTL, queueTTL       time.Duration
 	maxWorkspace, maxOutput  int64
 	maxima                   runlimits.Maxima
+	runtimes                 []string
 }
 
 func init() {
@@ -67,7 +68,7 @@ func init() {
 		Synopsis: "serve the control plane: user API, worker leases, metrics",
 		Help:     serveHelp,
 		Flags: func(fs *pflag.FlagSet) action {
-			o := serveOptions{leaseTTL: 15 * time.Second, maxWorkspace: server.DefaultLimits.MaxWorkspaceBytes, maxOutput: server.DefaultLimits.MaxOutputBytes}
+			o := serveOptions{leaseTTL: 15 * time.Second, queueTTL: 24 * time.Hour, runtimes: []string{"runc", "runsc"}, maxWorkspace: server.DefaultLimits.MaxWorkspaceBytes, maxOutput: server.DefaultLimits.MaxOutputBytes}
 			fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to listen on")
 			fs.StringVar(&o.db, "db", defaultDB, "database: sqlite:///PATH or postgres://USER@HOST/DB")
 			addStoreFlag(fs, &o.store)
@@ -77,6 +78,8 @@ func init() {
 			addSizeFlag(fs, &o.maxWorkspace, "max-workspace", "largest workspace archive a submission may upload")
 			addSizeFlag(fs, &o.maxOutput, "max-output", "largest output stream held per run")
 			addRunMaximaFlags(fs, &o.maxima)
+			fs.DurationVar(&o.queueTTL, "queue-ttl", o.queueTTL, "longest a run waits QUEUED before it ends FAILED, no worker having taken it (0: for ever)")
+			fs.StringSliceVar(&o.runtimes, "runtimes", o.runtimes, "OCI runtimes the workers offer; a task asking for another is refused (empty: any)")
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) > 0 {
 					return a.usageError("serve", fmt.Errorf("unexpected argument %q", args[0]))
@@ -132,6 +135,10 @@ func loadTokens(o serveOptions) (*server.Tokens, error) {
 }
 
 func runServe(ctx context.Context, a *app, o serveOptions) int {
+	if o.queueTTL < 0 || o.maxRun.CPUs < 0 {
+		fmt.Fprintln(a.stderr, "taskrun serve: --queue-ttl and --max-run-cpus cannot be negative")
+		return exitUsage
+	}
 	tk, err := loadTokens(o)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun serve:", err)
@@ -150,6 +157,7 @@ func runServe(ctx context.Context, a *app, o serveOptions) int {
 	}
 	defer blobs.Close()
 	cfg := server.Config{Store: store, Blobs: blobs, Tokens: tk, LeaseTTL: o.leaseTTL, Log: a.log,
+		QueueTTL: o.queueTTL, Runtimes: o.runtimes,
 		Limits: server.Limits{MaxWorkspaceBytes: o.maxWorkspace, MaxOutputBytes: o.maxOutput}, RunMaxima: o.maxima}
 	wrap := func(h http.Handler) http.Handler { return h }
 	if serveUI != nil {

@@ -356,7 +356,7 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 			command = []string{agentCommand}
 		}
 	} else {
-		backend, err := docker.New(ctx, docker.WithLogger(log), docker.WithInstance(inst.ID()))
+		backend, err := docker.New(ctx, docker.WithLogger(log), docker.WithInstance(inst.ID()), docker.WithInstanceProcess(inst.Info().Process()))
 		if err != nil {
 			return exitCannotRun, err
 		}

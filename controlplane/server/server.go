@@ -82,6 +82,12 @@ type Config struct {
 	Now func() time.Time
 	// Log receives the server's log (default slog.Default()).
 	Log *slog.Logger
+	// Runtimes are the OCI runtimes the workers offer; a submission asking
+	// for another is refused. Empty: any runtime name is accepted.
+	Runtimes []string
+	// QueueTTL is how long a run may wait QUEUED: past it, the sweep ends
+	// it FAILED, saying so. Zero: runs wait for ever.
+	QueueTTL time.Duration
 	// UI, when set, is mounted under /ui/ behind user authentication
 	// (UserFromContext names the user); it reads through Store's
 	// controlplane.RunReader methods.
@@ -203,11 +209,15 @@ func (s *Server) Sweep(ctx context.Context) {
 	}
 }
 
-// SweepOnce runs one sweep and returns what it expired.
+// SweepOnce runs one sweep and returns what it expired: lapsed leases, then
+// runs queued past Config.QueueTTL (Expired.Status FAILED, not Requeued).
 func (s *Server) SweepOnce(ctx context.Context) ([]controlplane.Expired, error) {
 	ex, err := s.cfg.Store.ExpireLeases(ctx, s.cfg.Now())
 	if err != nil {
 		return nil, err
+	}
+	if err := s.expireQueued(ctx); err != nil {
+		return ex, err
 	}
 	for _, e := range ex {
 		outcome := "failed"
@@ -223,6 +233,26 @@ func (s *Server) SweepOnce(ctx context.Context) ([]controlplane.Expired, error) 
 		s.cfg.Log.Warn("lease expired: worker lost", "run", e.RunID, "outcome", outcome)
 	}
 	return ex, nil
+}
+
+// expireQueued ends FAILED every run that waited QUEUED longer than
+// Config.QueueTTL: no worker took it, and none would.
+func (s *Server) expireQueued(ctx context.Context) error {
+	if s.cfg.QueueTTL <= 0 {
+		return nil
+	}
+	now := s.cfg.Now()
+	reason := fmt.Sprintf("%s: no worker started it within the queue's time to live of %s (serve --queue-ttl)", controlplane.ErrorQueueExpired, s.cfg.QueueTTL)
+	ids, err := s.cfg.Store.ExpireQueued(ctx, now.Add(-s.cfg.QueueTTL), now, reason)
+	if err != nil {
+		return fmt.Errorf("expire queued runs: %w", err)
+	}
+	for _, id := range ids {
+		s.m.expiries.WithLabelValues("queue_expired").Inc()
+		s.runs.notify(id)
+		s.cfg.Log.Warn("run expired in the queue", "run", id, "queue_ttl", s.cfg.QueueTTL)
+	}
+	return nil
 }
 
 // Read deadlines for request bodies: a client that sends too slowly is cut

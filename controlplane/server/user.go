@@ -9,12 +9,14 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/imageref"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -226,6 +228,9 @@ func (s *Server) checkSubmit(r *http.Request, req *controlplane.SubmitRequest) e
 	if _, err := egress.ParseTenantRequest(req.Egress); err != nil {
 		return err
 	}
+	if err := s.runnable(req); err != nil {
+		return err
+	}
 	if req.ConversationID == "" {
 		req.ConversationID = DefaultConversation
 	}
@@ -247,6 +252,36 @@ func (s *Server) checkSubmit(r *http.Request, req *controlplane.SubmitRequest) e
 		}
 	}
 	return nil
+}
+
+// runnable refuses a task no worker can run, which would otherwise wait
+// QUEUED until it expired: an image reference that does not parse, or a
+// runtime the workers do not offer. Limits above the operator's maxima are
+// refused by Config.RunMaxima.
+func (s *Server) runnable(req *controlplane.SubmitRequest) error {
+	if req.Image != "" && !isImageID(req.Image) {
+		if _, err := imageref.Normalize(req.Image); err != nil {
+			return fmt.Errorf("%w: give a reference such as registry.example.com/team/agent:v1 or an image ID sha256:<64 hex>", err)
+		}
+	}
+	if rt := s.cfg.Runtimes; req.Runtime != "" && len(rt) > 0 && !slices.Contains(rt, req.Runtime) {
+		return fmt.Errorf("runtime %q: the workers offer %s; ask for one of them or leave runtime empty", req.Runtime, strings.Join(rt, ", "))
+	}
+	return nil
+}
+
+// isImageID reports whether ref is an image ID, sha256:<64 hex>.
+func isImageID(ref string) bool {
+	hex, ok := strings.CutPrefix(ref, "sha256:")
+	if !ok || len(hex) != 64 {
+		return false
+	}
+	for _, c := range hex {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // ownRun returns the run if it belongs to the request's user; else it

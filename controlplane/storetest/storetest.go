@@ -45,6 +45,7 @@ func Run(t *testing.T, open Opener) {
 		{"ReturnUndeliveredLease", testReturnLease},
 		{"WorkerHeartbeats", testWorkers},
 		{"CancelledRunWhoseWorkerIsLostEndsCancelled", testCancelThenLost},
+		{"QueuedPastTheTTLEndsFailed", testExpireQueued},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -568,4 +569,38 @@ func testWorkers(t *testing.T, s controlplane.Store) {
 	require.NoError(t, err)
 	require.Len(t, ws, 1, "only workers seen since")
 	assert.Equal(t, a.ID, ws[0].ID)
+}
+
+// testExpireQueued: runs still queued when submitted before the cut-off end
+// FAILED with the reason; newer queued runs and leased runs are untouched.
+func testExpireQueued(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "old", 0, controlplane.TaskSpec{})
+	Submit(t, s, "taken", 1, controlplane.TaskSpec{})
+	Submit(t, s, "new", 10, controlplane.TaskSpec{})
+	_, err := s.Cancel(ctx, "old", t0) // ended already: not expired again
+	require.NoError(t, err)
+	Submit(t, s, "old2", 2, controlplane.TaskSpec{})
+	got := lease(t, s, "w1", t0.Add(3*time.Second))
+	require.NotNil(t, got)
+	require.Equal(t, "taken", got.ID)
+
+	now := t0.Add(time.Hour)
+	ids, err := s.ExpireQueued(ctx, t0.Add(5*time.Second), now, "expired in the queue: test")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"old2"}, ids)
+	r, err := s.GetRun(ctx, "old2")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusFailed, r.Status)
+	assert.Equal(t, "expired in the queue: test", r.Error)
+	require.NotNil(t, r.EndedAt)
+	assert.True(t, r.EndedAt.Equal(now))
+	for id, want := range map[string]model.RunStatus{"old": model.StatusCancelled, "taken": model.StatusRunning, "new": model.StatusQueued} {
+		r, err := s.GetRun(ctx, id)
+		require.NoError(t, err)
+		assert.Equal(t, want, r.Status, id)
+	}
+	ids, err = s.ExpireQueued(ctx, t0.Add(5*time.Second), now, "again")
+	require.NoError(t, err)
+	assert.Empty(t, ids, "an expired run is not expired twice")
 }

@@ -59,6 +59,8 @@ type Backend struct {
 	drainIdle   time.Duration
 	now         func() time.Time
 	instance    string
+	// instanceProcess is the executor's process record (WithInstanceProcess).
+	instanceProcess string
 
 	// progress, when set, is the terminal pulls are shown on (fd
 	// progressFd); dockerConfig is the docker CLI config directory for
@@ -99,6 +101,14 @@ func WithDrainIdle(d time.Duration) Option { return func(b *Backend) { b.drainId
 // executor's instance ID (sandbox.LabelInstance), so that Reap run by any other
 // executor leaves them alone while this one lives.
 func WithInstance(id string) Option { return func(b *Backend) { b.instance = id } }
+
+// WithInstanceProcess labels every container the backend creates with the
+// executor's process record (sandbox.LabelInstanceProcess, see
+// instance.Info.Process), by which a reaper proves the executor gone even
+// once its lock file is removed.
+func WithInstanceProcess(process string) Option {
+	return func(b *Backend) { b.instanceProcess = process }
+}
 
 // Instance returns the executor instance ID the backend labels containers
 // with, or "" when none was set.
@@ -177,7 +187,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec, pol sandbox.Pol
 		return nil, err
 	}
 	cc := convert(spec, pol, b.now(), b.expirySlack)
-	setInstance(cc.Config.Labels, b.instance)
+	setInstance(cc.Config.Labels, b.instance, b.instanceProcess)
 	created, err := b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name)
 	if err != nil && cc.Name != "" && isConflict(err) {
 		// The name is taken, by a container of a reused run ID that is
@@ -261,12 +271,16 @@ func (b *Backend) HostFacts(ctx context.Context) (sandbox.HostFacts, error) {
 
 // setInstance sets the instance label to id, or removes it (whoever set it)
 // when the backend has no instance.
-func setInstance(labels map[string]string, id string) {
+func setInstance(labels map[string]string, id, process string) {
+	delete(labels, sandbox.LabelInstanceProcess)
 	if id == "" {
 		delete(labels, sandbox.LabelInstance)
 		return
 	}
 	labels[sandbox.LabelInstance] = id
+	if process != "" {
+		labels[sandbox.LabelInstanceProcess] = process
+	}
 }
 
 // createError explains a failed ContainerCreate or image lookup.

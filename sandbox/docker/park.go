@@ -57,7 +57,7 @@ func (b *Backend) Park(ctx context.Context, spec sandbox.Spec, pol sandbox.Polic
 		return nil, err
 	}
 	cc := convert(spec, pol, b.now(), b.expirySlack)
-	setInstance(cc.Config.Labels, b.instance)
+	setInstance(cc.Config.Labels, b.instance, b.instanceProcess)
 	created, err := b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name)
 	if err != nil && cc.Name != "" && isConflict(err) {
 		created, err = b.api.ContainerCreate(ctx, cc.Config, cc.Host, cc.Network, cc.Name+"-"+strings.ToLower(rand.Text()[:8]))

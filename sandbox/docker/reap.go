@@ -33,9 +33,11 @@ type ReapOptions struct {
 	// that ExecutorGone proves gone; containers of live executors, and
 	// containers without an instance label, are left alone.
 	All bool
-	// ExecutorGone reports whether the executor instance id is provably
-	// gone (see package instance), and why. Nil proves no executor gone.
-	ExecutorGone func(id string) (gone bool, why string)
+	// ExecutorGone reports whether the executor instance id, whose process
+	// record (sandbox.LabelInstanceProcess) is process ("" when the
+	// container has none), is provably gone (see package instance), and
+	// why. Nil proves no executor gone.
+	ExecutorGone func(id, process string) (gone bool, why string)
 	// Spare lists container IDs never to remove: a recovery still needs
 	// them (their logs were not saved yet).
 	Spare []string
@@ -111,7 +113,7 @@ func (b *Backend) reapReason(ctx context.Context, c container.Summary, opts Reap
 	owner := c.Labels[sandbox.LabelInstance]
 	mine := owner != "" && owner == b.instance
 	if !mine && owner != "" && opts.ExecutorGone != nil {
-		if gone, why := opts.ExecutorGone(owner); gone {
+		if gone, why := opts.ExecutorGone(owner, c.Labels[sandbox.LabelInstanceProcess]); gone {
 			return "its executor is gone: " + why
 		}
 	}

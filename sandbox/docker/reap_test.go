@@ -3,7 +3,9 @@ package docker
 import (
 	"context"
 	"maps"
+	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
@@ -129,7 +132,7 @@ func TestReapOnlyOwnAndGoneExecutors(t *testing.T) {
 		}
 	}
 	var asked []string
-	goneFn := func(id string) (bool, string) {
+	goneFn := func(id, _ string) (bool, string) {
 		asked = append(asked, id)
 		return id == gone, "test says so"
 	}
@@ -191,4 +194,62 @@ func TestReapDanglingNetworks(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rep.Networks, 1)
 	require.Error(t, exec.CommandContext(t.Context(), "docker", "network", "inspect", name).Run(), "network survived the reaper")
+}
+
+// TestReapContainerOfCleanlyExitedExecutor: an executor that exited
+// cleanly removed its lock file, but its container survived (the engine
+// failed its removal): the process record on the container proves the
+// executor gone, and the container is reaped; a live executor's is not.
+func TestReapContainerOfCleanlyExitedExecutor(t *testing.T) {
+	b, labels := newTestBackend(t, WithInstance("xreaper"))
+	ctx := t.Context()
+	executors := t.TempDir()
+
+	// A process that lived and exited: its record names a PID gone now.
+	child := exec.Command("true")
+	require.NoError(t, child.Start())
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	require.NoError(t, err)
+	exited := instance.Info{ID: "xexited", PID: child.Process.Pid, StartTicks: 1, BootID: strings.TrimSpace(string(boot))}
+	require.NoError(t, child.Wait())
+	self, err := instance.Self()
+	require.NoError(t, err)
+	self.ID = "xalive"
+
+	with := func(info instance.Info) map[string]string {
+		l := maps.Clone(labels)
+		l[sandbox.LabelInstance] = info.ID
+		l[sandbox.LabelInstanceProcess] = info.Process()
+		return l
+	}
+	leaked, err := plantContainer(ctx, b, with(exited), "", time.Now(), "sleep", "1000")
+	require.NoError(t, err)
+	alive, err := plantContainer(ctx, b, with(self), "", time.Now(), "sleep", "1000")
+	require.NoError(t, err)
+	bare := maps.Clone(labels)
+	bare[sandbox.LabelInstance] = "xnorecord"
+	unproven, err := plantContainer(ctx, b, bare, "", time.Now(), "sleep", "1000")
+	require.NoError(t, err)
+
+	gone := func(id, process string) (bool, string) {
+		g, why, err := instance.Gone(executors, instance.ParseProcess(id, process))
+		require.NoError(t, err)
+		return g, why
+	}
+	rep, err := b.Reap(ctx, ReapOptions{Labels: labels, ExecutorGone: gone})
+	require.NoError(t, err)
+	assert.Equal(t, []string{leaked}, removedIDs(rep))
+	left, err := b.listLabelled(ctx, labels)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{alive, unproven}, left)
+
+	// The backend labels what it creates with its executor's record.
+	b2, labels2 := newTestBackend(t, WithInstance("xmine2"), WithInstanceProcess(self.Process()))
+	h, err := b2.Start(ctx, sandbox.Spec{Image: testImage, Cmd: []string{"true"}, Labels: labels2}, sandbox.DefaultPolicy(), sandbox.Streams{})
+	require.NoError(t, err)
+	require.NoError(t, h.Wait(ctx).Err)
+	info, _, err := b2.api.ContainerInspectWithRaw(ctx, h.ID(), false)
+	require.NoError(t, err)
+	assert.Equal(t, self.Process(), info.Config.Labels[sandbox.LabelInstanceProcess])
+	require.NoError(t, h.Close(ctx))
 }

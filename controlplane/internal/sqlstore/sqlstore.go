@@ -728,6 +728,46 @@ stream_next = 0, stream_ended = 0, container = '', output = '', output_truncated
 	return out, nil
 }
 
+// ExpireQueued implements controlplane.Store.
+func (s *Store) ExpireQueued(ctx context.Context, before, now time.Time, reason string) ([]string, error) {
+	var ids []string
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, s.q("SELECT r.id FROM runs r WHERE r.status = ? AND r.created_at < ? ORDER BY r.created_at LIMIT 256 "+s.d.SkipLocked),
+			string(model.StatusQueued), ms(before))
+		if err != nil {
+			return fmt.Errorf("%s: find expired queued runs: %w", s.d.Name, err)
+		}
+		var stale []string
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return fmt.Errorf("%s: find expired queued runs: %w", s.d.Name, err)
+			}
+			stale = append(stale, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("%s: find expired queued runs: %w", s.d.Name, err)
+		}
+		for _, id := range stale {
+			res, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, ended_at = ?, error = ? WHERE id = ? AND status = ?`),
+				string(model.StatusFailed), ms(now), reason, id, string(model.StatusQueued))
+			if err != nil {
+				return fmt.Errorf("%s: expire queued run %s: %w", s.d.Name, id, err)
+			}
+			if n, err := res.RowsAffected(); err == nil && n == 1 {
+				ids = append(ids, id)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
 // CountByStatus implements controlplane.Store.
 func (s *Store) CountByStatus(ctx context.Context, userID string) (map[model.RunStatus]int, error) {
 	query, args := `SELECT status, COUNT(*) FROM runs GROUP BY status`, []any{}
