@@ -135,8 +135,8 @@ func loadTokens(o serveOptions) (*server.Tokens, error) {
 }
 
 func runServe(ctx context.Context, a *app, o serveOptions) int {
-	if o.queueTTL < 0 || o.maxRun.CPUs < 0 {
-		fmt.Fprintln(a.stderr, "taskrun serve: --queue-ttl and --max-run-cpus cannot be negative")
+	if o.queueTTL < 0 {
+		fmt.Fprintln(a.stderr, "taskrun serve: --queue-ttl cannot be negative")
 		return exitUsage
 	}
 	tk, err := loadTokens(o)
