@@ -85,7 +85,7 @@ func throughWorker(ctx context.Context, e *env, n int) (time.Duration, error) {
 	}
 	defer db.Close()
 	var tokens server.Tokens
-	if err := errors.Join(tokens.AddWorker(workerToken), tokens.AddUser("bench", userToken)); err != nil {
+	if err := errors.Join(tokens.AddWorker(server.DefaultWorker, workerToken), tokens.AddUser("bench", userToken)); err != nil {
 		return 0, err
 	}
 	discard := slog.New(slog.DiscardHandler)

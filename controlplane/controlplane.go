@@ -32,7 +32,22 @@ var (
 	ErrTooLarge = errors.New("controlplane: too large")
 	// ErrFinished: the run has ended; the request cannot apply to it.
 	ErrFinished = errors.New("controlplane: run has already ended")
+	// ErrNotHolder: the caller's lease token is not the current lease's, or
+	// the caller is not the worker the lease was handed to. Answered 403.
+	ErrNotHolder = errors.New("controlplane: not the holder of the run's lease")
 )
+
+// Fence is what a worker's call for a leased run presents: the lease's
+// epoch, the SHA-256 of its lease token, and the worker the call
+// authenticated as. A store write of the run is allowed only when all
+// three are the current lease's (and the lease is live).
+type Fence struct {
+	Epoch int64
+	// TokenHash is the SHA-256 of the lease token the call sent.
+	TokenHash [32]byte
+	// Holder is the name of the worker credential the call used.
+	Holder string
+}
 
 // ErrorWorkerLost is the error recorded on a run finalized because its
 // worker's lease expired without a terminal status.
@@ -92,8 +107,9 @@ type Run struct {
 	LeasedAt  *time.Time `json:"leased_at,omitempty"`
 	StartedAt *time.Time `json:"started_at,omitempty"`
 	EndedAt   *time.Time `json:"ended_at,omitempty"`
-	// WorkerID holds (or last held) the lease; Epoch is the fencing token of
-	// the current (or last) lease, 0 before the first.
+	// WorkerID holds (or last held) the lease; Epoch is the number of the
+	// current (or last) lease, 0 before the first. The lease's token and
+	// the worker credential it is bound to are the store's alone.
 	WorkerID       string     `json:"worker_id,omitempty"`
 	Epoch          int64      `json:"epoch"`
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
@@ -135,8 +151,14 @@ const MaxListLimit = 500
 // LeaseOffer is a worker asking for one run.
 type LeaseOffer struct {
 	WorkerID string
-	Now      time.Time
-	TTL      time.Duration
+	// Holder is the name of the worker credential that asked: the lease is
+	// bound to it.
+	Holder string
+	// TokenHash is the SHA-256 of the new lease's token; the store keeps
+	// only this hash, never the token.
+	TokenHash [32]byte
+	Now       time.Time
+	TTL       time.Duration
 	// Fits reports whether the worker can take the run; runs that do not fit
 	// are left queued for another worker.
 	Fits func(Run) bool
@@ -206,7 +228,8 @@ type Store interface {
 	// CreateTask records t and its first run, QUEUED.
 	CreateTask(ctx context.Context, t NewTask) (Run, error)
 	// Lease hands the oldest queued run that o.Fits to o.WorkerID: status
-	// RUNNING, epoch raised by one, lease until o.Now+o.TTL. It returns
+	// RUNNING, epoch raised by one, lease until o.Now+o.TTL, bound to
+	// o.Holder and o.TokenHash. It returns
 	// (nil, nil) when no queued run fits. No two callers, on any replica,
 	// ever get the same run for the same epoch.
 	Lease(ctx context.Context, o LeaseOffer) (*Run, error)
@@ -219,20 +242,25 @@ type Store interface {
 	// reports whether the run was put back; a run the lease no longer holds,
 	// or whose worker already reported, is left as it is.
 	ReturnLease(ctx context.Context, id string, epoch int64, now time.Time) (bool, error)
-	// Renew extends the lease (epoch must be current and unexpired at now)
-	// to now+ttl and returns the run (CancelRequested tells the worker to
-	// stop it). A stale or expired lease wraps ErrStaleFence.
-	Renew(ctx context.Context, id string, epoch int64, now time.Time, ttl time.Duration) (Run, error)
+	// Every write under a fence (Renew, Patch, AppendOutput, EndOutput)
+	// first checks it: an epoch that is not the run's current one wraps
+	// ErrStaleFence; a token or holder that is not the current lease's
+	// wraps ErrNotHolder (compared in constant time); then a lease that
+	// ended or expired wraps ErrStaleFence.
+
+	// Renew extends the lease (current and unexpired at now) to now+ttl and
+	// returns the run (CancelRequested tells the worker to stop it).
+	Renew(ctx context.Context, id string, f Fence, now time.Time, ttl time.Duration) (Run, error)
 	// Patch applies a worker's report under its fence. A terminal status
-	// ends the lease; after it, a repeated PATCH with the same epoch changes
+	// ends the lease; after it, a repeated PATCH with the same fence changes
 	// nothing. It returns the run after the change and whether it changed.
-	Patch(ctx context.Context, id string, epoch int64, now time.Time, p workerclient.PatchTaskRunRequest) (Run, bool, error)
+	Patch(ctx context.Context, id string, f Fence, now time.Time, p workerclient.PatchTaskRunRequest) (Run, bool, error)
 	// AppendOutput applies one stream POST under the fence, with the offset
 	// rules of docs/control-plane-api.md, refusing to hold more than maxBytes.
 	// It returns the stream's next offset; a violation wraps ErrConflict.
-	AppendOutput(ctx context.Context, id string, epoch int64, now time.Time, offset int64, data []byte, maxBytes int64) (int64, error)
+	AppendOutput(ctx context.Context, id string, f Fence, now time.Time, offset int64, data []byte, maxBytes int64) (int64, error)
 	// EndOutput marks the stream ended at total (under the fence).
-	EndOutput(ctx context.Context, id string, epoch int64, now time.Time, total int64) (int64, error)
+	EndOutput(ctx context.Context, id string, f Fence, now time.Time, total int64) (int64, error)
 	// Cancel cancels a run for its owner: a queued run ends CANCELLED at
 	// once; a leased one is flagged for its worker. An ended run wraps
 	// ErrFinished.

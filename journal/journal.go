@@ -103,7 +103,7 @@ type DiskCap struct {
 }
 
 // ControlPlane says where the run's status goes and how the token is found
-// again. The token itself is never journaled.
+// again. The worker's token itself is never journaled.
 type ControlPlane struct {
 	// URL is the control plane's base URL, without credentials.
 	URL string `json:"url"`
@@ -112,9 +112,14 @@ type ControlPlane struct {
 	// TokenFile names the file the token was read from.
 	TokenFile string `json:"token_file,omitempty"`
 	// Fence is the epoch of the lease a worker held on the run (0: the run
-	// was not leased). Recovery reports with it, so that a control plane
-	// that has given the run to another worker since refuses the report.
-	Fence int64 `json:"fence,omitempty"`
+	// was not leased), and LeaseToken that lease's token. Recovery renews
+	// the lease and reports with them, so that a control plane that has
+	// ended the run or given it to another worker since refuses both the
+	// run's store writes and its report. The lease token is journaled (the
+	// worker's credential never is): it is good only for this run's current
+	// lease, and only with the credential of the worker it was handed to.
+	Fence      int64  `json:"fence,omitempty"`
+	LeaseToken string `json:"lease_token,omitempty"`
 }
 
 // Record is one run's journal entry.

@@ -307,7 +307,12 @@ func TestCrashLeavesWhatGCRemoves(t *testing.T) {
 		require.NoError(t, err)
 		return g, why
 	}
-	rep, err := f.env.Backend.Reap(t.Context(), docker.ReapOptions{ExecutorGone: gone, Labels: map[string]string{sandbox.LabelInstance: id}})
+	goneProcess := func(x, process string) (bool, string) {
+		g, why, err := instance.Gone(executors, instance.ParseProcess(x, process))
+		require.NoError(t, err)
+		return g, why
+	}
+	rep, err := f.env.Backend.Reap(t.Context(), docker.ReapOptions{ExecutorGone: goneProcess, Labels: map[string]string{sandbox.LabelInstance: id}})
 	require.NoError(t, err)
 	assert.Len(t, rep.Removed, 1)
 	removed, err := warmpool.Sweep(taskrun.PoolDir(root), func(x string) bool { g, _ := gone(x); return g }, func(string) bool { return false })

@@ -2,6 +2,7 @@ package webui_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -38,7 +39,7 @@ func TestHostsPageShowsHeartbeats(t *testing.T) {
 		require.NoError(t, err)
 	}
 	for _, w := range []string{"host-a/1", "host-silent/1"} {
-		r, err := store.Lease(ctx, controlplane.LeaseOffer{WorkerID: w, Now: now, TTL: time.Minute})
+		r, err := store.Lease(ctx, controlplane.LeaseOffer{Holder: w, TokenHash: sha256.Sum256([]byte(w)), WorkerID: w, Now: now, TTL: time.Minute})
 		require.NoError(t, err)
 		require.NotNil(t, r)
 	}

@@ -60,7 +60,7 @@ func TestServeEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	var tokens server.Tokens
-	require.NoError(t, tokens.AddWorker(e2eWorkerToken))
+	require.NoError(t, tokens.AddWorker(server.DefaultWorker, e2eWorkerToken))
 	require.NoError(t, tokens.AddUser(f.env.Tenant, e2eUserToken))
 	require.NoError(t, tokens.AddUser("someone-else", e2eOtherToken))
 	ui, err := webui.New(&webui.ControlPlaneSource{Control: store, Store: f.env.Store, Workers: store}, webui.Options{Base: "/ui", Tenant: func(r *http.Request) (string, bool) { return server.UserFromContext(r.Context()) }})
@@ -109,7 +109,7 @@ echo served-second-line`}}, nil)
 	require.NoError(t, err)
 	require.NotNil(t, a, "the worker got no lease")
 	require.Equal(t, sub.RunID, a.Run.ID)
-	fenced := worker.Fenced(a.Lease.Epoch)
+	fenced := worker.Fenced(a.Lease)
 	in := f.input(a.Run.ID, a.Image, testbin.Dir(t), a.Command...)
 	in.Task = &model.Task{ID: a.Task.ID, UserID: a.Task.UserID, ConversationID: a.Task.ConversationID, Prompt: a.Task.Prompt}
 	in.Run = &model.TaskRun{ID: a.Run.ID, TaskID: a.Task.ID}

@@ -13,6 +13,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/fencedstore"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
@@ -29,7 +30,7 @@ type liveRun struct {
 
 // start takes a leased run: it reserves its slot, memory and disk and
 // executes it in the background.
-func (w *Worker) start(runsCtx context.Context, a *workerclient.Assignment, sent time.Time) {
+func (w *Worker) start(runsCtx context.Context, a *workerclient.Assignment, granted time.Time) {
 	ctx, cancel := context.WithCancelCause(runsCtx)
 	r := &liveRun{a: a, cancel: cancel, mem: w.runMemory(a.Limits.MemoryBytes),
 		disk: w.runDisk(a.Limits.DiskBytes, a.Limits.MaxOutputBytes)}
@@ -47,7 +48,7 @@ func (w *Worker) start(runsCtx context.Context, a *workerclient.Assignment, sent
 	go func() {
 		defer w.wg.Done()
 		defer w.finish(r)
-		w.execute(ctx, cancel, a, sent, misfit)
+		w.execute(ctx, cancel, a, granted, misfit)
 	}()
 }
 
@@ -65,11 +66,11 @@ func (w *Worker) finish(r *liveRun) {
 }
 
 // execute runs one leased run to its end, renewing its lease meanwhile.
-func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a *workerclient.Assignment, sent time.Time, misfit error) {
+func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a *workerclient.Assignment, granted time.Time, misfit error) {
 	log := w.log.With("run", a.Lease.RunID, "epoch", a.Lease.Epoch)
-	fenced := w.cfg.Client.Fenced(a.Lease.Epoch)
-	g := &gate{updater: fenced, stream: fenced.Stream(), lost: func(err error) { w.lose(log, cancel, err) }}
-	g.onRunning = func() { w.metrics.coldStart.Observe(time.Since(sent).Seconds()) }
+	fenced := w.cfg.Client.Fenced(a.Lease)
+	g := &gate{updater: fenced, stream: fenced.Stream(), lease: a.Lease, lost: func(err error) { w.lose(log, cancel, err) }}
+	g.onRunning = func() { w.metrics.coldStart.Observe(time.Since(granted).Seconds()) }
 	g.onSent = func(n int) { w.metrics.streamBytes.Add(float64(n)) }
 
 	renewDone := make(chan struct{})
@@ -77,7 +78,7 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 	renewers.Add(1)
 	go func() {
 		defer renewers.Done()
-		w.renew(ctx, log, a.Lease, sent, g, cancel, renewDone)
+		w.renew(ctx, log, a.Lease, granted, g, cancel, renewDone)
 	}()
 	defer func() {
 		close(renewDone)
@@ -113,7 +114,7 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 		return
 	}
 	w.metrics.runs.WithLabelValues(string(status)).Inc()
-	w.metrics.duration.Observe(time.Since(sent).Seconds())
+	w.metrics.duration.Observe(time.Since(granted).Seconds())
 	if err != nil && !errors.Is(err, taskrun.ErrRunFailed) {
 		log.Warn("run ended with an error", "status", status, "err", err)
 	}
@@ -150,9 +151,9 @@ func (w *Worker) renew(ctx context.Context, log *slog.Logger, l workerclient.Lea
 	if every <= 0 || every > ttl/2 {
 		every = ttl / 3
 	}
-	// lastOK is on the monotonic clock, counted from before the lease
-	// request was sent: the worker's idea of the expiry is never later
-	// than the control plane's.
+	// lastOK is on the monotonic clock, counted from when the lease was
+	// handed out (see handedOut): the worker's idea of the expiry is never
+	// later than the control plane's.
 	lastOK := granted
 	cancelled := false
 	for {
@@ -180,7 +181,7 @@ func (w *Worker) renew(ctx context.Context, log *slog.Logger, l workerclient.Lea
 				log.Info("the run was cancelled by its owner")
 				cancel(ErrCancelledByOwner)
 			}
-		case errors.Is(err, workerclient.ErrLeaseLost):
+		case fencedstore.Lost(err):
 			w.metrics.renewFailures.Inc()
 			g.lose(err)
 			return
@@ -203,12 +204,18 @@ func (w *Worker) input(ctx context.Context, a *workerclient.Assignment, g *gate)
 	run.Status = model.StatusRunning
 	in.Task, in.Run, in.SessionID = &task, &run, a.SessionID
 	in.Updater, in.StreamSender = g, g
+	if in.Persist != nil && in.ArtifactStorage != nil {
+		// Every write of the run's objects confirms its lease first; once
+		// the lease is lost, nothing more is stored.
+		fenced := fencedstore.New(in.Persist, in.ArtifactStorage, g.confirm, w.log.With("run", a.Lease.RunID, "epoch", a.Lease.Epoch))
+		in.Persist, in.ArtifactStorage = fenced, fenced
+	}
 	if in.ControlPlane != nil {
 		cp := *in.ControlPlane
-		cp.Fence = a.Lease.Epoch
+		cp.Fence, cp.LeaseToken = a.Lease.Epoch, a.Lease.Token
 		in.ControlPlane = &cp
 	} else {
-		in.ControlPlane = &journal.ControlPlane{Fence: a.Lease.Epoch}
+		in.ControlPlane = &journal.ControlPlane{Fence: a.Lease.Epoch, LeaseToken: a.Lease.Token}
 	}
 	dir := w.workspaceDir(a.Lease.RunID, a.Lease.Epoch)
 	cleanup := func() { w.removeAll(dir) }
@@ -293,6 +300,7 @@ func (w *Worker) input(ctx context.Context, a *workerclient.Assignment, g *gate)
 type gate struct {
 	updater   *workerclient.Client
 	stream    workerclient.StreamSender
+	lease     workerclient.Lease
 	lost      func(error)
 	onRunning func()
 	onSent    func(n int)
@@ -314,11 +322,29 @@ func (g *gate) lose(err error) {
 	})
 }
 
+// confirm is the run's fencedstore.Confirm: before a store write it renews
+// the lease. A refusal is the loss of the lease (the container is killed at
+// once); after the terminal report the run has ended and nothing more is
+// written.
+func (g *gate) confirm(ctx context.Context) error {
+	switch {
+	case g.isLost():
+		return fmt.Errorf("run %s: %w", g.lease.RunID, workerclient.ErrLeaseLost)
+	case g.reported.Load():
+		return fmt.Errorf("run %s ended: %w", g.lease.RunID, workerclient.ErrLeaseLost)
+	}
+	_, err := g.updater.RenewLease(ctx, g.lease)
+	if fencedstore.Lost(err) {
+		g.lose(err)
+	}
+	return err
+}
+
 // filter turns a refused fence into the loss of the lease. A dropped call
 // returns nil: the run's outcome is no longer this worker's to report, and
 // it must not be kept for a report retry either.
 func (g *gate) filter(err error) error {
-	if errors.Is(err, workerclient.ErrLeaseLost) {
+	if fencedstore.Lost(err) {
 		g.lose(err)
 		return nil
 	}

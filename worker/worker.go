@@ -366,6 +366,7 @@ func (w *Worker) leaseLoop(ctx, runsCtx context.Context, warm *warmpool.Template
 		}
 		sent := time.Now()
 		a, err := w.cfg.Client.AcquireLease(ctx, req)
+		received := time.Now()
 		if ctx.Err() != nil {
 			return
 		}
@@ -382,8 +383,20 @@ func (w *Worker) leaseLoop(ctx, runsCtx context.Context, warm *warmpool.Template
 			continue
 		}
 		w.metrics.leases.Inc()
-		w.start(runsCtx, a, sent)
+		w.start(runsCtx, a, handedOut(a.Lease, sent, received))
 	}
+}
+
+// handedOut is when, on the worker's monotonic clock, the control plane
+// handed the lease out: the call's sending time plus how long the control
+// plane says it held the call, never after the answer arrived. It is never
+// later than the control plane's own hand-out time (the call's transit
+// comes on top), so the worker's idea of the lease's expiry never outlasts
+// the control plane's. A run handed out late in a long poll keeps its
+// whole TTL.
+func handedOut(l workerclient.Lease, sent, received time.Time) time.Time {
+	waited := time.Duration(max(l.WaitedMillis, 0)) * time.Millisecond
+	return sent.Add(min(waited, received.Sub(sent)))
 }
 
 // waitForRoom waits until a run ends, ctx ends, or a while passes (free

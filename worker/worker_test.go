@@ -306,6 +306,11 @@ func TestLostLeaseStopsTheContainerAndReportsNothingMore(t *testing.T) {
 	}
 	assert.Zero(t, after, "no PATCH or stream POST after the refused renewal")
 	assert.InDelta(t, 1, testutil.ToFloat64(counter(t, f.reg, "taskrun_worker_leases_lost_total", "")), 0)
+	keys, err := f.store.List(context.Background(), "")
+	require.NoError(t, err)
+	for _, k := range keys {
+		assert.NotContains(t, k, "lost", "a run whose lease is lost stores nothing")
+	}
 }
 
 func TestLeaseNotRenewedForATTLStopsTheRun(t *testing.T) {

@@ -46,14 +46,18 @@ func (e *HTTPError) Error() string {
 }
 
 // Unwrap returns ErrRejected for permanent rejections so callers can use
-// errors.Is(err, ErrRejected), and also ErrLeaseLost for a refused fencing
-// token (412 Precondition Failed).
+// errors.Is(err, ErrRejected), and also ErrLeaseLost for a stale or expired
+// lease (412 Precondition Failed) and ErrNotHolder for a lease the caller
+// does not hold (403 Forbidden).
 func (e *HTTPError) Unwrap() []error {
 	if e.Retryable() {
 		return nil
 	}
-	if e.StatusCode == http.StatusPreconditionFailed {
+	switch e.StatusCode {
+	case http.StatusPreconditionFailed:
 		return []error{ErrRejected, ErrLeaseLost}
+	case http.StatusForbidden:
+		return []error{ErrRejected, ErrNotHolder}
 	}
 	return []error{ErrRejected}
 }
@@ -99,8 +103,10 @@ type Client struct {
 	sleep          func(ctx context.Context, d time.Duration) error
 	now            func() time.Time
 	log            *slog.Logger
-	// fence is the lease epoch sent in HeaderFence (0: none; see Fenced).
-	fence int64
+	// fence is the lease epoch sent in HeaderFence (0: none; see Fenced),
+	// leaseToken the lease token sent in HeaderLeaseToken.
+	fence      int64
+	leaseToken string
 	// onBody, when set, receives the body of a 2xx answer (see doJSON).
 	onBody func([]byte)
 }

@@ -14,14 +14,26 @@ import (
 	"github.com/taskrun/taskrun/model"
 )
 
-// HeaderFence carries a lease's fencing token (its epoch) on every call a
-// leased worker makes for that run: PATCH, stream and renew.
+// HeaderFence carries a lease's epoch on every call a leased worker makes
+// for that run: PATCH, stream and renew.
 const HeaderFence = "X-Taskrun-Fence"
+
+// HeaderLeaseToken carries a lease's secret token (Lease.Token) beside
+// HeaderFence on every call for the run. The control plane answers 428
+// without it and 403 when it is not the token of the run's current lease
+// or the caller is not the worker the lease was handed to.
+const HeaderLeaseToken = "X-Taskrun-Lease-Token"
 
 // ErrLeaseLost is wrapped by the error for a call the control plane refused
 // because the caller's lease on the run is stale or expired (412): the run now
 // belongs to nobody or to another worker, and the caller must stop it at once.
 var ErrLeaseLost = errors.New("workerclient: lease lost: the run's lease is stale or expired")
+
+// ErrNotHolder is wrapped by the error for a call the control plane refused
+// because the caller does not hold the run's lease (403): its lease token is
+// not the current lease's, or its worker credential is not the one the lease
+// was handed to.
+var ErrNotHolder = errors.New("workerclient: not the holder of the run's lease")
 
 // MaxLeaseWait caps how long one lease call may be held open by the server.
 const MaxLeaseWait = 30 * time.Second
@@ -120,16 +132,27 @@ type Limits struct {
 type Lease struct {
 	// RunID is the leased run.
 	RunID string `json:"run_id"`
-	// Epoch is the fencing token: it grows each time the run is leased. The
-	// worker sends it in HeaderFence on every call for the run; the control
-	// plane refuses (412) any call whose epoch is not the run's current one.
+	// Epoch grows each time the run is leased. The worker sends it in
+	// HeaderFence on every call for the run; the control plane refuses (412)
+	// any call whose epoch is not the run's current one.
 	Epoch int64 `json:"epoch"`
+	// Token is the lease's fencing token: a secret of at least 128 random
+	// bits, known only to the worker the lease was handed to (the control
+	// plane keeps its hash). The worker sends it in HeaderLeaseToken on
+	// every call for the run.
+	Token string `json:"token"`
 	// ExpiresAt is when the lease lapses unless renewed (unix milliseconds,
 	// the control plane's clock). TTLMillis is the lease's length; the worker
 	// renews every RenewMillis, measured on its own monotonic clock.
 	ExpiresAt   int64 `json:"expires_at"`
 	TTLMillis   int64 `json:"ttl_ms"`
 	RenewMillis int64 `json:"renew_ms"`
+	// WaitedMillis is how long the control plane held the lease call (the
+	// long poll) before it handed the lease out: the lease's TTL counts
+	// from then, not from when the worker sent the call. The worker counts
+	// its own idea of the expiry from the time it sent the call plus this,
+	// which is never later than the control plane's.
+	WaitedMillis int64 `json:"waited_ms,omitempty"`
 }
 
 // RenewResponse is the answer to POST /v1/leases/{run}/renew.
@@ -179,6 +202,9 @@ func (c *Client) AcquireLease(ctx context.Context, req LeaseRequest) (*Assignmen
 		if a.Run.ID != a.Lease.RunID || a.Lease.Epoch <= 0 {
 			return nil, fmt.Errorf("workerclient: lease answer is inconsistent: run %q, lease on %q epoch %d", a.Run.ID, a.Lease.RunID, a.Lease.Epoch)
 		}
+		if a.Lease.Token == "" {
+			return nil, fmt.Errorf("workerclient: lease answer on run %s has no lease token: upgrade the control plane", a.Lease.RunID)
+		}
 		return &a, nil
 	default:
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
@@ -196,7 +222,7 @@ func (c *Client) RenewLease(ctx context.Context, l Lease) (RenewResponse, error)
 	if err != nil {
 		return out, err
 	}
-	fenced := c.Fenced(l.Epoch)
+	fenced := c.Fenced(l)
 	err = fenced.doJSON(ctx, http.MethodPost, u, nil, &out)
 	if err != nil {
 		return out, fmt.Errorf("workerclient: renew lease on run %s epoch %d: %w", l.RunID, l.Epoch, err)
@@ -204,12 +230,13 @@ func (c *Client) RenewLease(ctx context.Context, l Lease) (RenewResponse, error)
 	return out, nil
 }
 
-// Fenced returns a client that sends epoch in HeaderFence on every call:
-// the client to give RunTask (as its updater and stream sender) for a leased
-// run. The returned client shares c's transport.
-func (c *Client) Fenced(epoch int64) *Client {
+// Fenced returns a client that sends l's epoch in HeaderFence and its token
+// in HeaderLeaseToken on every call: the client to give RunTask (as its
+// updater and stream sender) for a leased run. The returned client shares
+// c's transport.
+func (c *Client) Fenced(l Lease) *Client {
 	f := *c
-	f.fence = epoch
+	f.fence, f.leaseToken = l.Epoch, l.Token
 	return &f
 }
 
@@ -258,9 +285,13 @@ func (c *Client) doJSON(ctx context.Context, method, u string, body any, out any
 	return nil
 }
 
-// fenceHeader sets HeaderFence when the client is fenced.
+// fenceHeader sets HeaderFence and HeaderLeaseToken when the client is
+// fenced.
 func (c *Client) fenceHeader(r *http.Request) {
 	if c.fence > 0 {
 		r.Header.Set(HeaderFence, strconv.FormatInt(c.fence, 10))
+	}
+	if c.leaseToken != "" {
+		r.Header.Set(HeaderLeaseToken, c.leaseToken)
 	}
 }

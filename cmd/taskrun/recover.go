@@ -14,6 +14,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/fencedstore"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
@@ -109,11 +110,31 @@ func (h *hostState) input(ctx context.Context, rec journal.Record) (in taskrun.R
 		c := workerclient.New(cp.URL, h.tokenFor(cp))
 		in.Updater, in.StreamSender = c, c.Stream()
 		if cp.Fence > 0 {
-			s := staleLeaseDone{c: workerclient.New(cp.URL, h.tokenFor(cp)).Fenced(cp.Fence), log: h.log}
+			lease := workerclient.Lease{RunID: rec.RunID, Epoch: cp.Fence, Token: cp.LeaseToken}
+			c := workerclient.New(cp.URL, h.tokenFor(cp)).Fenced(lease)
+			s := staleLeaseDone{c: c, log: h.log}
 			in.Updater, in.StreamSender = s, s
+			// The run's objects are written only while its lease holds:
+			// renewed before each write, never over a run that ended or
+			// that another worker holds now.
+			fenced := fencedstore.New(store, store, renewBeforeWrite(c, lease), h.log.With("run", rec.RunID))
+			in.Persist, in.ArtifactStorage = fenced, fenced
 		}
 	}
 	return in, func() { store.Close() }, nil
+}
+
+// renewBeforeWrite is a recovered run's fencedstore.Confirm: it renews the
+// run's journaled lease. A record without a lease token (journaled before
+// leases had one) cannot be renewed: its lease is lost.
+func renewBeforeWrite(c *workerclient.Client, l workerclient.Lease) fencedstore.Confirm {
+	return func(ctx context.Context) error {
+		if l.Token == "" {
+			return fmt.Errorf("run %s: the journal holds no lease token: %w", l.RunID, workerclient.ErrLeaseLost)
+		}
+		_, err := c.RenewLease(ctx, l)
+		return err
+	}
 }
 
 // tokenFor finds a control plane's token again: the journaled variable or
@@ -266,9 +287,10 @@ func (h *hostState) removeGoneExecutors() {
 }
 
 // staleLeaseDone reports a leased run with its lease's fencing token. A
-// control plane that refuses the token (412) has finalized the run itself
-// ("worker lost") or given it to another worker: there is nothing left to
-// report, so the refusal ends the run's recovery rather than keeping it.
+// control plane that refuses the lease (412 stale, 403 not this worker's)
+// has finalized the run itself ("worker lost") or given it to another
+// worker: there is nothing left to report, so the refusal ends the run's
+// recovery rather than keeping it.
 type staleLeaseDone struct {
 	c   *workerclient.Client
 	log *slog.Logger
@@ -277,7 +299,7 @@ type staleLeaseDone struct {
 // UpdateRunStatus implements taskrun.TaskRunUpdater.
 func (s staleLeaseDone) UpdateRunStatus(ctx context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
 	err := s.c.UpdateRunStatus(ctx, runID, req)
-	if errors.Is(err, workerclient.ErrLeaseLost) {
+	if fencedstore.Lost(err) {
 		s.log.Info("the control plane no longer holds this worker's lease on the run; not reporting it", "run", runID, "status", req.Status)
 		return nil
 	}
@@ -287,7 +309,7 @@ func (s staleLeaseDone) UpdateRunStatus(ctx context.Context, runID string, req *
 // Send implements workerclient.StreamSender: a refused fence drops the
 // output, which is no longer this worker's to deliver.
 func (s staleLeaseDone) Send(ctx context.Context, runID string, d workerclient.Delta) error {
-	if err := s.c.Stream().Send(ctx, runID, d); !errors.Is(err, workerclient.ErrLeaseLost) {
+	if err := s.c.Stream().Send(ctx, runID, d); !fencedstore.Lost(err) {
 		return err
 	}
 	return nil
@@ -295,7 +317,7 @@ func (s staleLeaseDone) Send(ctx context.Context, runID string, d workerclient.D
 
 // End implements workerclient.StreamSender, as Send does.
 func (s staleLeaseDone) End(ctx context.Context, runID string, total int64) error {
-	if err := s.c.Stream().End(ctx, runID, total); !errors.Is(err, workerclient.ErrLeaseLost) {
+	if err := s.c.Stream().End(ctx, runID, total); !fencedstore.Lost(err) {
 		return err
 	}
 	return nil

@@ -33,11 +33,13 @@ postgres:// URL (several replicas may share it). The schema is created or
 upgraded at start. --store is the blob store shared with the workers:
 uploaded workspaces are written there for them to read.
 
-Tokens never go on the command line: worker tokens come from
---worker-token-file (one per line) or $TASKRUN_WORKER_TOKEN, user tokens from
---user-token-file (lines "USER TOKEN", or "TOKEN" for user local) or
+Tokens never go on the command line: worker credentials come from
+--worker-token-file (lines "NAME TOKEN", one per worker; a single "TOKEN" line
+names worker default) or $TASKRUN_WORKER_TOKEN (worker default), user tokens
+from --user-token-file (lines "USER TOKEN", or "TOKEN" for user local) or
 $TASKRUN_USER_TOKEN. A worker token is refused on the user API and a user
-token on the worker API.
+token on the worker API. A lease is bound to the worker credential it was
+handed to: another worker's credential cannot report for it.
 `
 
 // Environment variables serve reads tokens from when no file is given.
@@ -72,7 +74,7 @@ func init() {
 			fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to listen on")
 			fs.StringVar(&o.db, "db", defaultDB, "database: sqlite:///PATH or postgres://USER@HOST/DB")
 			addStoreFlag(fs, &o.store)
-			fs.StringVar(&o.workerTokens, "worker-token-file", "", "file of worker tokens, one per line (default $"+envWorkerToken+")")
+			fs.StringVar(&o.workerTokens, "worker-token-file", "", `file of worker credentials, "NAME TOKEN" per line (default $`+envWorkerToken+" for one worker)")
 			fs.StringVar(&o.userTokens, "user-token-file", "", `file of user tokens, "USER TOKEN" per line (default $`+envUserToken+" for user local)")
 			fs.DurationVar(&o.leaseTTL, "lease-ttl", o.leaseTTL, "lease length; workers renew every third of it")
 			addSizeFlag(fs, &o.maxWorkspace, "max-workspace", "largest workspace archive a submission may upload")
@@ -124,7 +126,8 @@ func loadTokens(o serveOptions) (*server.Tokens, error) {
 		return nil
 	}
 	err := errors.Join(
-		load(o.workerTokens, envWorkerToken, "worker", func(f *os.File) error { return tk.ReadWorkerTokens(f) }, tk.AddWorker),
+		load(o.workerTokens, envWorkerToken, "worker", func(f *os.File) error { return tk.ReadWorkerTokens(f) },
+			func(v string) error { return tk.AddWorker(server.DefaultWorker, v) }),
 		load(o.userTokens, envUserToken, "user", func(f *os.File) error { return tk.ReadUserTokens(f) },
 			func(v string) error { return tk.AddUser(server.DefaultUser, v) }),
 	)

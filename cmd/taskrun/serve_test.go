@@ -100,7 +100,7 @@ func TestServeSubmitRunsLogs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "package main\n", string(got), "the worker unpacks the submitted workspace")
 
-	w := wc.Fenced(a.Lease.Epoch)
+	w := wc.Fenced(a.Lease)
 	require.NoError(t, w.Stream().Send(ctx, runID, workerclient.Delta{Data: []byte("hello from the agent\n")}))
 	require.NoError(t, w.Stream().End(ctx, runID, 21))
 	exit := 0
@@ -122,7 +122,7 @@ func TestServeSubmitRunsLogs(t *testing.T) {
 	b, err := wc.AcquireLease(ctx, workerclient.LeaseRequest{WorkerID: "w1", Capacity: workerclient.Capacity{Slots: 1, FreeSlots: 1}, WaitMillis: 20000})
 	require.NoError(t, err)
 	require.NotNil(t, b)
-	wb := wc.Fenced(b.Lease.Epoch)
+	wb := wc.Fenced(b.Lease)
 	require.NoError(t, wb.Stream().Send(ctx, b.Run.ID, workerclient.Delta{Data: []byte("oops\n")}))
 	require.NoError(t, wb.Stream().End(ctx, b.Run.ID, 5))
 	msg := "the agent gave up"

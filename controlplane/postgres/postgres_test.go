@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"sync"
@@ -73,7 +74,7 @@ func TestTwoReplicasNeverShareARun(t *testing.T) {
 	ex, err := b.ExpireLeases(context.Background(), now.Add(time.Hour))
 	require.NoError(t, err)
 	assert.Len(t, ex, n)
-	r, err := a.Lease(context.Background(), controlplane.LeaseOffer{WorkerID: "w", Now: now.Add(time.Hour), TTL: time.Minute})
+	r, err := a.Lease(context.Background(), controlplane.LeaseOffer{Holder: "w", TokenHash: sha256.Sum256([]byte("t")), WorkerID: "w", Now: now.Add(time.Hour), TTL: time.Minute})
 	require.NoError(t, err)
 	require.NotNil(t, r)
 	assert.Equal(t, int64(2), r.Epoch)

@@ -20,11 +20,22 @@ const MinTokenLength = 16
 // DefaultUser is the user a user token without a user name acts as.
 const DefaultUser = "local"
 
-// Tokens holds the bearer tokens the server accepts: worker tokens, for the
-// worker API, and user tokens, each acting as one user, for the user API.
-// Tokens are kept as SHA-256 digests and compared in constant time.
+// DefaultWorker is the worker a worker token without a worker name acts as
+// (a token file's one "TOKEN" line, or $TASKRUN_WORKER_TOKEN). Only one
+// token may have it: every worker credential names one worker.
+const DefaultWorker = "default"
+
+// Tokens holds the bearer tokens the server accepts: worker credentials,
+// each naming one worker, for the worker API, and user tokens, each acting
+// as one user, for the user API. Tokens are kept as SHA-256 digests and
+// compared in constant time.
+//
+// A worker's name is the identity its leases are bound to: a lease handed
+// to one worker is refused (403) to a call made with another's credential,
+// even with the lease's token. Give each worker process (or each host) its
+// own credential.
 type Tokens struct {
-	worker [][32]byte
+	worker []workerToken
 	user   []userToken
 }
 
@@ -33,12 +44,31 @@ type userToken struct {
 	user   string
 }
 
-// AddWorker accepts tok as a worker token.
-func (t *Tokens) AddWorker(tok string) error {
-	if err := checkToken(tok); err != nil {
-		return fmt.Errorf("worker token: %w", err)
+type workerToken struct {
+	digest [32]byte
+	name   string
+}
+
+// AddWorker accepts tok as the credential of worker name.
+func (t *Tokens) AddWorker(name, tok string) error {
+	if err := model.ValidateID("worker", name); err != nil {
+		return err
 	}
-	t.worker = append(t.worker, sha256.Sum256([]byte(tok)))
+	if err := checkToken(tok); err != nil {
+		return fmt.Errorf("worker token of %s: %w", name, err)
+	}
+	d := sha256.Sum256([]byte(tok))
+	for _, w := range t.worker {
+		switch {
+		case w.name == name && name == DefaultWorker:
+			return errors.New(`two worker tokens without a name: give each worker its own credential, as "NAME TOKEN" lines`)
+		case w.name == name:
+			return fmt.Errorf("worker %s has two tokens: one credential per worker name", name)
+		case w.digest == d:
+			return fmt.Errorf("workers %s and %s share a token: give each worker its own", w.name, name)
+		}
+	}
+	t.worker = append(t.worker, workerToken{d, name})
 	return nil
 }
 
@@ -75,7 +105,7 @@ func (t *Tokens) Check() error {
 	}
 	for _, w := range t.worker {
 		for _, u := range t.user {
-			if w == u.digest {
+			if w.digest == u.digest {
 				return fmt.Errorf("a token of user %s is also a worker token: worker and user tokens must differ", u.user)
 			}
 		}
@@ -83,14 +113,18 @@ func (t *Tokens) Check() error {
 	return nil
 }
 
-// ReadWorkerTokens adds one worker token per line of r (blank lines and
-// lines starting with # are skipped).
+// ReadWorkerTokens adds one worker credential per line of r: "NAME TOKEN",
+// or, for a single worker, just "TOKEN" (worker DefaultWorker). Blank lines
+// and lines starting with # are skipped.
 func (t *Tokens) ReadWorkerTokens(r io.Reader) error {
 	return eachLine(r, func(fields []string) error {
-		if len(fields) != 1 {
-			return errors.New("a worker token file has one token per line")
+		switch len(fields) {
+		case 1:
+			return t.AddWorker(DefaultWorker, fields[0])
+		case 2:
+			return t.AddWorker(fields[0], fields[1])
 		}
-		return t.AddWorker(fields[0])
+		return errors.New(`a worker token file line is "NAME TOKEN" (or "TOKEN" for a single worker)`)
 	})
 }
 
@@ -124,9 +158,9 @@ func eachLine(r io.Reader, f func([]string) error) error {
 	return sc.Err()
 }
 
-// principal is who a request's token names.
+// principal is who a request's token names: a worker (its name) or a user.
 type principal struct {
-	worker bool
+	worker string
 	user   string
 }
 
@@ -144,8 +178,8 @@ func (t *Tokens) identify(r *http.Request) (principal, bool) {
 		match int
 	)
 	for _, w := range t.worker {
-		if subtle.ConstantTimeCompare(d[:], w[:]) == 1 {
-			match, p = 1, principal{worker: true}
+		if subtle.ConstantTimeCompare(d[:], w.digest[:]) == 1 {
+			match, p = 1, principal{worker: w.name}
 		}
 	}
 	for _, u := range t.user {
@@ -156,7 +190,17 @@ func (t *Tokens) identify(r *http.Request) (principal, bool) {
 	return p, match == 1
 }
 
-type userKey struct{}
+type (
+	userKey   struct{}
+	workerKey struct{}
+)
+
+// workerFromContext returns the name of the worker a request to the worker
+// API authenticated as.
+func workerFromContext(ctx context.Context) string {
+	w, _ := ctx.Value(workerKey{}).(string)
+	return w
+}
 
 // UserFromContext returns the user a request to the user API (or to the
 // mounted UI) authenticated as.
@@ -166,17 +210,17 @@ func UserFromContext(ctx context.Context) (string, bool) {
 }
 
 // requireWorker admits worker tokens only: 401 without a known token, 403
-// for a user token.
+// for a user token. The worker's name is in the request's context.
 func (s *Server) requireWorker(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, ok := s.cfg.Tokens.identify(r)
 		switch {
 		case !ok:
 			s.unauthorized(w)
-		case !p.worker:
+		case p.worker == "":
 			writeError(w, http.StatusForbidden, "this endpoint is for workers: a user token is refused")
 		default:
-			h(w, r)
+			h(w, r.WithContext(context.WithValue(r.Context(), workerKey{}, p.worker)))
 		}
 	}
 }
@@ -189,7 +233,7 @@ func (s *Server) requireUser(h http.Handler) http.HandlerFunc {
 		switch {
 		case !ok:
 			s.unauthorized(w)
-		case p.worker:
+		case p.worker != "":
 			writeError(w, http.StatusForbidden, "this endpoint is for users: a worker token is refused")
 		default:
 			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, p.user)))

@@ -20,6 +20,7 @@ type metrics struct {
 	renewals       prometheus.Counter
 	expiries       *prometheus.CounterVec
 	staleFence     *prometheus.CounterVec
+	notHolder      *prometheus.CounterVec
 	bytesReceived  prometheus.Counter
 	bytesSent      prometheus.Counter
 	tokens         *prometheus.CounterVec
@@ -42,13 +43,15 @@ func newMetrics(store controlplane.Store) *metrics {
 			Help: "Leases that lapsed (worker lost), by what became of the run: failed, requeued or cancelled."}, []string{"outcome"}),
 		staleFence: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "taskrun_stale_fence_refusals_total",
 			Help: "Worker calls refused with 412 for a stale or expired lease, by endpoint."}, []string{"endpoint"}),
+		notHolder: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "taskrun_lease_holder_refusals_total",
+			Help: "Worker calls refused with 403: a lease token or worker credential that is not the current lease's, by endpoint."}, []string{"endpoint"}),
 		bytesReceived:  prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_output_bytes_received_total", Help: "Output stream bytes appended from workers."}),
 		bytesSent:      prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_output_bytes_streamed_total", Help: "Output bytes streamed to users' output readers."}),
 		tokens:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "taskrun_tokens_metered_total", Help: "Model tokens reported by finished runs, by kind: prompt or completion."}, []string{"kind"}),
 		tasksSubmitted: prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_tasks_submitted_total", Help: "Tasks accepted on the user API."}),
 		authFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_auth_failures_total", Help: "Requests refused for a missing or unknown token."}),
 	}
-	m.reg.MustRegister(m.queueWait, m.leasesGranted, m.leasesReturned, m.renewals, m.expiries, m.staleFence, m.bytesReceived, m.bytesSent, m.tokens,
+	m.reg.MustRegister(m.queueWait, m.leasesGranted, m.leasesReturned, m.renewals, m.expiries, m.staleFence, m.notHolder, m.bytesReceived, m.bytesSent, m.tokens,
 		m.tasksSubmitted, m.authFailures, &runsCollector{store: store},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{"failed", "requeued", "cancelled"} {
@@ -56,6 +59,7 @@ func newMetrics(store controlplane.Store) *metrics {
 	}
 	for _, e := range []string{"patch", "stream", "renew"} {
 		m.staleFence.WithLabelValues(e)
+		m.notHolder.WithLabelValues(e)
 	}
 	for _, k := range []string{"prompt", "completion"} {
 		m.tokens.WithLabelValues(k)

@@ -21,6 +21,7 @@ import (
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runlimits"
+	"github.com/taskrun/taskrun/workerclient"
 )
 
 // Limits bound everything a client controls.
@@ -295,6 +296,9 @@ func (s *Server) storeError(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotFound, "no such run")
 	case errors.Is(err, controlplane.ErrStaleFence):
 		writeError(w, http.StatusPreconditionFailed, err.Error())
+	case errors.Is(err, controlplane.ErrNotHolder):
+		writeError(w, http.StatusForbidden, "this worker does not hold the run's lease: send the lease's token in "+
+			workerclient.HeaderLeaseToken+", with the credential of the worker it was handed to")
 	case errors.Is(err, controlplane.ErrConflict), errors.Is(err, controlplane.ErrFinished):
 		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, controlplane.ErrTooLarge):

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -41,8 +42,10 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 const (
 	workerToken = "worker-token-0123456789"
-	userToken   = "user-token-alice-0123456789"
-	bobToken    = "user-token-bob-0123456789"
+	// otherWorkerToken is a second worker's credential.
+	otherWorkerToken = "worker-token-other-0123456789"
+	userToken        = "user-token-alice-0123456789"
+	bobToken         = "user-token-bob-0123456789"
 )
 
 // clock is a settable test clock.
@@ -71,7 +74,8 @@ type env struct {
 
 func tokens(t testing.TB) *server.Tokens {
 	var tk server.Tokens
-	require.NoError(t, tk.AddWorker(workerToken))
+	require.NoError(t, tk.AddWorker("worker-a", workerToken))
+	require.NoError(t, tk.AddWorker("worker-b", otherWorkerToken))
 	require.NoError(t, tk.AddUser("alice", userToken))
 	require.NoError(t, tk.AddUser("bob", bobToken))
 	return &tk
@@ -163,7 +167,7 @@ func TestRunLifecycle(t *testing.T) {
 	assert.Equal(t, hex.EncodeToString(sum[:]), a.Workspace.SHA256)
 	assert.Equal(t, int64(len(ws)), a.Workspace.Size)
 
-	w := e.worker.Fenced(a.Lease.Epoch)
+	w := e.worker.Fenced(a.Lease)
 	start := e.clock.Now().UnixMilli()
 	require.NoError(t, w.UpdateRunStatus(ctx, a.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusRunning, StartedAt: &start,
 		Container: &workerclient.ContainerInfo{ID: "c1", ImageDigest: "sha256:abc", Runtime: "runc"}}))
@@ -218,7 +222,7 @@ func TestStaleFenceRefused(t *testing.T) {
 	require.NoError(t, err)
 	a := e.lease(t, 0)
 	require.NotNil(t, a)
-	old := e.worker.Fenced(a.Lease.Epoch)
+	old := e.worker.Fenced(a.Lease)
 
 	e.clock.Add(16 * time.Second)
 	ex, err := e.srv.SweepOnce(ctx)
@@ -241,7 +245,7 @@ func TestStaleFenceRefused(t *testing.T) {
 
 	_, err = e.worker.RenewLease(ctx, b.Lease)
 	require.NoError(t, err, "the new holder is fine")
-	require.NoError(t, e.worker.Fenced(b.Lease.Epoch).UpdateRunStatus(ctx, b.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusRunning}))
+	require.NoError(t, e.worker.Fenced(b.Lease).UpdateRunStatus(ctx, b.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusRunning}))
 
 	// Without the fence header at all: 428, not silently accepted.
 	req, _ := http.NewRequest(http.MethodPatch, e.url+"/v1/task-runs/"+b.Run.ID, strings.NewReader(`{"status":"FAILED"}`))
@@ -250,6 +254,57 @@ func TestStaleFenceRefused(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusPreconditionRequired, resp.StatusCode)
+}
+
+// TestForgedPatchByAnotherWorkerRefused: the run's epoch is no longer
+// enough. Another worker's credential, with the epoch and a guessed token
+// or even the lease's own token, is refused 403 on PATCH, stream and renew,
+// and the run is unchanged; without the token the call is refused 428.
+func TestForgedPatchByAnotherWorkerRefused(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	ctx := context.Background()
+	_, err := e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p"}, nil)
+	require.NoError(t, err)
+	a := e.lease(t, 0)
+	require.NotNil(t, a)
+	assert.GreaterOrEqual(t, len(a.Lease.Token), 22, "at least 128 random bits")
+
+	other := workerclient.New(e.url, otherWorkerToken, workerclient.WithRetryPolicy(workerclient.RetryPolicy{MaxAttempts: 1}))
+	forged := "forged output"
+	done := &workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded, Output: &forged}
+	guessed := a.Lease
+	guessed.Token = "guessed-token-0123456789abcdefghijk"
+	for name, c := range map[string]*workerclient.Client{
+		"another worker, the epoch and a guessed token": other.Fenced(guessed),
+		"another worker with the lease's own token":     other.Fenced(a.Lease),
+		"the holder's credential, a guessed token":      e.worker.Fenced(guessed),
+	} {
+		err := c.UpdateRunStatus(ctx, a.Run.ID, done)
+		assertStatus(t, err, http.StatusForbidden)
+		assert.ErrorIs(t, err, workerclient.ErrNotHolder, name)
+		assert.NotErrorIs(t, err, workerclient.ErrLeaseLost, name)
+		err = c.Stream().Send(ctx, a.Run.ID, workerclient.Delta{Data: []byte("forged")})
+		assertStatus(t, err, http.StatusForbidden)
+		_, err = other.RenewLease(ctx, a.Lease)
+		assertStatus(t, err, http.StatusForbidden)
+	}
+	run, err := e.user.GetRun(ctx, a.Run.ID)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusRunning, run.Status, "no forged call changed the run")
+	assert.Empty(t, run.Output)
+	assert.Zero(t, run.StreamNext)
+
+	// The lease token is required, not optional.
+	req, _ := http.NewRequest(http.MethodPatch, e.url+"/v1/task-runs/"+a.Run.ID, strings.NewReader(`{"status":"SUCCEEDED"}`))
+	req.Header.Set("Authorization", "Bearer "+otherWorkerToken)
+	req.Header.Set(workerclient.HeaderFence, strconv.FormatInt(a.Lease.Epoch, 10))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusPreconditionRequired, resp.StatusCode)
+
+	// The holder itself is fine.
+	require.NoError(t, e.worker.Fenced(a.Lease).UpdateRunStatus(ctx, a.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded}))
 }
 
 func assertStatus(t *testing.T, err error, code int) {
@@ -304,7 +359,7 @@ func TestCancel(t *testing.T) {
 	rn, err := e.worker.RenewLease(ctx, a.Lease)
 	require.NoError(t, err)
 	assert.True(t, rn.Cancel)
-	require.NoError(t, e.worker.Fenced(a.Lease.Epoch).UpdateRunStatus(ctx, a.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusCancelled}))
+	require.NoError(t, e.worker.Fenced(a.Lease).UpdateRunStatus(ctx, a.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusCancelled}))
 	_, err = e.user.Cancel(ctx, sub.RunID)
 	var he *client.HTTPError
 	require.ErrorAs(t, err, &he)
@@ -411,7 +466,7 @@ func TestTokensCheck(t *testing.T) {
 	require.NoError(t, tk.ReadWorkerTokens(strings.NewReader("# workers\nsame-token-0123456789\n")))
 	require.NoError(t, tk.ReadUserTokens(strings.NewReader("alice same-token-0123456789\n")))
 	assert.Error(t, tk.Check())
-	assert.Error(t, tk.AddWorker("short"))
+	assert.Error(t, tk.AddWorker("w", "short"))
 	var ok server.Tokens
 	require.NoError(t, ok.ReadWorkerTokens(strings.NewReader("w-token-0123456789abc\n")))
 	require.NoError(t, ok.ReadUserTokens(strings.NewReader("u-token-0123456789abc\n")))
@@ -490,7 +545,7 @@ func TestOutputCap(t *testing.T) {
 	require.NoError(t, err)
 	a := e.lease(t, 0)
 	require.NotNil(t, a)
-	st := e.worker.Fenced(a.Lease.Epoch).Stream()
+	st := e.worker.Fenced(a.Lease).Stream()
 	require.NoError(t, st.Send(ctx, a.Run.ID, workerclient.Delta{Data: make([]byte, 100)}))
 	err = st.Send(ctx, a.Run.ID, workerclient.Delta{Offset: 100, Data: []byte("x")})
 	assertStatus(t, err, http.StatusRequestEntityTooLarge)
@@ -506,7 +561,7 @@ func TestMetrics(t *testing.T) {
 	require.NoError(t, err)
 	a := e.lease(t, 0)
 	require.NotNil(t, a)
-	w := e.worker.Fenced(a.Lease.Epoch)
+	w := e.worker.Fenced(a.Lease)
 	require.NoError(t, w.Stream().Send(ctx, a.Run.ID, workerclient.Delta{Data: []byte("12345")}))
 	_, err = e.worker.RenewLease(ctx, a.Lease)
 	require.NoError(t, err)
@@ -517,7 +572,7 @@ func TestMetrics(t *testing.T) {
 	e.clock.Add(time.Minute)
 	_, err = e.srv.SweepOnce(ctx)
 	require.NoError(t, err)
-	err = e.worker.Fenced(b.Lease.Epoch).UpdateRunStatus(ctx, b.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusRunning})
+	err = e.worker.Fenced(b.Lease).UpdateRunStatus(ctx, b.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusRunning})
 	require.ErrorIs(t, err, workerclient.ErrLeaseLost)
 	rc, err := e.user.Output(ctx, a.Run.ID, 0, false)
 	require.NoError(t, err)
@@ -687,7 +742,7 @@ func TestUndeliveredLeaseIsReturned(t *testing.T) {
 	r, err := e.store.GetRun(context.Background(), sub.RunID)
 	require.NoError(t, err)
 	assert.Zero(t, r.Attempts, "no attempt was made")
-	_, err = e.store.Renew(context.Background(), sub.RunID, 1, e.clock.Now(), time.Minute)
+	_, err = e.store.Renew(context.Background(), sub.RunID, controlplane.Fence{Epoch: 1}, e.clock.Now(), time.Minute)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "the undelivered epoch is fenced")
 
 	e.clock.Add(time.Hour)
@@ -695,7 +750,7 @@ func TestUndeliveredLeaseIsReturned(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, ex, "nothing expires into worker lost")
 
-	a, err := s.Lease(context.Background(), controlplane.LeaseOffer{WorkerID: "other", Now: e.clock.Now(), TTL: time.Minute})
+	a, err := s.Lease(context.Background(), controlplane.LeaseOffer{WorkerID: "other", Holder: "other", TokenHash: [32]byte{1}, Now: e.clock.Now(), TTL: time.Minute})
 	require.NoError(t, err)
 	require.NotNil(t, a, "another worker gets the run")
 	assert.Equal(t, int64(2), a.Epoch)

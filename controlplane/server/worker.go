@@ -2,8 +2,12 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -19,6 +23,7 @@ import (
 const maxJSONBody = 1 << 20
 
 func (s *Server) handleLease(w http.ResponseWriter, r *http.Request) {
+	arrived := s.cfg.Now()
 	var req workerclient.LeaseRequest
 	lift := readDeadline(w, bodyDeadline)
 	err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req)
@@ -40,10 +45,17 @@ func (s *Server) handleLease(w http.ResponseWriter, r *http.Request) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	fits := fitter(req)
+	holder := workerFromContext(r.Context())
 	for {
 		woken := s.runs.wait(queueKey)
+		token, hash, err := newLeaseToken()
+		if err != nil {
+			s.storeError(w, r, err)
+			return
+		}
 		now := s.cfg.Now()
-		run, err := s.cfg.Store.Lease(r.Context(), controlplane.LeaseOffer{WorkerID: req.WorkerID, Now: now, TTL: s.cfg.LeaseTTL, Fits: fits})
+		run, err := s.cfg.Store.Lease(r.Context(), controlplane.LeaseOffer{WorkerID: req.WorkerID, Holder: holder, TokenHash: hash,
+			Now: now, TTL: s.cfg.LeaseTTL, Fits: fits})
 		if err != nil {
 			s.storeError(w, r, err)
 			return
@@ -57,8 +69,8 @@ func (s *Server) handleLease(w http.ResponseWriter, r *http.Request) {
 			}
 			s.m.leasesGranted.Inc()
 			s.m.queueWait.Observe(max(now.Sub(run.CreatedAt), 0).Seconds())
-			s.cfg.Log.Info("lease granted", "run", run.ID, "worker", req.WorkerID, "epoch", run.Epoch)
-			writeJSON(w, http.StatusOK, s.assignment(*run))
+			s.cfg.Log.Info("lease granted", "run", run.ID, "worker", req.WorkerID, "holder", holder, "epoch", run.Epoch)
+			writeJSON(w, http.StatusOK, s.assignment(*run, token, max(now.Sub(arrived), 0)))
 			return
 		}
 		poll := time.NewTimer(s.cfg.PollInterval)
@@ -126,11 +138,26 @@ func fitter(req workerclient.LeaseRequest) func(controlplane.Run) bool {
 	}
 }
 
-func (s *Server) assignment(r controlplane.Run) workerclient.Assignment {
+// leaseTokenBytes is the lease token's length: 256 random bits.
+const leaseTokenBytes = 32
+
+// newLeaseToken returns a fresh lease token (crypto/rand, base64url) and
+// its SHA-256, the only form the store keeps.
+func newLeaseToken() (string, [32]byte, error) {
+	b := make([]byte, leaseTokenBytes)
+	if _, err := rand.Read(b); err != nil {
+		return "", [32]byte{}, fmt.Errorf("lease token: %w", err)
+	}
+	tok := base64.RawURLEncoding.EncodeToString(b)
+	return tok, sha256.Sum256([]byte(tok)), nil
+}
+
+// assignment answers a lease call held for waited before r was leased.
+func (s *Server) assignment(r controlplane.Run, token string, waited time.Duration) workerclient.Assignment {
 	ttl := s.cfg.LeaseTTL
 	return workerclient.Assignment{
-		Lease: workerclient.Lease{RunID: r.ID, Epoch: r.Epoch, ExpiresAt: r.LeaseExpiresAt.UnixMilli(),
-			TTLMillis: ttl.Milliseconds(), RenewMillis: (ttl / 3).Milliseconds()},
+		Lease: workerclient.Lease{RunID: r.ID, Epoch: r.Epoch, Token: token, ExpiresAt: r.LeaseExpiresAt.UnixMilli(),
+			TTLMillis: ttl.Milliseconds(), RenewMillis: (ttl / 3).Milliseconds(), WaitedMillis: waited.Milliseconds()},
 		Task:      r.Task,
 		Run:       model.TaskRun{ID: r.ID, TaskID: r.Task.ID, PreviousRunID: r.PreviousRunID, Status: r.Status},
 		SessionID: r.SessionID,
@@ -146,20 +173,29 @@ func (s *Server) assignment(r controlplane.Run) workerclient.Assignment {
 	}
 }
 
-// fence reads HeaderFence; it answers the request itself when the header is
-// missing (428) or malformed (400).
-func fence(w http.ResponseWriter, r *http.Request) (int64, bool) {
-	v := r.Header.Get(workerclient.HeaderFence)
-	if v == "" {
+// fence reads HeaderFence and HeaderLeaseToken, and the worker the request
+// authenticated as; it answers the request itself when a header is missing
+// (428) or malformed (400).
+func fence(w http.ResponseWriter, r *http.Request) (controlplane.Fence, bool) {
+	v, tok := r.Header.Get(workerclient.HeaderFence), r.Header.Get(workerclient.HeaderLeaseToken)
+	switch {
+	case v == "":
 		writeError(w, http.StatusPreconditionRequired, "missing "+workerclient.HeaderFence+": send the lease's epoch")
-		return 0, false
+		return controlplane.Fence{}, false
+	case tok == "":
+		writeError(w, http.StatusPreconditionRequired, "missing "+workerclient.HeaderLeaseToken+": send the lease's token")
+		return controlplane.Fence{}, false
 	}
 	e, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || e <= 0 {
 		writeError(w, http.StatusBadRequest, workerclient.HeaderFence+" must be a positive integer")
-		return 0, false
+		return controlplane.Fence{}, false
 	}
-	return e, true
+	if len(tok) > 256 {
+		writeError(w, http.StatusBadRequest, workerclient.HeaderLeaseToken+" is longer than any lease token")
+		return controlplane.Fence{}, false
+	}
+	return controlplane.Fence{Epoch: e, TokenHash: sha256.Sum256([]byte(tok)), Holder: workerFromContext(r.Context())}, true
 }
 
 // runID reads and checks the {id} path value.
@@ -173,8 +209,11 @@ func runID(w http.ResponseWriter, r *http.Request) (string, bool) {
 }
 
 func (s *Server) refusedStale(err error, endpoint string) {
-	if errors.Is(err, controlplane.ErrStaleFence) {
+	switch {
+	case errors.Is(err, controlplane.ErrStaleFence):
 		s.m.staleFence.WithLabelValues(endpoint).Inc()
+	case errors.Is(err, controlplane.ErrNotHolder):
+		s.m.notHolder.WithLabelValues(endpoint).Inc()
 	}
 }
 
@@ -183,11 +222,11 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	epoch, ok := fence(w, r)
+	f, ok := fence(w, r)
 	if !ok {
 		return
 	}
-	run, err := s.cfg.Store.Renew(r.Context(), id, epoch, s.cfg.Now(), s.cfg.LeaseTTL)
+	run, err := s.cfg.Store.Renew(r.Context(), id, f, s.cfg.Now(), s.cfg.LeaseTTL)
 	if err != nil {
 		s.refusedStale(err, "renew")
 		s.storeError(w, r, err)
@@ -202,7 +241,7 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	epoch, ok := fence(w, r)
+	f, ok := fence(w, r)
 	if !ok {
 		return
 	}
@@ -223,7 +262,7 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "status must be RUNNING, SUCCEEDED, FAILED or CANCELLED")
 		return
 	}
-	run, changed, err := s.cfg.Store.Patch(r.Context(), id, epoch, s.cfg.Now(), p)
+	run, changed, err := s.cfg.Store.Patch(r.Context(), id, f, s.cfg.Now(), p)
 	if err != nil {
 		s.refusedStale(err, "patch")
 		s.storeError(w, r, err)
@@ -232,7 +271,7 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
 	if changed && run.Status.Terminal() {
 		s.m.tokens.WithLabelValues("prompt").Add(float64(run.PromptTokens))
 		s.m.tokens.WithLabelValues("completion").Add(float64(run.CompletionTokens))
-		s.cfg.Log.Info("run finished", "run", id, "status", run.Status, "epoch", epoch)
+		s.cfg.Log.Info("run finished", "run", id, "status", run.Status, "epoch", f.Epoch)
 	}
 	if changed {
 		s.runs.notify(id)
@@ -245,7 +284,7 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	epoch, ok := fence(w, r)
+	f, ok := fence(w, r)
 	if !ok {
 		return
 	}
@@ -259,7 +298,7 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, workerclient.HeaderTotal+" must be the stream's length")
 			return
 		}
-		next, err = s.cfg.Store.EndOutput(r.Context(), id, epoch, s.cfg.Now(), total)
+		next, err = s.cfg.Store.EndOutput(r.Context(), id, f, s.cfg.Now(), total)
 	} else {
 		off, perr := strconv.ParseInt(r.Header.Get(workerclient.HeaderOffset), 10, 64)
 		if perr != nil || off < 0 {
@@ -281,7 +320,7 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 		var before controlplane.Run
 		before, err = s.cfg.Store.GetRun(r.Context(), id)
 		if err == nil {
-			next, err = s.cfg.Store.AppendOutput(r.Context(), id, epoch, s.cfg.Now(), off, buf, s.cfg.Limits.MaxOutputBytes)
+			next, err = s.cfg.Store.AppendOutput(r.Context(), id, f, s.cfg.Now(), off, buf, s.cfg.Limits.MaxOutputBytes)
 			if err == nil && next > before.StreamNext {
 				s.m.bytesReceived.Add(float64(next - before.StreamNext))
 			}

@@ -85,7 +85,7 @@ func Start(tb testing.TB, o Options) *Server {
 		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	var tk server.Tokens
-	if err := tk.AddWorker(WorkerToken); err != nil {
+	if err := tk.AddWorker(server.DefaultWorker, WorkerToken); err != nil {
 		tb.Fatal(err)
 	}
 	if err := tk.AddUser(User, UserToken); err != nil {

@@ -6,6 +6,7 @@ package storetest
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"sync"
 	"testing"
@@ -37,6 +38,7 @@ func Run(t *testing.T, open Opener) {
 		{"LeaseOldestFirstThatFits", testLeaseOrder},
 		{"LeaseExclusiveUnderConcurrency", testLeaseExclusive},
 		{"FenceRefusesStaleAndExpired", testFence},
+		{"FenceRefusesWhoIsNotTheHolder", testFenceHolder},
 		{"PatchTerminalFirstWins", testPatchTerminal},
 		{"StreamOffsetRules", testStream},
 		{"ExpiredLeaseFailsWorkerLost", testExpireFails},
@@ -71,9 +73,20 @@ func Submit(t testing.TB, s controlplane.Store, rid string, i int, spec controlp
 	return r
 }
 
+// testHolder and testToken bind the suite's leases, but those of
+// testFenceHolder, so that the other tests fence by epoch alone.
+const testHolder = "worker"
+
+var testToken = sha256.Sum256([]byte("lease token"))
+
+// F is the fence of the suite's leases at epoch.
+func F(epoch int64) controlplane.Fence {
+	return controlplane.Fence{Epoch: epoch, TokenHash: testToken, Holder: testHolder}
+}
+
 func lease(t *testing.T, s controlplane.Store, worker string, now time.Time) *controlplane.Run {
 	t.Helper()
-	r, err := s.Lease(context.Background(), controlplane.LeaseOffer{WorkerID: worker, Now: now, TTL: ttl})
+	r, err := s.Lease(context.Background(), controlplane.LeaseOffer{Holder: testHolder, TokenHash: testToken, WorkerID: worker, Now: now, TTL: ttl})
 	require.NoError(t, err)
 	return r
 }
@@ -130,10 +143,10 @@ func testLeaseOrder(t *testing.T, s controlplane.Store) {
 	Submit(t, s, "big", 0, controlplane.TaskSpec{Limits: workerclient.Limits{MemoryBytes: 8 << 30}})
 	Submit(t, s, "small", 1, controlplane.TaskSpec{})
 	Submit(t, s, "small2", 2, controlplane.TaskSpec{})
-	assert.Nil(t, mustLease(t, s, controlplane.LeaseOffer{WorkerID: "w", Now: t0, TTL: ttl, Fits: func(controlplane.Run) bool { return false }}))
+	assert.Nil(t, mustLease(t, s, controlplane.LeaseOffer{Holder: testHolder, TokenHash: testToken, WorkerID: "w", Now: t0, TTL: ttl, Fits: func(controlplane.Run) bool { return false }}))
 
 	fitsSmall := func(r controlplane.Run) bool { return r.Spec.Limits.MemoryBytes <= 1<<30 }
-	r := mustLease(t, s, controlplane.LeaseOffer{WorkerID: "w1", Now: t0, TTL: ttl, Fits: fitsSmall})
+	r := mustLease(t, s, controlplane.LeaseOffer{Holder: testHolder, TokenHash: testToken, WorkerID: "w1", Now: t0, TTL: ttl, Fits: fitsSmall})
 	require.NotNil(t, r)
 	assert.Equal(t, "small", r.ID, "the oldest run that fits")
 	assert.Equal(t, model.StatusRunning, r.Status)
@@ -186,7 +199,7 @@ func LeaseConcurrently(t *testing.T, stores []controlplane.Store, callers int, n
 			s := stores[c%len(stores)]
 			w := fmt.Sprintf("w%d", c)
 			for {
-				r, err := s.Lease(context.Background(), controlplane.LeaseOffer{WorkerID: w, Now: now, TTL: ttl})
+				r, err := s.Lease(context.Background(), controlplane.LeaseOffer{Holder: testHolder, TokenHash: testToken, WorkerID: w, Now: now, TTL: ttl})
 				mu.Lock()
 				switch {
 				case err != nil:
@@ -218,32 +231,87 @@ func testFence(t *testing.T, s controlplane.Store) {
 	require.NotNil(t, r)
 	running := workerclient.PatchTaskRunRequest{Status: model.StatusRunning}
 
-	_, err := s.Renew(ctx, "r1", 2, t0.Add(time.Second), ttl)
+	_, err := s.Renew(ctx, "r1", F(2), t0.Add(time.Second), ttl)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "wrong epoch")
-	_, _, err = s.Patch(ctx, "r1", 0, t0, running)
+	_, _, err = s.Patch(ctx, "r1", F(0), t0, running)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "no epoch")
-	_, err = s.AppendOutput(ctx, "r1", 7, t0, 0, []byte("x"), 0)
+	_, err = s.AppendOutput(ctx, "r1", F(7), t0, 0, []byte("x"), 0)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
-	_, err = s.EndOutput(ctx, "r1", 7, t0, 0)
+	_, err = s.EndOutput(ctx, "r1", F(7), t0, 0)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
 
-	rn, err := s.Renew(ctx, "r1", 1, t0.Add(10*time.Second), ttl)
+	rn, err := s.Renew(ctx, "r1", F(1), t0.Add(10*time.Second), ttl)
 	require.NoError(t, err)
 	assert.True(t, rn.LeaseExpiresAt.Equal(t0.Add(10*time.Second+ttl)))
-	_, changed, err := s.Patch(ctx, "r1", 1, t0.Add(20*time.Second), running)
+	_, changed, err := s.Patch(ctx, "r1", F(1), t0.Add(20*time.Second), running)
 	require.NoError(t, err, "within the renewed lease")
 	assert.True(t, changed)
 
 	late := t0.Add(10*time.Second + ttl)
-	_, err = s.Renew(ctx, "r1", 1, late, ttl)
+	_, err = s.Renew(ctx, "r1", F(1), late, ttl)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "expired, even before the sweeper ran")
-	_, _, err = s.Patch(ctx, "r1", 1, late, running)
+	_, _, err = s.Patch(ctx, "r1", F(1), late, running)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
-	_, err = s.AppendOutput(ctx, "r1", 1, late, 0, []byte("x"), 0)
+	_, err = s.AppendOutput(ctx, "r1", F(1), late, 0, []byte("x"), 0)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
 
-	_, err = s.Renew(ctx, "missing", 1, t0, ttl)
+	_, err = s.Renew(ctx, "missing", F(1), t0, ttl)
 	assert.ErrorIs(t, err, controlplane.ErrNotFound)
+}
+
+// testFenceHolder: the current epoch is not enough. A call with another
+// token, or the lease's token with another worker's credential, is refused
+// (ErrNotHolder) on every write, and changes nothing; a token of an earlier
+// lease is stale once the run was leased again.
+func testFenceHolder(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{Retryable: true})
+	tokA, tokB := sha256.Sum256([]byte("token a")), sha256.Sum256([]byte("token b"))
+	r := mustLease(t, s, controlplane.LeaseOffer{Holder: "wa", TokenHash: tokA, WorkerID: "host-a/1", Now: t0, TTL: ttl})
+	require.NotNil(t, r)
+	done := workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded}
+	forged := []controlplane.Fence{
+		{Epoch: 1, TokenHash: tokB, Holder: "wa"},     // a guessed token
+		{Epoch: 1, TokenHash: tokA, Holder: "wb"},     // the token, another worker's credential
+		{Epoch: 1, TokenHash: tokB, Holder: "wb"},     // another worker altogether
+		{Epoch: 1, Holder: "wa"},                      // no token
+		{Epoch: 1, TokenHash: tokA},                   // no credential
+		{Epoch: 1, TokenHash: [32]byte{}, Holder: ""}, // nothing but the epoch
+	}
+	for i, f := range forged {
+		_, _, err := s.Patch(ctx, "r1", f, t0.Add(time.Second), done)
+		assert.ErrorIs(t, err, controlplane.ErrNotHolder, "forged PATCH %d", i)
+		_, err = s.Renew(ctx, "r1", f, t0.Add(time.Second), ttl)
+		assert.ErrorIs(t, err, controlplane.ErrNotHolder, "forged renewal %d", i)
+		_, err = s.AppendOutput(ctx, "r1", f, t0.Add(time.Second), 0, []byte("forged"), 0)
+		assert.ErrorIs(t, err, controlplane.ErrNotHolder, "forged stream %d", i)
+		_, err = s.EndOutput(ctx, "r1", f, t0.Add(time.Second), 0)
+		assert.ErrorIs(t, err, controlplane.ErrNotHolder, "forged end %d", i)
+	}
+	got, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusRunning, got.Status, "no forged call changed the run")
+	assert.Zero(t, got.StreamNext)
+	assert.True(t, got.LeaseExpiresAt.Equal(t0.Add(ttl)), "no forged renewal extended the lease")
+
+	holder := controlplane.Fence{Epoch: 1, TokenHash: tokA, Holder: "wa"}
+	_, err = s.Renew(ctx, "r1", holder, t0.Add(time.Second), ttl)
+	require.NoError(t, err, "the holder is fine")
+
+	// The lease expires and the run is leased again, to wb: wa's token is
+	// stale, and wb's epoch with wa's token is not wb's lease.
+	_, err = s.ExpireLeases(ctx, t0.Add(time.Hour))
+	require.NoError(t, err)
+	r = mustLease(t, s, controlplane.LeaseOffer{Holder: "wb", TokenHash: tokB, WorkerID: "host-b/1", Now: t0.Add(time.Hour), TTL: ttl})
+	require.NotNil(t, r)
+	require.Equal(t, int64(2), r.Epoch)
+	_, _, err = s.Patch(ctx, "r1", holder, t0.Add(time.Hour), done)
+	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
+	_, _, err = s.Patch(ctx, "r1", controlplane.Fence{Epoch: 2, TokenHash: tokA, Holder: "wa"}, t0.Add(time.Hour), done)
+	assert.ErrorIs(t, err, controlplane.ErrNotHolder)
+	_, changed, err := s.Patch(ctx, "r1", controlplane.Fence{Epoch: 2, TokenHash: tokB, Holder: "wb"}, t0.Add(time.Hour), done)
+	require.NoError(t, err)
+	assert.True(t, changed)
 }
 
 func testPatchTerminal(t *testing.T, s controlplane.Store) {
@@ -252,12 +320,12 @@ func testPatchTerminal(t *testing.T, s controlplane.Store) {
 	require.NotNil(t, lease(t, s, "w1", t0))
 	start, end := t0.Add(time.Second).UnixMilli(), t0.Add(time.Minute).UnixMilli()
 	out, exit, pt, ct := "all done", 0, 120, 30
-	_, _, err := s.Patch(ctx, "r1", 1, t0.Add(time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusRunning, StartedAt: &start,
+	_, _, err := s.Patch(ctx, "r1", F(1), t0.Add(time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusRunning, StartedAt: &start,
 		Container: &workerclient.ContainerInfo{ID: "c1", ImageDigest: "sha256:aa", Runtime: "runc"}})
 	require.NoError(t, err)
 	done := workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded, EndedAt: &end, Output: &out, ExitCode: &exit, PromptTokens: &pt, CompletionTokens: &ct,
 		Artifact: &workerclient.Artifact{Key: "a", Size: 1, SHA256: "s"}, Changes: &workerclient.ChangeSet{Files: 2, Added: 1, Modified: 1}}
-	r, changed, err := s.Patch(ctx, "r1", 1, t0.Add(2*time.Second), done)
+	r, changed, err := s.Patch(ctx, "r1", F(1), t0.Add(2*time.Second), done)
 	require.NoError(t, err)
 	assert.True(t, changed)
 	assert.Equal(t, model.StatusSucceeded, r.Status)
@@ -272,12 +340,12 @@ func testPatchTerminal(t *testing.T, s controlplane.Store) {
 	assert.Nil(t, r.LeaseExpiresAt, "a terminal status ends the lease")
 
 	msg := "late failure"
-	r, changed, err = s.Patch(ctx, "r1", 1, t0.Add(time.Hour), workerclient.PatchTaskRunRequest{Status: model.StatusFailed, Error: &msg})
+	r, changed, err = s.Patch(ctx, "r1", F(1), t0.Add(time.Hour), workerclient.PatchTaskRunRequest{Status: model.StatusFailed, Error: &msg})
 	require.NoError(t, err, "a repeated terminal PATCH with the same epoch is accepted")
 	assert.False(t, changed)
 	assert.Equal(t, model.StatusSucceeded, r.Status, "the first terminal status wins")
 	assert.Empty(t, r.Error)
-	_, err = s.Renew(ctx, "r1", 1, t0.Add(3*time.Second), ttl)
+	_, err = s.Renew(ctx, "r1", F(1), t0.Add(3*time.Second), ttl)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "no lease left to renew")
 }
 
@@ -287,7 +355,7 @@ func testStream(t *testing.T, s controlplane.Store) {
 	require.NotNil(t, lease(t, s, "w1", t0))
 	now := t0.Add(time.Second)
 	app := func(off int64, data string) (int64, error) {
-		return s.AppendOutput(ctx, "r1", 1, now, off, []byte(data), 64)
+		return s.AppendOutput(ctx, "r1", F(1), now, off, []byte(data), 64)
 	}
 	n, err := app(0, "hello ")
 	require.NoError(t, err)
@@ -319,12 +387,12 @@ func testStream(t *testing.T, s controlplane.Store) {
 	require.NoError(t, err)
 	assert.Empty(t, data)
 
-	_, err = s.EndOutput(ctx, "r1", 1, now, 11)
+	_, err = s.EndOutput(ctx, "r1", F(1), now, 11)
 	assert.ErrorIs(t, err, controlplane.ErrConflict, "wrong total")
-	n, err = s.EndOutput(ctx, "r1", 1, now, 12)
+	n, err = s.EndOutput(ctx, "r1", F(1), now, 12)
 	require.NoError(t, err)
 	assert.Equal(t, int64(12), n)
-	_, err = s.EndOutput(ctx, "r1", 1, now, 12)
+	_, err = s.EndOutput(ctx, "r1", F(1), now, 12)
 	require.NoError(t, err, "repeated end")
 	_, err = app(12, "more")
 	assert.ErrorIs(t, err, controlplane.ErrConflict, "past the end")
@@ -360,7 +428,7 @@ func testExpireFails(t *testing.T, s controlplane.Store) {
 	assert.Equal(t, model.StatusRunning, r2.Status, "its lease is still good")
 
 	// The lost worker comes back: refused, whatever it sends.
-	_, _, err = s.Patch(ctx, "r1", 1, t0.Add(ttl), workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded})
+	_, _, err = s.Patch(ctx, "r1", F(1), t0.Add(ttl), workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded})
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
 	assert.Nil(t, lease(t, s, "w3", t0.Add(time.Hour)), "a non-retryable run is never executed again")
 }
@@ -369,7 +437,7 @@ func testExpireRequeues(t *testing.T, s controlplane.Store) {
 	ctx := context.Background()
 	Submit(t, s, "r1", 0, controlplane.TaskSpec{Retryable: true})
 	require.NotNil(t, lease(t, s, "w1", t0))
-	_, err := s.AppendOutput(ctx, "r1", 1, t0, 0, []byte("partial"), 0)
+	_, err := s.AppendOutput(ctx, "r1", F(1), t0, 0, []byte("partial"), 0)
 	require.NoError(t, err)
 
 	now := t0.Add(ttl)
@@ -390,14 +458,14 @@ func testExpireRequeues(t *testing.T, s controlplane.Store) {
 		assert.Equal(t, model.StatusQueued, r.Status)
 		assert.Equal(t, int64(0), r.StreamNext, "the next attempt's stream starts over")
 
-		_, _, err = s.Patch(ctx, "r1", int64(attempt), now, workerclient.PatchTaskRunRequest{Status: model.StatusRunning})
+		_, _, err = s.Patch(ctx, "r1", F(int64(attempt)), now, workerclient.PatchTaskRunRequest{Status: model.StatusRunning})
 		assert.ErrorIs(t, err, controlplane.ErrStaleFence, "the lost worker's epoch is dead")
 
 		got := lease(t, s, "w2", now)
 		require.NotNil(t, got)
 		assert.Equal(t, int64(attempt+1), got.Epoch, "a higher epoch")
 		assert.Equal(t, attempt+1, got.Attempts)
-		_, err = s.AppendOutput(ctx, "r1", got.Epoch, now, 0, []byte("other"), 0)
+		_, err = s.AppendOutput(ctx, "r1", F(got.Epoch), now, 0, []byte("other"), 0)
 		require.NoError(t, err, "the new attempt writes from offset 0")
 		now = now.Add(ttl)
 	}
@@ -418,10 +486,10 @@ func testCancel(t *testing.T, s controlplane.Store) {
 	require.NoError(t, err)
 	assert.Equal(t, model.StatusRunning, r.Status)
 	assert.True(t, r.CancelRequested)
-	rn, err := s.Renew(ctx, "l", 1, t0.Add(time.Second), ttl)
+	rn, err := s.Renew(ctx, "l", F(1), t0.Add(time.Second), ttl)
 	require.NoError(t, err)
 	assert.True(t, rn.CancelRequested, "the worker learns at its next renewal")
-	_, _, err = s.Patch(ctx, "l", 1, t0.Add(2*time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusCancelled})
+	_, _, err = s.Patch(ctx, "l", F(1), t0.Add(2*time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusCancelled})
 	require.NoError(t, err)
 	_, err = s.Cancel(ctx, "l", t0)
 	assert.ErrorIs(t, err, controlplane.ErrFinished)
@@ -438,17 +506,17 @@ func BenchLeaseCycle(b *testing.B, s controlplane.Store) {
 	for i := 0; b.Loop(); i++ {
 		rid := fmt.Sprintf("b%09d", i)
 		Submit(b, s, rid, i, controlplane.TaskSpec{})
-		r, err := s.Lease(ctx, controlplane.LeaseOffer{WorkerID: "w", Now: t0, TTL: time.Hour})
+		r, err := s.Lease(ctx, controlplane.LeaseOffer{Holder: testHolder, TokenHash: testToken, WorkerID: "w", Now: t0, TTL: time.Hour})
 		if err != nil || r == nil {
 			b.Fatalf("lease: %v %v", r, err)
 		}
-		if _, _, err := s.Patch(ctx, r.ID, r.Epoch, t0, workerclient.PatchTaskRunRequest{Status: model.StatusRunning}); err != nil {
+		if _, _, err := s.Patch(ctx, r.ID, F(r.Epoch), t0, workerclient.PatchTaskRunRequest{Status: model.StatusRunning}); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.AppendOutput(ctx, r.ID, r.Epoch, t0, 0, chunk, 0); err != nil {
+		if _, err := s.AppendOutput(ctx, r.ID, F(r.Epoch), t0, 0, chunk, 0); err != nil {
 			b.Fatal(err)
 		}
-		if _, _, err := s.Patch(ctx, r.ID, r.Epoch, t0, workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded}); err != nil {
+		if _, _, err := s.Patch(ctx, r.ID, F(r.Epoch), t0, workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -487,9 +555,9 @@ func testReturnLease(t *testing.T, s controlplane.Store) {
 	assert.Equal(t, model.StatusQueued, r.Status, "the run waits for another lease")
 	assert.Zero(t, r.Attempts, "an undelivered lease is no attempt")
 	assert.Equal(t, got.Epoch, r.Epoch, "the epoch stays raised")
-	_, err = s.Renew(ctx, "r1", got.Epoch, t0.Add(time.Second), ttl)
+	_, err = s.Renew(ctx, "r1", F(got.Epoch), t0.Add(time.Second), ttl)
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence, "the returned epoch is dead")
-	_, _, err = s.Patch(ctx, "r1", got.Epoch, t0.Add(time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusRunning})
+	_, _, err = s.Patch(ctx, "r1", F(got.Epoch), t0.Add(time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusRunning})
 	assert.ErrorIs(t, err, controlplane.ErrStaleFence)
 	ex, err := s.ExpireLeases(ctx, t0.Add(time.Hour))
 	require.NoError(t, err)
@@ -505,7 +573,7 @@ func testReturnLease(t *testing.T, s controlplane.Store) {
 
 	// Once its worker reported, the lease was delivered: it stays.
 	started := t0.Add(3 * time.Second).UnixMilli()
-	_, _, err = s.Patch(ctx, "r1", again.Epoch, t0.Add(3*time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusRunning, StartedAt: &started})
+	_, _, err = s.Patch(ctx, "r1", F(again.Epoch), t0.Add(3*time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusRunning, StartedAt: &started})
 	require.NoError(t, err)
 	back, err = s.ReturnLease(ctx, "r1", again.Epoch, t0.Add(3*time.Second))
 	require.NoError(t, err)
@@ -513,7 +581,7 @@ func testReturnLease(t *testing.T, s controlplane.Store) {
 	r, err = s.GetRun(ctx, "r1")
 	require.NoError(t, err)
 	assert.Equal(t, model.StatusRunning, r.Status)
-	_, err = s.Renew(ctx, "r1", again.Epoch, t0.Add(4*time.Second), ttl)
+	_, err = s.Renew(ctx, "r1", F(again.Epoch), t0.Add(4*time.Second), ttl)
 	assert.NoError(t, err, "the delivered lease still holds")
 
 	// A cancel asked while the answer was undeliverable ends the run.

@@ -1,6 +1,8 @@
 package controlplanetest
 
 import (
+	"crypto/rand"
+	"crypto/subtle"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -18,8 +20,10 @@ import (
 // run is leased. A lease that is not renewed within its TTL expires: the run
 // is finalized FAILED "worker lost", or queued again when it is retryable.
 // Every PATCH and stream POST for a leased run must carry the current epoch
-// in workerclient.HeaderFence (428 without one) and arrive before the lease
-// expired; otherwise it is answered 412 and counted (see Stale).
+// in workerclient.HeaderFence and the lease's token in
+// workerclient.HeaderLeaseToken (428 without them), the right token (403
+// otherwise), and arrive before the lease expired; otherwise it is answered
+// 412 and counted (see Stale).
 
 // Default lease timing of a ControlPlane; see SetLeaseTiming.
 const (
@@ -36,6 +40,7 @@ type leaseState struct {
 	a         workerclient.Assignment
 	queued    bool
 	epoch     int64
+	token     string // the current lease's token
 	expires   time.Time
 	leased    bool // a live lease exists (not expired, not ended)
 	status    model.RunStatus
@@ -180,7 +185,7 @@ func fits(a workerclient.Assignment, req workerclient.LeaseRequest) bool {
 }
 
 // takeLocked hands out the oldest queued run that fits req, or nil.
-func (cp *ControlPlane) takeLocked(req workerclient.LeaseRequest, now time.Time) *workerclient.Assignment {
+func (cp *ControlPlane) takeLocked(req workerclient.LeaseRequest, arrived, now time.Time) *workerclient.Assignment {
 	for i, id := range cp.queue {
 		s := cp.leaseRuns[id]
 		if !fits(s.a, req) {
@@ -191,9 +196,10 @@ func (cp *ControlPlane) takeLocked(req workerclient.LeaseRequest, now time.Time)
 		s.epoch++
 		s.expires = now.Add(cp.ttl)
 		s.holders = append(s.holders, req.WorkerID)
+		s.token = rand.Text()
 		a := s.a
-		a.Lease = workerclient.Lease{RunID: id, Epoch: s.epoch, ExpiresAt: s.expires.UnixMilli(),
-			TTLMillis: cp.ttl.Milliseconds(), RenewMillis: cp.renew.Milliseconds()}
+		a.Lease = workerclient.Lease{RunID: id, Epoch: s.epoch, Token: s.token, ExpiresAt: s.expires.UnixMilli(),
+			TTLMillis: cp.ttl.Milliseconds(), RenewMillis: cp.renew.Milliseconds(), WaitedMillis: now.Sub(arrived).Milliseconds()}
 		return &a
 	}
 	return nil
@@ -214,6 +220,7 @@ func (cp *ControlPlane) handleLease(w http.ResponseWriter, r *http.Request) {
 	defer deadline.Stop()
 	tick := time.NewTicker(50 * time.Millisecond) // notices expiries while waiting
 	defer tick.Stop()
+	arrived := time.Now()
 	cp.mu.Lock()
 	cp.leaseReqs = append(cp.leaseReqs, req)
 	cp.mu.Unlock()
@@ -224,7 +231,7 @@ func (cp *ControlPlane) handleLease(w http.ResponseWriter, r *http.Request) {
 		cp.mu.Lock()
 		now := time.Now()
 		cp.expireLocked(now)
-		a := cp.takeLocked(req, now)
+		a := cp.takeLocked(req, arrived, now)
 		wake := cp.wake
 		cp.mu.Unlock()
 		if a != nil {
@@ -250,9 +257,13 @@ func (cp *ControlPlane) handleRenew(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	cp.expireLocked(now)
 	s := cp.leaseRuns[id]
-	if r.Header.Get(workerclient.HeaderFence) == "" {
+	if !fenceHeaders(w, r) {
 		cp.mu.Unlock()
-		http.Error(w, "missing "+workerclient.HeaderFence+": send the lease's epoch", http.StatusPreconditionRequired)
+		return
+	}
+	if !tokenOK(r, s) {
+		cp.mu.Unlock()
+		http.Error(w, "not the lease's token", http.StatusForbidden)
 		return
 	}
 	if !cp.fenceOKLocked(r, id, s) {
@@ -293,8 +304,11 @@ func (cp *ControlPlane) checkFence(w http.ResponseWriter, r *http.Request, id st
 	if s == nil {
 		return true
 	}
-	if r.Header.Get(workerclient.HeaderFence) == "" {
-		http.Error(w, "missing "+workerclient.HeaderFence+": send the lease's epoch", http.StatusPreconditionRequired)
+	if !fenceHeaders(w, r) {
+		return false
+	}
+	if !tokenOK(r, s) {
+		http.Error(w, "not the lease's token", http.StatusForbidden)
 		return false
 	}
 	epoch, _ := strconv.ParseInt(r.Header.Get(workerclient.HeaderFence), 10, 64)
@@ -306,6 +320,31 @@ func (cp *ControlPlane) checkFence(w http.ResponseWriter, r *http.Request, id st
 		return false
 	}
 	return true
+}
+
+// fenceHeaders answers 428 and returns false when r lacks the epoch or the
+// lease token.
+func fenceHeaders(w http.ResponseWriter, r *http.Request) bool {
+	for _, h := range []string{workerclient.HeaderFence, workerclient.HeaderLeaseToken} {
+		if r.Header.Get(h) == "" {
+			http.Error(w, "missing "+h, http.StatusPreconditionRequired)
+			return false
+		}
+	}
+	return true
+}
+
+// tokenOK reports whether r carries the token of s's current lease, or is
+// for an older epoch (which fenceOKLocked refuses as stale).
+func tokenOK(r *http.Request, s *leaseState) bool {
+	if s == nil {
+		return true
+	}
+	epoch, _ := strconv.ParseInt(r.Header.Get(workerclient.HeaderFence), 10, 64)
+	if epoch != s.epoch {
+		return true
+	}
+	return subtle.ConstantTimeCompare([]byte(r.Header.Get(workerclient.HeaderLeaseToken)), []byte(s.token)) == 1
 }
 
 // endLeaseLocked records a terminal PATCH for a leased run: the first

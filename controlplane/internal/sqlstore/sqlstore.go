@@ -7,7 +7,9 @@ package sqlstore
 
 import (
 	"context"
+	"crypto/subtle"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,7 +101,7 @@ func (s *Store) tx(ctx context.Context, f func(tx *sql.Tx) error) error {
 const runCols = `r.id, r.task_id, t.user_id, t.conversation_id, t.prompt, t.spec, r.session_id, r.previous_run_id,
 r.status, r.created_at, r.leased_at, r.started_at, r.ended_at, r.worker_id, r.epoch, r.lease_expires_at, r.lease_state,
 r.cancel_requested, r.attempts, r.exit_code, r.error, r.prompt_tokens, r.completion_tokens, r.output, r.output_truncated,
-r.trace_path, r.artifact, r.changes, r.container, r.stream_next, r.stream_ended`
+r.trace_path, r.artifact, r.changes, r.container, r.stream_next, r.stream_ended, r.lease_holder, r.lease_token_hash`
 
 const runFrom = ` FROM runs r JOIN tasks t ON t.id = r.task_id `
 
@@ -107,6 +109,8 @@ const runFrom = ` FROM runs r JOIN tasks t ON t.id = r.task_id `
 type row struct {
 	controlplane.Run
 	leaseState string
+	// holder and tokenHash (hex SHA-256) bind the current lease.
+	holder, tokenHash string
 }
 
 type scanner interface{ Scan(...any) error }
@@ -132,7 +136,7 @@ func scanRun(sc scanner) (row, error) {
 	err := sc.Scan(&r.ID, &r.Task.ID, &r.Task.UserID, &r.Task.ConversationID, &r.Task.Prompt, &spec, &r.SessionID, &r.PreviousRunID,
 		&r.Status, &created, &leased, &started, &ended, &r.WorkerID, &r.Epoch, &expires, &r.leaseState,
 		&cancel, &r.Attempts, &exitC, &r.Error, &r.PromptTokens, &r.CompletionTokens, &r.Output, &truncated,
-		&r.TracePath, &artifact, &changes, &container, &r.StreamNext, &ended2)
+		&r.TracePath, &artifact, &changes, &container, &r.StreamNext, &ended2, &r.holder, &r.tokenHash)
 	if err != nil {
 		return row{}, err
 	}
@@ -314,9 +318,13 @@ func (s *Store) take(ctx context.Context, tx *sql.Tx, id string, o controlplane.
 	if err != nil {
 		return nil, fmt.Errorf("%s: lock run %s: %w", s.d.Name, id, err)
 	}
+	if o.Holder == "" || o.TokenHash == ([32]byte{}) {
+		return nil, fmt.Errorf("%s: lease run %s: the offer names no holder or token", s.d.Name, id)
+	}
 	res, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, epoch = epoch + 1, worker_id = ?, leased_at = ?, lease_expires_at = ?,
-lease_state = ?, attempts = attempts + 1, cancel_requested = 0 WHERE id = ? AND status = ?`),
-		string(model.StatusRunning), o.WorkerID, ms(o.Now), ms(o.Now.Add(o.TTL)), leaseHeld, id, string(model.StatusQueued))
+lease_state = ?, attempts = attempts + 1, cancel_requested = 0, lease_holder = ?, lease_token_hash = ? WHERE id = ? AND status = ?`),
+		string(model.StatusRunning), o.WorkerID, ms(o.Now), ms(o.Now.Add(o.TTL)), leaseHeld, o.Holder, hex.EncodeToString(o.TokenHash[:]),
+		id, string(model.StatusQueued))
 	if err != nil {
 		return nil, fmt.Errorf("%s: lease run %s: %w", s.d.Name, id, err)
 	}
@@ -330,16 +338,24 @@ lease_state = ?, attempts = attempts + 1, cancel_requested = 0 WHERE id = ? AND 
 	return &r.Run, nil
 }
 
-// fenced checks that epoch speaks for r at now. Released leases are allowed
-// when allowReleased (a repeated terminal PATCH, the stream's tail).
-func fenced(r row, epoch int64, now time.Time, allowReleased bool) error {
+// fenced checks that f speaks for r at now: the current epoch, the current
+// lease's token and holder (ErrNotHolder otherwise), and a live lease.
+// Released leases are allowed when allowReleased (a repeated terminal PATCH,
+// the stream's tail).
+func fenced(r row, f controlplane.Fence, now time.Time, allowReleased bool) error {
+	sum := hex.EncodeToString(f.TokenHash[:])
+	token := subtle.ConstantTimeCompare([]byte(sum), []byte(r.tokenHash))
+	holder := subtle.ConstantTimeCompare([]byte(f.Holder), []byte(r.holder))
+	released := r.leaseState == leaseReleased && allowReleased
 	switch {
-	case epoch <= 0 || epoch != r.Epoch:
-		return fmt.Errorf("run %s: epoch %d, current %d: %w", r.ID, epoch, r.Epoch, controlplane.ErrStaleFence)
-	case r.leaseState == leaseReleased && allowReleased:
-		return nil
-	case r.leaseState != leaseHeld:
+	case f.Epoch <= 0 || f.Epoch != r.Epoch:
+		return fmt.Errorf("run %s: epoch %d, current %d: %w", r.ID, f.Epoch, r.Epoch, controlplane.ErrStaleFence)
+	case r.leaseState != leaseHeld && !released:
 		return fmt.Errorf("run %s: lease %q: %w", r.ID, r.leaseState, controlplane.ErrStaleFence)
+	case token&holder != 1 || r.holder == "":
+		return fmt.Errorf("run %s: epoch %d: %w", r.ID, f.Epoch, controlplane.ErrNotHolder)
+	case released:
+		return nil
 	case r.LeaseExpiresAt == nil || !now.Before(*r.LeaseExpiresAt):
 		return fmt.Errorf("run %s: lease expired: %w", r.ID, controlplane.ErrStaleFence)
 	}
@@ -429,14 +445,14 @@ worker_id = '', attempts = attempts - 1 WHERE id = ? AND epoch = ? AND lease_sta
 }
 
 // Renew implements controlplane.Store.
-func (s *Store) Renew(ctx context.Context, id string, epoch int64, now time.Time, ttl time.Duration) (controlplane.Run, error) {
+func (s *Store) Renew(ctx context.Context, id string, f controlplane.Fence, now time.Time, ttl time.Duration) (controlplane.Run, error) {
 	var out controlplane.Run
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		r, err := s.getRow(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		if err := fenced(r, epoch, now, false); err != nil {
+		if err := fenced(r, f, now, false); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET lease_expires_at = ? WHERE id = ?`), ms(now.Add(ttl)), id); err != nil {
@@ -450,7 +466,7 @@ func (s *Store) Renew(ctx context.Context, id string, epoch int64, now time.Time
 }
 
 // Patch implements controlplane.Store.
-func (s *Store) Patch(ctx context.Context, id string, epoch int64, now time.Time, p workerclient.PatchTaskRunRequest) (controlplane.Run, bool, error) {
+func (s *Store) Patch(ctx context.Context, id string, f controlplane.Fence, now time.Time, p workerclient.PatchTaskRunRequest) (controlplane.Run, bool, error) {
 	var (
 		out     controlplane.Run
 		changed bool
@@ -460,7 +476,7 @@ func (s *Store) Patch(ctx context.Context, id string, epoch int64, now time.Time
 		if err != nil {
 			return err
 		}
-		if err := fenced(r, epoch, now, true); err != nil {
+		if err := fenced(r, f, now, true); err != nil {
 			return err
 		}
 		if r.leaseState == leaseReleased || r.Status.Terminal() {
@@ -557,14 +573,14 @@ func (s *Store) held(ctx context.Context, q interface {
 }
 
 // AppendOutput implements controlplane.Store.
-func (s *Store) AppendOutput(ctx context.Context, id string, epoch int64, now time.Time, off int64, data []byte, maxBytes int64) (int64, error) {
+func (s *Store) AppendOutput(ctx context.Context, id string, f controlplane.Fence, now time.Time, off int64, data []byte, maxBytes int64) (int64, error) {
 	var next int64
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		r, err := s.getRow(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		if err := fenced(r, epoch, now, true); err != nil {
+		if err := fenced(r, f, now, true); err != nil {
 			return err
 		}
 		next = r.StreamNext
@@ -607,14 +623,14 @@ func (s *Store) AppendOutput(ctx context.Context, id string, epoch int64, now ti
 }
 
 // EndOutput implements controlplane.Store.
-func (s *Store) EndOutput(ctx context.Context, id string, epoch int64, now time.Time, total int64) (int64, error) {
+func (s *Store) EndOutput(ctx context.Context, id string, f controlplane.Fence, now time.Time, total int64) (int64, error) {
 	var next int64
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		r, err := s.getRow(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		if err := fenced(r, epoch, now, true); err != nil {
+		if err := fenced(r, f, now, true); err != nil {
 			return err
 		}
 		next = r.StreamNext
