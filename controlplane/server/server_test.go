@@ -663,6 +663,7 @@ func TestStreamHTTPAnswers(t *testing.T) {
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+workerToken)
 		req.Header.Set(workerclient.HeaderFence, fmt.Sprint(a.Lease.Epoch))
+		req.Header.Set(workerclient.HeaderLeaseToken, a.Lease.Token)
 		if off != "" {
 			req.Header.Set(workerclient.HeaderOffset, off)
 		}
