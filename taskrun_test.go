@@ -142,7 +142,9 @@ func TestRunTaskResumesPreviousSession(t *testing.T) {
 	_, err := taskrun.Execute(context.Background(), h.input(rec, "first", "sh", "-c", agentScript))
 	require.NoError(t, err)
 
-	in := h.input(rec, "second", "sh", "-c", "cat $HOME/notes.txt")
+	// Each run streams to a control plane of its own: the recorder holds
+	// one run's stream.
+	in := h.input(&controlplanetest.Recorder{}, "second", "sh", "-c", "cat $HOME/notes.txt")
 	in.Run.PreviousRunID = "first"
 	out, err := taskrun.Execute(context.Background(), in)
 	require.NoError(t, err)
