@@ -504,3 +504,27 @@ func dumpRuns(t *testing.T, reg *prometheus.Registry) {
 		}
 	}
 }
+
+func TestLeaseIsCountedFromItsHandOutNotFromThePoll(t *testing.T) {
+	f := newFixture(t)
+	const ttl = time.Second
+	f.cp.SetLeaseTiming(ttl, 200*time.Millisecond)
+	f.cfg.LeaseWait = 10 * ttl
+	w, stop := f.start(t)
+	// The worker's poll is held, idle, for more than the whole TTL before
+	// the run comes: counted from the poll, the lease would be over before
+	// the worker got it.
+	require.Eventually(t, func() bool { return len(f.cp.LeaseRequests()) == 1 }, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(ttl + ttl/2)
+	require.Len(t, f.cp.LeaseRequests(), 1, "the poll is still held")
+	f.cp.Enqueue(assignment("late", "wait"))
+	require.Eventually(t, func() bool { return f.cp.Lease("late").Renewals >= 3 }, 30*time.Second, 10*time.Millisecond,
+		"the run handed out late in the poll keeps its lease")
+	require.Len(t, w.Live(), 1)
+	close(f.release)
+	info := f.final(t, "late")
+	assert.Equal(t, model.StatusSucceeded, info.Status, info.Reason)
+	require.NoError(t, stop())
+	assert.Zero(t, testutil.ToFloat64(counter(t, f.reg, "taskrun_worker_leases_lost_total", "")))
+	f.requireFenced(t, "late", 1)
+}
