@@ -528,3 +528,53 @@ func TestLeaseIsCountedFromItsHandOutNotFromThePoll(t *testing.T) {
 	assert.Zero(t, testutil.ToFloat64(counter(t, f.reg, "taskrun_worker_leases_lost_total", "")))
 	f.requireFenced(t, "late", 1)
 }
+
+func TestShutdownIsBoundedWhenTheControlPlaneHangs(t *testing.T) {
+	f := newFixture(t)
+	// The production client: each attempt may take 10 s, and a stream POST
+	// is retried for up to 2 minutes.
+	f.cfg.Client = workerclient.New(f.cp.URL(), token, workerclient.WithLogger(slog.New(slog.DiscardHandler)))
+	f.cfg.DrainGrace = 100 * time.Millisecond
+	f.cfg.Template.ShutdownGrace = time.Second
+	f.b.Install("/agent/chatty", func(ctx context.Context, p *sandboxfake.Process) int {
+		for i := 0; ; i++ {
+			fmt.Fprintf(p.Stdout, "line %d\n", i)
+			select {
+			case <-p.Terminated():
+				return 143
+			case <-ctx.Done():
+				return sandboxfake.KilledExitCode
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	f.cp.Enqueue(assignment("chatty", "chatty"))
+	_, stop := f.start(t)
+	require.Eventually(t, func() bool {
+		data, _, _ := f.cp.Stream("chatty")
+		return len(f.cp.Patches("chatty")) == 1 && len(data) > 0
+	}, 30*time.Second, 10*time.Millisecond, "the run is RUNNING and streaming")
+
+	// The control plane hangs: every call from now on is held, unanswered.
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	f.cp.InjectFaults(controlplanetest.Repeat(100000, controlplanetest.Fault{Hold: hang})...)
+	// The lease lapses on the worker's clock (no renewal answered for a
+	// TTL) while a stream POST of the run is held.
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(counter(t, f.reg, "taskrun_worker_leases_lost_total", "")) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the lease is lost")
+
+	// SIGTERM: the lost run's stream POSTs must not outlast the shutdown
+	// bound (the drain grace, then the run's shutdown grace).
+	bound := f.cfg.DrainGrace + f.cfg.Template.ShutdownGrace
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(bound + 10*time.Second):
+		t.Fatalf("the worker did not stop within %s of its shutdown bound", bound)
+	}
+	assert.Empty(t, f.b.Containers(nil))
+}
