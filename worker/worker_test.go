@@ -578,3 +578,37 @@ func TestShutdownIsBoundedWhenTheControlPlaneHangs(t *testing.T) {
 	}
 	assert.Empty(t, f.b.Containers(nil))
 }
+
+func TestShutdownIsBoundedWhenARefusalHangs(t *testing.T) {
+	f := newFixture(t)
+	f.cfg.Client = workerclient.New(f.cp.URL(), token, workerclient.WithLogger(slog.New(slog.DiscardHandler)))
+	f.cfg.DrainGrace = 100 * time.Millisecond
+	f.cfg.Template.ShutdownGrace = time.Second
+	// The control plane hands out a run the worker cannot place (a model it
+	// lacks), then hangs on its PATCH and renewals.
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	f.cp.InjectFaults(controlplanetest.Repeat(1000, controlplanetest.Fault{Endpoint: controlplanetest.PatchEndpoint, Hold: hang})...)
+	f.cp.InjectFaults(controlplanetest.Repeat(1000, controlplanetest.Fault{Endpoint: controlplanetest.RenewEndpoint, Hold: hang})...)
+	a := assignment("unplaceable", "echo")
+	a.Model = "no-such-model"
+	f.cp.Enqueue(a)
+	_, stop := f.start(t)
+	require.Eventually(t, func() bool {
+		patched := false
+		for _, r := range f.cp.Requests("unplaceable") {
+			patched = patched || r.Endpoint == controlplanetest.PatchEndpoint
+		}
+		return patched && testutil.ToFloat64(counter(t, f.reg, "taskrun_worker_leases_lost_total", "")) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the refusal is held and the lease lost")
+
+	bound := f.cfg.DrainGrace + f.cfg.Template.ShutdownGrace
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(bound + 10*time.Second):
+		t.Fatalf("the worker did not stop within %s of its shutdown bound", bound)
+	}
+}
