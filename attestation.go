@@ -17,6 +17,11 @@ import (
 // unsigned without one. It runs last in collect, so that its subjects are
 // the run's objects.
 func (c *collector) attestation(ctx context.Context, wd *workdir, ex execution, v verdict) error {
+	if len(c.out.objects) == 0 {
+		// Nothing was stored (a fenced store dropped every write: the
+		// run's lease is lost): there is nothing to attest.
+		return nil
+	}
 	subjects := make([]attest.Subject, 0, len(c.out.objects))
 	for _, o := range c.out.objects {
 		subjects = append(subjects, attest.Subject{Name: o.Key, SHA256: o.SHA256})

@@ -353,8 +353,14 @@ func (c *collector) sessionState(ctx context.Context) error {
 	return err
 }
 
-// stored records a successful upload and passes err through.
+// stored records a successful upload and passes err through. A write the
+// store dropped (a fenced store whose lease is lost, package fencedstore)
+// stored nothing: it has no key, and is not one of the run's objects.
 func (c *collector) stored(info persist.ObjectInfo, err error) error {
+	if err == nil && info.Key == "" {
+		c.p.log.Info("not stored: the store dropped the write")
+		return nil
+	}
 	if err == nil {
 		c.mu.Lock()
 		c.out.objects = append(c.out.objects, info)

@@ -110,7 +110,7 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	}
 	var ex execution
 	if runErr == nil {
-		ex, runErr = supervise(ctx, p, wd, ahead)
+		ex, runErr = supervise(ctx, hard, p, wd, ahead)
 	}
 	ahead.discardUnstarted(ctx, p)
 	v := judge(ctx, p, ex, runErr)

@@ -78,8 +78,9 @@ func (ex execution) awaitRemoved() {
 // self-check and the live audit, the streams to the consumers and the disk
 // watchdog, all for exactly as long as the container lives. The returned
 // error is the run's failure, if any; the execution is filled as far as the
-// run got.
-func supervise(ctx context.Context, p *plan, wd *workdir, l *launch) (ex execution, err error) {
+// run got. hard is the run's shutdown context (shutdownContext): the output
+// consumers outlive ctx's cancellation, but not hard.
+func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch) (ex execution, err error) {
 	stopGateway := p.timings.Start(timings.Gateway)
 	gw, err := startGateway(ctx, p, wd.owner, wd.records)
 	stopGateway()
@@ -176,7 +177,7 @@ func supervise(ctx context.Context, p *plan, wd *workdir, l *launch) (ex executi
 	journalStarted(p, wd, h.ID())
 	endDiskWatch := watchDisk(ctx, p, wd, stop)
 
-	followers := follow(ctx, p, stdout, stderr)
+	followers := follow(hard, p, stdout, stderr)
 
 	stopWait := p.timings.Start(timings.Wait)
 	res := h.Wait(waitCtx)
@@ -313,6 +314,7 @@ func watchDisk(ctx context.Context, p *plan, wd *workdir, stop context.CancelFun
 type followers struct {
 	done   chan error
 	n      int
+	ctx    context.Context
 	cancel context.CancelFunc
 	// streamEnded is set when the stream sender's pump ended the stream.
 	streamEnded atomic.Bool
@@ -320,12 +322,13 @@ type followers struct {
 
 // follow starts one goroutine per consumer. Each reads the spool from disk on
 // its own, so a slow or stalled consumer never blocks the container or the
-// other consumers. They run on a context detached from the caller's: after a
-// cancellation the container's last output (written during its stop grace)
-// is still delivered, within streamDrainTimeout.
-func follow(ctx context.Context, p *plan, stdout, stderr *spool.Spool) *followers {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	f := &followers{done: make(chan error, 3), cancel: cancel}
+// other consumers. They run on hard, the run's shutdown context, which a
+// cancellation of the run does not end: the container's last output
+// (written during its stop grace) is still delivered, within
+// streamDrainTimeout, but never past the run's shutdown grace.
+func follow(hard context.Context, p *plan, stdout, stderr *spool.Spool) *followers {
+	ctx, cancel := context.WithCancel(hard)
+	f := &followers{done: make(chan error, 3), ctx: ctx, cancel: cancel}
 	start := func(s *spool.Spool, consume func(io.Reader) error) {
 		f.n++
 		go func() {
@@ -357,9 +360,10 @@ func follow(ctx context.Context, p *plan, stdout, stderr *spool.Spool) *follower
 
 // wait waits for the followers to deliver everything, bounded so a dead
 // control plane or a blocked writer cannot hold the run: past
-// streamDrainTimeout they are cancelled and left to finish on their own
-// (undelivered bytes remain in the persisted output log; done is buffered,
-// so no follower blocks on reporting).
+// streamDrainTimeout, or once the run's shutdown grace is over, they are
+// cancelled and left to finish on their own (undelivered bytes remain in
+// the persisted output log; done is buffered, so no follower blocks on
+// reporting).
 func (f *followers) wait() error {
 	timer := time.NewTimer(streamDrainTimeout)
 	defer timer.Stop()
@@ -371,6 +375,8 @@ func (f *followers) wait() error {
 		case <-timer.C:
 			f.cancel()
 			return errors.Join(append(errs, errors.New("output consumers did not finish in time; the output log holds everything"))...)
+		case <-f.ctx.Done():
+			return errors.Join(append(errs, fmt.Errorf("output consumers stopped by the shutdown grace; the output log holds everything: %w", context.Cause(f.ctx)))...)
 		}
 	}
 	f.cancel()

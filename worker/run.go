@@ -133,7 +133,9 @@ func (w *Worker) lose(log *slog.Logger, cancel context.CancelCauseFunc, err erro
 func (w *Worker) refuse(ctx context.Context, g *gate, a *workerclient.Assignment, cause error) {
 	msg := "worker cannot place the run: " + cause.Error()
 	now := time.Now().UnixMilli()
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), taskrun.DefaultReportTimeout)
+	hard, stop := graceContext(ctx, w.cfg.Template.ShutdownGrace)
+	defer stop()
+	rctx, cancel := context.WithTimeout(hard, taskrun.DefaultReportTimeout)
 	defer cancel()
 	if err := g.UpdateRunStatus(rctx, a.Lease.RunID, &workerclient.PatchTaskRunRequest{
 		Status: model.StatusFailed, EndedAt: &now, Error: &msg,
@@ -141,6 +143,30 @@ func (w *Worker) refuse(ctx context.Context, g *gate, a *workerclient.Assignment
 		w.log.Warn("report a run the worker cannot place", "run", a.Lease.RunID, "err", err)
 	}
 	w.metrics.runs.WithLabelValues(string(model.StatusFailed)).Inc()
+}
+
+// graceContext is ctx without its cancellation, ended grace after ctx is
+// cancelled (a drain past its grace, a lost lease): a report the worker
+// makes itself outlives the run's cancellation, but not the shutdown
+// bound. A grace of zero never ends it.
+func graceContext(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	hard, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if grace <= 0 {
+		return hard, cancel
+	}
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-hard.Done():
+		}
+	})
+	return hard, func() {
+		stop()
+		cancel()
+	}
 }
 
 // renew keeps the lease until done closes. It stops the run (through the

@@ -504,3 +504,111 @@ func dumpRuns(t *testing.T, reg *prometheus.Registry) {
 		}
 	}
 }
+
+func TestLeaseIsCountedFromItsHandOutNotFromThePoll(t *testing.T) {
+	f := newFixture(t)
+	const ttl = time.Second
+	f.cp.SetLeaseTiming(ttl, 200*time.Millisecond)
+	f.cfg.LeaseWait = 10 * ttl
+	w, stop := f.start(t)
+	// The worker's poll is held, idle, for more than the whole TTL before
+	// the run comes: counted from the poll, the lease would be over before
+	// the worker got it.
+	require.Eventually(t, func() bool { return len(f.cp.LeaseRequests()) == 1 }, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(ttl + ttl/2)
+	require.Len(t, f.cp.LeaseRequests(), 1, "the poll is still held")
+	f.cp.Enqueue(assignment("late", "wait"))
+	require.Eventually(t, func() bool { return f.cp.Lease("late").Renewals >= 3 }, 30*time.Second, 10*time.Millisecond,
+		"the run handed out late in the poll keeps its lease")
+	require.Len(t, w.Live(), 1)
+	close(f.release)
+	info := f.final(t, "late")
+	assert.Equal(t, model.StatusSucceeded, info.Status, info.Reason)
+	require.NoError(t, stop())
+	assert.Zero(t, testutil.ToFloat64(counter(t, f.reg, "taskrun_worker_leases_lost_total", "")))
+	f.requireFenced(t, "late", 1)
+}
+
+func TestShutdownIsBoundedWhenTheControlPlaneHangs(t *testing.T) {
+	f := newFixture(t)
+	// The production client: each attempt may take 10 s, and a stream POST
+	// is retried for up to 2 minutes.
+	f.cfg.Client = workerclient.New(f.cp.URL(), token, workerclient.WithLogger(slog.New(slog.DiscardHandler)))
+	f.cfg.DrainGrace = 100 * time.Millisecond
+	f.cfg.Template.ShutdownGrace = time.Second
+	f.b.Install("/agent/chatty", func(ctx context.Context, p *sandboxfake.Process) int {
+		for i := 0; ; i++ {
+			fmt.Fprintf(p.Stdout, "line %d\n", i)
+			select {
+			case <-p.Terminated():
+				return 143
+			case <-ctx.Done():
+				return sandboxfake.KilledExitCode
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	f.cp.Enqueue(assignment("chatty", "chatty"))
+	_, stop := f.start(t)
+	require.Eventually(t, func() bool {
+		data, _, _ := f.cp.Stream("chatty")
+		return len(f.cp.Patches("chatty")) == 1 && len(data) > 0
+	}, 30*time.Second, 10*time.Millisecond, "the run is RUNNING and streaming")
+
+	// The control plane hangs: every call from now on is held, unanswered.
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	f.cp.InjectFaults(controlplanetest.Repeat(100000, controlplanetest.Fault{Hold: hang})...)
+	// The lease lapses on the worker's clock (no renewal answered for a
+	// TTL) while a stream POST of the run is held.
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(counter(t, f.reg, "taskrun_worker_leases_lost_total", "")) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the lease is lost")
+
+	// SIGTERM: the lost run's stream POSTs must not outlast the shutdown
+	// bound (the drain grace, then the run's shutdown grace).
+	bound := f.cfg.DrainGrace + f.cfg.Template.ShutdownGrace
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(bound + 10*time.Second):
+		t.Fatalf("the worker did not stop within %s of its shutdown bound", bound)
+	}
+	assert.Empty(t, f.b.Containers(nil))
+}
+
+func TestShutdownIsBoundedWhenARefusalHangs(t *testing.T) {
+	f := newFixture(t)
+	f.cfg.Client = workerclient.New(f.cp.URL(), token, workerclient.WithLogger(slog.New(slog.DiscardHandler)))
+	f.cfg.DrainGrace = 100 * time.Millisecond
+	f.cfg.Template.ShutdownGrace = time.Second
+	// The control plane hands out a run the worker cannot place (a model it
+	// lacks), then hangs on its PATCH and renewals.
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	f.cp.InjectFaults(controlplanetest.Repeat(1000, controlplanetest.Fault{Endpoint: controlplanetest.PatchEndpoint, Hold: hang})...)
+	f.cp.InjectFaults(controlplanetest.Repeat(1000, controlplanetest.Fault{Endpoint: controlplanetest.RenewEndpoint, Hold: hang})...)
+	a := assignment("unplaceable", "echo")
+	a.Model = "no-such-model"
+	f.cp.Enqueue(a)
+	_, stop := f.start(t)
+	require.Eventually(t, func() bool {
+		patched := false
+		for _, r := range f.cp.Requests("unplaceable") {
+			patched = patched || r.Endpoint == controlplanetest.PatchEndpoint
+		}
+		return patched && testutil.ToFloat64(counter(t, f.reg, "taskrun_worker_leases_lost_total", "")) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the refusal is held and the lease lost")
+
+	bound := f.cfg.DrainGrace + f.cfg.Template.ShutdownGrace
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(bound + 10*time.Second):
+		t.Fatalf("the worker did not stop within %s of its shutdown bound", bound)
+	}
+}
