@@ -54,7 +54,7 @@ func (b *budget) take(n int) (int, error) {
 	}
 	left := b.maxBytes - b.bytes
 	if left <= 0 {
-		b.exceeded = fmt.Errorf("%w: the run's byte budget of %d bytes is spent (raise max_bytes in the egress policy)", ErrBudgetExceeded, b.maxBytes)
+		b.exceeded = b.bytesSpent()
 		return 0, b.exceeded
 	}
 	if int64(n) > left {
@@ -62,6 +62,48 @@ func (b *budget) take(n int) (int, error) {
 	}
 	b.bytes += int64(n)
 	return n, nil
+}
+
+// left is what remains of the byte budget, or the error once it is spent.
+// It reserves nothing.
+func (b *budget) left() (int64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.exceeded != nil {
+		return 0, b.exceeded
+	}
+	left := b.maxBytes - b.bytes
+	if left <= 0 {
+		b.exceeded = b.bytesSpent()
+		return 0, b.exceeded
+	}
+	return left, nil
+}
+
+// charge counts n bytes that arrived. Concurrent readers may together
+// receive more than remains; charge then accepts only what fits, ends the
+// budget and returns the error, and the caller drops the rest.
+func (b *budget) charge(n int) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	left := b.maxBytes - b.bytes
+	if left < 0 {
+		left = 0
+	}
+	if int64(n) <= left {
+		b.bytes += int64(n)
+		return n, nil
+	}
+	b.bytes = b.maxBytes
+	if b.exceeded == nil {
+		b.exceeded = b.bytesSpent()
+	}
+	return int(left), b.exceeded
+}
+
+// bytesSpent is the error of a spent byte budget.
+func (b *budget) bytesSpent() error {
+	return fmt.Errorf("%w: the run's byte budget of %d bytes is spent (raise max_bytes in the egress policy)", ErrBudgetExceeded, b.maxBytes)
 }
 
 // settle gives back the part of a reservation that moved no bytes.
@@ -88,15 +130,25 @@ type meteredConn struct {
 	down   atomic.Int64
 }
 
+// Read charges only the bytes that arrive: waiting for data reserves
+// nothing, so an idle connection leaves the whole budget to the others.
+// Bytes past the budget are dropped and the connection reports the budget
+// error.
 func (c *meteredConn) Read(p []byte) (int, error) {
-	n, err := c.budget.take(len(p))
+	left, err := c.budget.left()
 	if err != nil {
 		return 0, err
 	}
-	got, err := c.Conn.Read(p[:n])
-	c.down.Add(int64(got))
-	c.budget.settle(n, got)
-	return got, err
+	if int64(len(p)) > left {
+		p = p[:left]
+	}
+	got, rerr := c.Conn.Read(p)
+	n, err := c.budget.charge(got)
+	c.down.Add(int64(n))
+	if err != nil {
+		return n, err
+	}
+	return n, rerr
 }
 
 func (c *meteredConn) Write(p []byte) (int, error) {

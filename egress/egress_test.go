@@ -736,3 +736,124 @@ func TestAmbiguousPathsNeverReachTheUpstreamWithTheCredential(t *testing.T) {
 	assert.Contains(t, seen[0], "secret-token", "a plain path is brokered as before")
 	mu.Unlock()
 }
+
+// readSignalDialer dials like recordingDialer and reports, on reading, the
+// index of every connection that starts a Read upstream.
+type readSignalDialer struct {
+	recordingDialer
+	mu      sync.Mutex
+	n       int
+	reading chan int
+}
+
+func (d *readSignalDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := d.recordingDialer.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	i := d.n
+	d.n++
+	d.mu.Unlock()
+	return &readSignalConn{Conn: c, i: i, reading: d.reading}, nil
+}
+
+type readSignalConn struct {
+	net.Conn
+	i       int
+	reading chan int
+}
+
+func (c *readSignalConn) Read(b []byte) (int, error) {
+	select {
+	case c.reading <- c.i:
+	default:
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *readSignalConn) CloseWrite() error { return c.Conn.(*net.TCPConn).CloseWrite() }
+
+// echoServer echoes every connection on loopback and returns its port.
+func echoServer(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// openTunnel sends a CONNECT over the socket and returns the open tunnel.
+func (h *harness) openTunnel(t *testing.T, hostport string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("unix", h.sock)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", hostport, hostport)
+	require.NoError(t, err)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	return c, br
+}
+
+func TestIdleTunnelSpendsNoBytes(t *testing.T) {
+	port := echoServer(t)
+	d := &readSignalDialer{reading: make(chan int, 64)}
+	h := startProxy(t, Policy{Rules: []Rule{{Host: "127.0.0.1", Port: port}}, MaxBytes: 10000}, resolverFor(nil),
+		func(c *Config) { c.Dialer = d })
+	target := fmt.Sprintf("127.0.0.1:%d", port)
+
+	// The first tunnel sends nothing: the proxy waits on its upstream.
+	idle, _ := h.openTunnel(t, target)
+	for i := range d.reading {
+		if i == 0 {
+			break
+		}
+	}
+	// The second moves bytes that fit the budget while the first waits.
+	busy, br := h.openTunnel(t, target)
+	msg := strings.Repeat("b", 1000)
+	_, err := io.WriteString(busy, msg)
+	require.NoError(t, err)
+	echo := make([]byte, len(msg))
+	_, err = io.ReadFull(br, echo)
+	require.NoError(t, err, "the waiting tunnel must not hold the budget")
+	assert.Equal(t, msg, string(echo))
+	require.NoError(t, h.p.Err())
+
+	busy.Close()
+	idle.Close()
+	got := h.entries(t)
+	require.Len(t, got, 2)
+	var total int64
+	for _, e := range got {
+		assert.Empty(t, e.Reason)
+		total += e.BytesUp + e.BytesDown
+	}
+	assert.Equal(t, int64(2*len(msg)), total, "only the bytes moved are charged")
+	assert.Empty(t, h.p.Summary().BudgetExceeded)
+}
