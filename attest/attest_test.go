@@ -11,6 +11,7 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -422,7 +423,9 @@ func TestASignerNeverPrintsItsKey(t *testing.T) {
 		case ed25519.PrivateKey:
 			secret = fmt.Sprint(k.Seed())
 		case *ecdsa.PrivateKey:
-			secret = k.D.String()
+			raw, err := k.Bytes()
+			require.NoError(t, err)
+			secret = hex.EncodeToString(raw)
 		}
 		holder := struct{ Key *attest.Signer }{kp.signer}
 		var logged bytes.Buffer

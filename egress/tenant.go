@@ -361,7 +361,7 @@ func BuildOperator(file string, allows, credentials []string) (Operator, error) 
 			return Operator{}, err
 		}
 		if len(p.Credentials) > 0 {
-			return Operator{}, fmt.Errorf("%w: %s: a host's credentials need an id and their tenants: give each with --credential id=ID,tenants=USER,host=...", ErrBadPolicy, file)
+			return Operator{}, fmt.Errorf("%w: %s: a host's credentials need an id and their tenants: give each with --credential id=ID,tenants=USER,host=HOST,header=NAME,value-env=VAR", ErrBadPolicy, file)
 		}
 		o = Operator{Rules: p.Rules, MaxBytes: p.MaxBytes, MaxConnections: p.MaxConnections}
 	}
