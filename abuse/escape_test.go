@@ -161,6 +161,57 @@ func TestProcSysIsReadOnly(t *testing.T) {
 	})
 }
 
+// What the host's other runs do on disk is invisible inside: the block
+// devices' I/O counters, the host's block devices and its loop devices
+// (each run's disk cap is one, with its backing file) all read as empty,
+// while an unmasked /proc file beside them still reads.
+//
+// Protection: the masked paths (docker.MaskedPaths: /proc/diskstats,
+// /sys/block, /sys/devices/virtual/block). Under runc none of them is
+// namespaced, so without the masks each lists the host's devices.
+func TestHostBlockActivityIsMaskedInside(t *testing.T) {
+	t.Parallel()
+	hostStats, err := os.ReadFile("/proc/diskstats")
+	require.NoError(t, err)
+	hostBlocks, err := os.ReadDir("/sys/block")
+	require.NoError(t, err)
+	if len(strings.TrimSpace(string(hostStats))) == 0 || len(hostBlocks) == 0 {
+		t.Skip("this host shows no block device, so there is nothing to mask")
+	}
+	const script = `
+echo "== diskstats"; cat /proc/diskstats 2>&1
+echo "== sysblock"; ls -A /sys/block 2>&1
+echo "== virtualblock"; ls -A /sys/devices/virtual/block 2>&1
+echo "== stat"; head -n 1 /proc/stat
+echo "== end"
+`
+	for _, rt := range runtimes {
+		for _, sp := range startPaths {
+			t.Run(rt.name+"/"+sp.name, func(t *testing.T) {
+				t.Parallel()
+				h := newHarnessOn(t, sp.warm)
+				h.requireRuntime(t, rt.runtime)
+				in, _ := h.input(t, "blocks", script)
+				in.Policy.Runtime = rt.runtime
+
+				out, err := h.execute(in)
+				require.NoError(t, err)
+				assert.Equal(t, model.StatusSucceeded, out.Status)
+				stdout := out.Result.OutputStr
+				require.Contains(t, stdout, "== end", "the script ran to the end")
+				assert.Contains(t, section(stdout, "stat"), "cpu ", "control: an unmasked /proc file reads")
+				for _, name := range []string{"diskstats", "sysblock", "virtualblock"} {
+					got := section(stdout, name)
+					for _, dev := range hostBlocks {
+						assert.NotRegexp(t, `(^|\s)`+regexp.QuoteMeta(dev.Name())+`(\s|$)`, got,
+							"%s shows the host's block device %s", name, dev.Name())
+					}
+				}
+			})
+		}
+	}
+}
+
 // The executor's secrets are invisible inside: an environment variable of
 // the executor (here also the model API key the gateway reads) and a file
 // outside the run directory appear neither in the agent's environment, nor
