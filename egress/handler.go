@@ -289,7 +289,10 @@ func (p *Proxy) handleConnect(w http.ResponseWriter, r *http.Request) {
 	defer up.Close()
 	e.Decision = DecisionAllow
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err == nil {
-		pipeBoth(client, up)
+		if d := pipeBoth(client, up, t); d != nil {
+			e.Decision, e.Reason = DecisionDeny, d.reason
+			p.log.Warn("egress tunnel refused", "host", t.hostPort(), "reason", d.reason)
+		}
 	}
 	e.BytesUp, e.BytesDown = up.up.Load(), up.down.Load()
 	if err := p.budget.err(); err != nil {
@@ -327,7 +330,9 @@ type bufferedConn struct {
 func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 // pipeBoth copies both ways until each side ends, half-closing as it goes.
-func pipeBoth(client net.Conn, up *meteredConn) {
+// The agent's first flight is checked (checkFirstFlight) before any of it
+// goes up; a refused one closes both sides and is returned.
+func pipeBoth(client net.Conn, up *meteredConn, t target) *denial {
 	done := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(client, up)
@@ -338,13 +343,21 @@ func pipeBoth(client net.Conn, up *meteredConn) {
 		}
 		close(done)
 	}()
-	_, err := io.Copy(up, client)
+	src, d := checkFirstFlight(client, t)
+	if d != nil {
+		up.Close()
+		client.Close()
+		<-done
+		return d
+	}
+	_, err := io.Copy(up, src)
 	_ = up.CloseWrite()
 	if err != nil {
 		// The budget ran out or the client failed: end the other direction too.
 		up.Close()
 	}
 	<-done
+	return nil
 }
 
 // handlePlain proxies one plain HTTP request.
