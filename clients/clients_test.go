@@ -63,7 +63,7 @@ func interpreter(t *testing.T, name, version string) string {
 func TestPythonClient(t *testing.T) {
 	py := interpreter(t, "python3", "3.11 or later")
 	cp := startControlPlane(t)
-	cmd := exec.Command(py, "-m", "unittest", "-v", "discover", "-s", "tests")
+	cmd := exec.Command(py, "-m", "unittest", "discover", "-v", "-s", "tests")
 	cmd.Dir = filepath.Join(moduleRoot(), "clients", "python")
 	out := cp.runClientTests(t, cmd)
 	assert.NotContains(t, out, "skipped", "every Python test ran")
@@ -75,7 +75,7 @@ func TestTypeScriptClient(t *testing.T) {
 	cmd := exec.Command(node, "--test", "test/")
 	cmd.Dir = filepath.Join(moduleRoot(), "clients", "typescript")
 	out := cp.runClientTests(t, cmd)
-	assert.Contains(t, out, "# skipped 0", "every TypeScript test ran")
+	assert.NotContains(t, out, "# SKIP", "every TypeScript test ran")
 }
 
 // controlPlane is a running serve and worker with two users' tokens.

@@ -157,6 +157,4 @@ export declare class Client {
   readOutput(runId: string, offset?: number, opts?: CallOptions): Promise<Uint8Array>;
   follow(runId: string, offset?: number, opts?: CallOptions & { maxReconnects?: number }): AsyncGenerator<OutputChunk, void, undefined>;
   wait(runId: string, opts?: CallOptions & { timeoutMs?: number; pollIntervalMs?: number }): Promise<Run>;
-  download(runId: string, record: 'log' | 'patch' | 'trace', opts?: CallOptions): Promise<Uint8Array>;
-  artifact(runId: string, name: string, opts?: CallOptions): Promise<Uint8Array>;
 }

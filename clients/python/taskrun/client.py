@@ -42,7 +42,6 @@ STATUSES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_DOWNLOADS = {"log": "log", "patch": "patch", "trace": "trace"}
 _READ_CHUNK = 64 << 10
 _WORKSPACE_CHUNK = 1 << 20
 
@@ -422,45 +421,9 @@ class Client:
             else:
                 time.sleep(poll_interval)
 
-    # -- stored records (the web interface's download routes) ---------------
-
-    def download(self, run_id: str, record: str) -> bytes:
-        """Return one of a finished run's stored records: ``"log"`` (the
-        complete ``output.log``), ``"patch"`` (``changes.patch``) or
-        ``"trace"``. These come from the control plane's shared store, through
-        the download routes of its web interface (``/ui/runs/{id}/...``).
-
-        Raises:
-            NotFoundError: no such run, another user's, or no such record.
-        """
-        if record not in _DOWNLOADS:
-            raise ValueError(f"record {record!r}: one of {', '.join(_DOWNLOADS)}")
-        path = "/ui/runs/" + _check_id(run_id) + "/" + _DOWNLOADS[record]
-        with self._open("GET", path) as resp:
-            return _read_all(resp, path)
-
-    def artifact(self, run_id: str, name: str) -> bytes:
-        """Return one of a finished run's artifacts by its path.
-
-        Raises:
-            NotFoundError: no such run, another user's, or no such artifact.
-        """
-        if not name or name.startswith("/"):
-            raise ValueError(f"artifact {name!r}: give its path relative to the run's artifacts")
-        path = "/ui/runs/" + _check_id(run_id) + "/artifacts/" + urllib.parse.quote(name)
-        with self._open("GET", path) as resp:
-            return _read_all(resp, path)
-
 
 class _Silent(TransportError):
     """A follow's server sent nothing for the client's timeout."""
-
-
-def _read_all(resp: HTTPResponse, path: str) -> bytes:
-    try:
-        return resp.read()
-    except (OSError, HTTPException) as e:
-        raise TransportError(f"GET {path}: {e}") from e
 
 
 def _retry_after(value: Optional[str]) -> Optional[float]:

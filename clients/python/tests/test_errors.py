@@ -95,7 +95,7 @@ class ErrorTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.client.get("a/b")
         with self.assertRaises(ValueError):
-            self.client.download("r1", "secrets")
+            list(self.client.follow("r1", -1))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ export const STATUSES = Object.freeze(['QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED
 export const TERMINAL_STATUSES = Object.freeze(['SUCCEEDED', 'FAILED', 'CANCELLED']);
 
 const ID = /^[A-Za-z0-9_-]{1,128}$/;
-const RECORDS = new Set(['log', 'patch', 'trace']);
 
 /** Base class of every error this package throws. */
 export class TaskrunError extends Error {
@@ -370,34 +369,6 @@ export class Client {
       if (left <= 0) throw new WaitTimeoutError(runId, opts.timeoutMs ?? 0, run);
       await sleep(Math.min(interval, left), opts.signal);
     }
-  }
-
-  /**
-   * One of a finished run's stored records, from the control plane's shared
-   * store through its web interface's download routes (/ui/runs/{id}/...):
-   * 'log' (the complete output.log), 'patch' (changes.patch) or 'trace'.
-   * @param {string} runId @param {'log' | 'patch' | 'trace'} record
-   * @param {{signal?: AbortSignal}} [opts]
-   * @returns {Promise<Uint8Array>}
-   */
-  async download(runId, record, opts = {}) {
-    if (!RECORDS.has(record)) throw new TypeError(`record ${JSON.stringify(record)}: one of log, patch, trace`);
-    const resp = await this.open('GET', `/ui/runs/${checkId(runId)}/${record}`, { signal: opts.signal });
-    return new Uint8Array(await resp.arrayBuffer());
-  }
-
-  /**
-   * One of a finished run's artifacts, by its path.
-   * @param {string} runId @param {string} name @param {{signal?: AbortSignal}} [opts]
-   * @returns {Promise<Uint8Array>}
-   */
-  async artifact(runId, name, opts = {}) {
-    if (!name || name.startsWith('/')) {
-      throw new TypeError(`artifact ${JSON.stringify(name)}: give its path relative to the run's artifacts`);
-    }
-    const p = name.split('/').map(encodeURIComponent).join('/');
-    const resp = await this.open('GET', `/ui/runs/${checkId(runId)}/artifacts/${p}`, { signal: opts.signal });
-    return new Uint8Array(await resp.arrayBuffer());
   }
 }
 
