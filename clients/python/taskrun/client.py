@@ -180,8 +180,9 @@ class Client:
         self.base_url = base_url.rstrip("/")
         self._token = token
         self.timeout = timeout
-        # No proxy from the environment: the token goes only where base_url says.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        # No proxy from the environment and no redirect followed: the token
+        # goes only where base_url says.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
     def __repr__(self) -> str:
         return f"Client({self.base_url!r})"
@@ -420,6 +421,14 @@ class Client:
                 time.sleep(min(poll_interval, left))
             else:
                 time.sleep(poll_interval)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuses redirects: the control plane sends none, and following one
+    would carry the token elsewhere. The 3xx becomes an APIError."""
+
+    def redirect_request(self, *args: Any, **kw: Any) -> None:
+        return None
 
 
 class _Silent(TransportError):

@@ -31,6 +31,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(429)
             self.send_header("Content-Type", "application/json")
             self.send_header("Retry-After", "5")
+        elif self.path.startswith("/v1/runs/moved"):
+            body = b""
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.2:1/v1/runs/elsewhere")
         elif self.path.startswith("/v1/runs/broken"):
             body = b"<html>oops</html>"
             self.send_response(502)
@@ -72,6 +76,11 @@ class ErrorTest(unittest.TestCase):
             self.client.get("broken")
         self.assertEqual(cm.exception.status, 502)
         self.assertEqual(cm.exception.message, "Bad Gateway")
+
+    def test_redirects_are_not_followed(self) -> None:
+        with self.assertRaises(APIError) as cm:
+            self.client.get("moved")
+        self.assertEqual(cm.exception.status, 302)
 
     def test_other_statuses(self) -> None:
         with self.assertRaises(UnsupportedMediaTypeError) as cm:

@@ -170,6 +170,12 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(pd.exception.status, 403)
         self.assertIn("worker token is refused", pd.exception.message)
 
+    def test_workers_are_listed(self) -> None:
+        workers = self.client.workers()
+        self.assertEqual(len(workers), 1, workers)
+        self.assertEqual(workers[0]["capacity"]["slots"], 2)
+        self.assertIn(self.image, workers[0]["labels"]["images"])
+
     def test_bad_request_names_the_field(self) -> None:
         with self.assertRaises(BadRequestError) as cm:
             self.client.submit("hi", image=self.image, env=["NO_EQUALS_SIGN"])

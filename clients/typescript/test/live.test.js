@@ -194,6 +194,13 @@ describe('against serve and a worker', { skip }, () => {
     });
   });
 
+  it('lists the workers', async () => {
+    const workers = await client.workers();
+    assert.equal(workers.length, 1, JSON.stringify(workers));
+    assert.equal(workers[0].capacity.slots, 2);
+    assert.ok(/** @type {string[]} */ (workers[0].labels.images).includes(image));
+  });
+
   it('names the bad field', async () => {
     await assert.rejects(client.submit({ prompt: 'hi', image, env: ['NO_EQUALS_SIGN'] }), (e) => {
       assert.ok(e instanceof BadRequestError, String(e));
