@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import sys
 import tarfile
+import threading
 import time
 import unittest
+import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -41,6 +44,54 @@ URL = os.environ.get("TASKRUN_URL", "")
 # not UTF-8, and a tail without a newline.
 EXPECTED = b"first line\nbin:\xff\x01 end\nno newline"
 SCRIPT = r"printf 'first line\n'; sleep 1; printf 'bin:\377\001 end\n'; sleep 1; printf 'no newline'"
+
+
+class CuttingProxy:
+    """A TCP proxy on loopback to the control plane that cuts every
+    connection ``life`` seconds after it was opened."""
+
+    def __init__(self, upstream: str, life: float) -> None:
+        u = urllib.parse.urlsplit(upstream)
+        self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
+        self.life = life
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = "http://127.0.0.1:%d" % self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            server = socket.create_connection(self.upstream)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            timer = threading.Timer(self.life, self._cut, args=(client, server))
+            timer.daemon = True
+            timer.start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _cut(*socks: socket.socket) -> None:
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()
 
 
 @unittest.skipUnless(URL, "TASKRUN_URL is not set: run through go test ./clients, which starts serve and a worker")
@@ -94,6 +145,16 @@ class LiveTest(unittest.TestCase):
         self.assertIn(run_id, [r.id for r in listed])
         self.assertTrue(all(r.status == "SUCCEEDED" for r in listed))
         self.assertEqual(self.client.list_runs(limit=1)[0].status in taskrun.STATUSES, True)
+
+    def test_follow_resumes_after_the_connection_drops(self) -> None:
+        run_id = self.submit("for i in 1 2 3 4; do echo line $i; sleep 1; done")
+        proxy = CuttingProxy(URL, life=1.5)
+        self.addCleanup(proxy.close)
+        cut = Client(proxy.url, os.environ["TASKRUN_TOKEN"])
+        got = b"".join(c.data for c in cut.follow(run_id, max_reconnects=10))
+        self.assertEqual(got, b"line 1\nline 2\nline 3\nline 4\n")
+        self.assertGreater(proxy.connections, 1, "the follow was cut and resumed")
+        self.assertEqual(self.client.wait(run_id, timeout=120).status, "SUCCEEDED")
 
     def test_workspace_is_uploaded(self) -> None:
         buf = io.BytesIO()

@@ -8,6 +8,7 @@
 
 import assert from 'node:assert/strict';
 import { appendFileSync } from 'node:fs';
+import net from 'node:net';
 import { describe, it, before } from 'node:test';
 import { gzipSync } from 'node:zlib';
 
@@ -54,6 +55,33 @@ function tarGz(name, data) {
   put(sum.toString(8).padStart(6, '0') + '\0 ', 148, 8);
   const pad = Buffer.alloc((512 - (data.length % 512)) % 512);
   return gzipSync(Buffer.concat([h, data, pad, Buffer.alloc(1024)]));
+}
+
+/**
+ * A TCP proxy on loopback to the control plane that cuts every connection
+ * `lifeMs` after it was opened.
+ * @param {string} upstream @param {number} lifeMs
+ */
+async function cuttingProxy(upstream, lifeMs) {
+  const u = new URL(upstream);
+  const state = { connections: 0, url: '', close: () => {} };
+  const server = net.createServer((client) => {
+    state.connections++;
+    const up = net.connect(Number(u.port), u.hostname);
+    client.pipe(up).on('error', () => {});
+    up.pipe(client).on('error', () => {});
+    client.on('error', () => {});
+    up.on('error', () => {});
+    setTimeout(() => {
+      client.destroy();
+      up.destroy();
+    }, lifeMs).unref();
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(undefined)));
+  const addr = /** @type {import('node:net').AddressInfo} */ (server.address());
+  state.url = `http://127.0.0.1:${addr.port}`;
+  state.close = () => server.close();
+  return state;
 }
 
 describe('errors', () => {
@@ -113,6 +141,21 @@ describe('against serve and a worker', { skip }, () => {
     const listed = await client.listRuns({ status: 'SUCCEEDED', limit: 500 });
     assert.ok(listed.some((r) => r.id === id));
     assert.ok(listed.every((r) => r.status === 'SUCCEEDED'));
+  });
+
+  it('resumes a follow after the connection drops', async () => {
+    const id = await submit('for i in 1 2 3 4; do echo line $i; sleep 1; done');
+    const proxy = await cuttingProxy(URL_, 1500);
+    try {
+      const cut = new Client(proxy.url, process.env.TASKRUN_TOKEN ?? '');
+      const parts = [];
+      for await (const c of cut.follow(id, 0, { maxReconnects: 10 })) parts.push(c.data);
+      assert.equal(join(parts).toString(), 'line 1\nline 2\nline 3\nline 4\n');
+      assert.ok(proxy.connections > 1, 'the follow was cut and resumed');
+    } finally {
+      proxy.close();
+    }
+    assert.equal((await client.wait(id, { timeoutMs: 120000 })).status, 'SUCCEEDED');
   });
 
   it('uploads a workspace', async () => {
