@@ -46,22 +46,30 @@ func required() bool {
 	return os.Getenv(EnvRequire) == "1" || os.Getenv("CI") == "true"
 }
 
-// interpreter returns the path of name, or skips (fails when required).
-func interpreter(t *testing.T, name, version string) string {
+// interpreter returns the path of name if it is installed and new enough
+// (check, run with it, exits 0), or skips (fails when required).
+func interpreter(t *testing.T, name, client, version string, check ...string) string {
 	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		msg := fmt.Sprintf("%s (%s) is not installed: the %s client's tests need it", name, version, name)
+	missing := func(why string) {
+		msg := fmt.Sprintf("%s: the %s client's tests need %s %s", why, client, name, version)
 		if required() {
 			t.Fatal(msg + " (required: CI=true or " + EnvRequire + "=1)")
 		}
 		t.Skip(msg)
 	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		missing(name + " is not installed")
+	}
+	if out, err := exec.Command(p, check...).CombinedOutput(); err != nil {
+		missing(fmt.Sprintf("%s is too old (%v: %s)", p, err, bytes.TrimSpace(out)))
+	}
 	return p
 }
 
 func TestPythonClient(t *testing.T) {
-	py := interpreter(t, "python3", "3.11 or later")
+	py := interpreter(t, "python3", "Python", "3.11 or later",
+		"-c", "import sys; print(sys.version); sys.exit(sys.version_info < (3, 11))")
 	cp := startControlPlane(t)
 	cmd := exec.Command(py, "-m", "unittest", "discover", "-v", "-s", "tests")
 	cmd.Dir = filepath.Join(moduleRoot(), "clients", "python")
@@ -70,7 +78,8 @@ func TestPythonClient(t *testing.T) {
 }
 
 func TestTypeScriptClient(t *testing.T) {
-	node := interpreter(t, "node", "20 or later")
+	node := interpreter(t, "node", "TypeScript", "20 or later",
+		"-e", "console.log(process.version); process.exit(Number(process.versions.node.split('.')[0]) >= 20 ? 0 : 1)")
 	cp := startControlPlane(t)
 	cmd := exec.Command(node, "--test", "test/")
 	cmd.Dir = filepath.Join(moduleRoot(), "clients", "typescript")
