@@ -131,6 +131,9 @@ function sleep(ms, signal) {
  * A client of one taskrun control plane, acting with one user token.
  */
 export class Client {
+  /** The user token: a private field, so logging a client does not show it. */
+  #token;
+
   /**
    * @param {string} baseUrl the control plane, http://HOST:PORT or https://HOST
    * @param {string} token a user token
@@ -149,8 +152,7 @@ export class Client {
     }
     if (!token) throw new TypeError('no token: pass a user token (e.g. $TASKRUN_TOKEN)');
     this.baseUrl = baseUrl.replace(/\/+$/, '');
-    /** @private */
-    this.token = token;
+    this.#token = token;
     this.timeoutMs = options.timeoutMs ?? 30000;
   }
 
@@ -168,7 +170,7 @@ export class Client {
       if (v !== undefined && v !== null) url.searchParams.set(k, String(v));
     }
     /** @type {Record<string, string>} */
-    const headers = { Authorization: `Bearer ${this.token}`, 'User-Agent': 'taskrun-js-client' };
+    const headers = { Authorization: `Bearer ${this.#token}`, 'User-Agent': 'taskrun-js-client' };
     if (opts.contentType) headers['Content-Type'] = opts.contentType;
     // The timeout bounds the wait for the answer's headers only.
     const ctl = new AbortController();
