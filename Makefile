@@ -13,7 +13,8 @@ export TESTCONTAINERS_RYUK_DISABLED ?= true
 
 # In CI every part is required: tests that need gVisor, the S3 server, the
 # image registry, PostgreSQL, the test cluster or Chromium (the web
-# interface's browser tests) fail instead of skipping when it is missing.
+# interface's browser tests), python3 and node (the Python and TypeScript
+# clients' tests) fail instead of skipping when it is missing.
 ifeq ($(CI),true)
 export TASKRUN_REQUIRE_S3 := 1
 export TASKRUN_REQUIRE_POSTGRES := 1
@@ -21,6 +22,7 @@ export TASKRUN_REQUIRE_RUNSC := 1
 export TASKRUN_REQUIRE_REGISTRY := 1
 export TASKRUN_REQUIRE_KUBE := 1
 export TASKRUN_REQUIRE_CHROMIUM := 1
+export TASKRUN_REQUIRE_CLIENTS := 1
 endif
 
 # go test's -timeout per package. The tests' own deadlines scale with the
@@ -34,7 +36,7 @@ SETUP := GO=$(GO) scripts/test-setup.sh
 # Prerequisites run in the order written: setup before images before tests.
 .NOTPARALLEL:
 
-.PHONY: all build setup images demo test test-short bench vet fmt clean kube-up kube-down ui-shots
+.PHONY: all build setup images demo test test-short test-clients bench vet fmt clean kube-up kube-down ui-shots
 
 all: build
 
@@ -88,6 +90,11 @@ kube-up:
 ## bridge, state directory)
 kube-down:
 	@scripts/kube-down.sh
+
+## test-clients: the Python (clients/python) and TypeScript (clients/typescript) clients'
+## tests against a real taskrun serve and worker (part of make test too)
+test-clients: images
+	TASKRUN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v ./clients
 
 ## test-short: unit tests only (no containers)
 test-short:
