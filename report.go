@@ -151,15 +151,17 @@ func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, 
 	if out.Status != model.StatusSucceeded {
 		err = &RunError{Status: out.Status, Reason: out.Reason, Err: errors.Join(v.err, persistErr, wd.streamLoss)}
 	}
+	// The index record goes first: once the terminal report ends the
+	// run's lease, a fenced store takes no more writes of it.
+	stopIndex := p.timings.Start(timings.Index)
+	writeIndex(ctx, p, indexRecord(p, wd, ex, out, st))
+	stopIndex()
 	stopReport := p.timings.Start(timings.Report)
 	perr := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req)
 	stopReport()
 	if perr != nil {
 		err = errors.Join(err, reportError{fmt.Errorf("report %s: %w", out.Status, perr)})
 	}
-	stopIndex := p.timings.Start(timings.Index)
-	writeIndex(ctx, p, indexRecord(p, wd, ex, out, st))
-	stopIndex()
 	p.log.Info("run finished", "status", out.Status, "reason", out.Reason, "exit_code", out.Exit.ExitCode)
 	return out, err
 }

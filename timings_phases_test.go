@@ -83,15 +83,16 @@ func TestPhasesAreTimed(t *testing.T) {
 	// the run read.
 	assert.Less(t, timings.Total(out.Timings), float64(time.Hour/time.Millisecond))
 
-	// The index record, written at the end of report, holds every phase up
-	// to the final PATCH.
+	// The index record, written just before the final PATCH (which ends a
+	// leased run's lease and with it the run's writes), holds every phase
+	// up to it.
 	rec, err := runindex.Find(context.Background(), u.store, "timed1", "user1")
 	require.NoError(t, err)
 	stored := map[string]bool{}
 	for _, s := range rec.Timings {
 		stored[s.Phase] = true
 	}
-	for _, phase := range []string{timings.Prepare, timings.Create, timings.Start, timings.LiveAudit, timings.SelfCheck, timings.Wait, timings.Persist, timings.Report} {
+	for _, phase := range []string{timings.Prepare, timings.Create, timings.Start, timings.LiveAudit, timings.SelfCheck, timings.Wait, timings.Persist, timings.Release} {
 		assert.True(t, stored[phase], "the index record holds %s: %v", phase, rec.Timings)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/workerclient"
@@ -33,7 +34,8 @@ func Lost(err error) bool {
 }
 
 // Store wraps a run's stores (persist.PersistStorage and
-// persist.ArtifactStorage) with the run's lease. Before each write it calls
+// persist.ArtifactStorage, and the run index when the wrapped store keeps
+// one) with the run's lease. Before each write it calls
 // Confirm:
 //   - confirmed: the write goes through;
 //   - the lease is lost: the write is dropped, and so is every later one.
@@ -127,4 +129,28 @@ func (s *Store) PutArtifact(ctx context.Context, ref persist.RunRef, relPath str
 // OpenArtifact implements persist.ArtifactStorage.
 func (s *Store) OpenArtifact(ctx context.Context, ref persist.RunRef, relPath string) (io.ReadCloser, error) {
 	return s.artifacts.OpenArtifact(ctx, ref, relPath)
+}
+
+// indexWriter is the run index's writer (runindex.Writer).
+type indexWriter interface {
+	PutIndex(ctx context.Context, ref persist.RunRef, start time.Time, doc []byte) (persist.ObjectInfo, error)
+}
+
+// ErrNoIndex is returned by PutIndex when the wrapped store keeps no run
+// index.
+var ErrNoIndex = errors.New("fencedstore: the wrapped store keeps no run index")
+
+// PutIndex writes the run's index record through the wrapped store, as
+// runindex.Writer does, fenced as every other write: a run's lister, the
+// web interface and `taskrun runs` find a leased run as they find a local
+// one.
+func (s *Store) PutIndex(ctx context.Context, ref persist.RunRef, start time.Time, doc []byte) (persist.ObjectInfo, error) {
+	w, ok := s.persist.(indexWriter)
+	if !ok {
+		return persist.ObjectInfo{}, ErrNoIndex
+	}
+	if ok, err := s.allow(ctx, "the run index", nil); !ok {
+		return persist.ObjectInfo{}, err
+	}
+	return w.PutIndex(ctx, ref, start, doc)
 }

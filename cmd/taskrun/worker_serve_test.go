@@ -22,6 +22,8 @@ import (
 	"github.com/taskrun/taskrun/internal/pgtest"
 	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -183,6 +185,21 @@ func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc) {
 		assert.LessOrEqual(t, creates[id], r.Attempts, "run %s: %d containers for %d leases", id, creates[id], r.Attempts)
 	}
 	t.Logf("%d runs, %d finalized worker lost", n, lost)
+
+	// Each run a worker finished is in the store's run index, once, as
+	// `taskrun runs` and the web interface find it.
+	st, err := persist.Open(ctx, env.store)
+	require.NoError(t, err)
+	defer st.Close()
+	for id := range retryable {
+		if get(id).Status != model.StatusSucceeded {
+			continue
+		}
+		rec, err := runindex.Find(ctx, st, id, env.user)
+		if assert.NoError(t, err, "run %s has an index record", id) {
+			assert.Equal(t, model.StatusSucceeded, rec.Status, id)
+		}
+	}
 
 	// Both sides' metrics carry the series.
 	for _, s := range serves {
