@@ -109,8 +109,7 @@ type stream struct {
 
 // ControlPlane is the test server. Create it with New.
 type ControlPlane struct {
-	tb    testing.TB
-	token string
+	tb testing.TB
 
 	mu         sync.Mutex
 	addr       string
@@ -143,7 +142,6 @@ func New(tb testing.TB, token string) *ControlPlane {
 	tb.Helper()
 	cp := &ControlPlane{
 		tb:      tb,
-		token:   token,
 		workers: map[string]string{token: "default"},
 		patches: map[string][]workerclient.PatchTaskRunRequest{},
 		streams: map[string]*stream{},
@@ -320,8 +318,6 @@ func (cp *ControlPlane) middleware(next http.Handler) http.Handler {
 	})
 }
 
-// recordOf describes r. The mux has not routed r yet, so the run ID is taken
-// from the path directly.
 // AddWorkerToken accepts token as the credential of one more worker. A
 // lease is bound to the credential that asked for it: a call for the run
 // made with another worker's credential is refused (403), even with the
@@ -395,6 +391,8 @@ func (cp *ControlPlane) commitThenFail(w http.ResponseWriter, r *http.Request, n
 	_, _ = w.Write(rec.Body.Bytes())
 }
 
+// recordOf describes r. The mux has not routed r yet, so the run ID is taken
+// from the path directly.
 func recordOf(r *http.Request) Request {
 	fence, _ := strconv.ParseInt(r.Header.Get(workerclient.HeaderFence), 10, 64)
 	if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/leases"); ok {
