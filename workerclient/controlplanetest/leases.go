@@ -30,7 +30,8 @@ import (
 // live lease (412 otherwise, counted: see Stale), and the lease's token with
 // the worker credential it was handed to (403 otherwise). PATCHes and stream
 // POSTs without fence headers for runs never enqueued are accepted: they are
-// the reports of a `taskrun run --server`, which holds no lease.
+// the reports of a `taskrun run --server`, which holds no lease. (The
+// reference server has no such runs: it refuses them, 428.)
 
 // Default lease timing of a ControlPlane; see SetLeaseTiming.
 const (
