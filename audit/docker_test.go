@@ -22,6 +22,7 @@ import (
 
 	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
@@ -40,6 +41,34 @@ func dockerClient(t *testing.T) *client.Client {
 	require.NoError(t, err, "image %s must exist locally (never pulled)", testImage)
 	t.Cleanup(func() { cli.Close() })
 	return cli
+}
+
+// backend connects to the engine the way `taskrun audit` does.
+func backend(t *testing.T) *docker.Backend {
+	t.Helper()
+	b, err := docker.New(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// containers audits the given containers against the engine's host facts,
+// as `taskrun audit` does.
+func containers(ctx context.Context, t *testing.T, ids ...string) ([]Report, error) {
+	b := backend(t)
+	host, err := b.HostFacts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	postures, err := b.Postures(ctx, ids...)
+	if err != nil {
+		return nil, err
+	}
+	reports := make([]Report, len(postures))
+	for i, p := range postures {
+		reports[i] = Check(p, host, Options{})
+	}
+	return reports, nil
 }
 
 type fixture struct {
@@ -171,7 +200,7 @@ func TestDockerFixturesFlagExactlyTheirRule(t *testing.T) {
 			f := baseline(t, "run-audit-1")
 			tc.break_(&f)
 			id := create(t, cli, f)
-			reports, err := Containers(ctx, cli, Options{}, id)
+			reports, err := containers(ctx, t, id)
 			require.NoError(t, err)
 			require.Len(t, reports, 1)
 			assert.Equal(t, tc.want, reports[0].FailedIDs(), "%+v", reports[0].Findings)
@@ -192,24 +221,24 @@ func TestDockerStartedBaselinePasses(t *testing.T) {
 	case err := <-errCh:
 		require.NoError(t, err)
 	}
-	reports, err := Containers(ctx, cli, Options{}, id)
+	reports, err := containers(ctx, t, id)
 	require.NoError(t, err)
 	assert.Empty(t, reports[0].FailedIDs())
 
-	ids, err := ManagedIDs(ctx, cli, testLabel)
+	ids, err := backend(t).ManagedIDs(ctx, testLabel)
 	require.NoError(t, err)
 	assert.Contains(t, ids, id)
 }
 
 func TestDockerAppArmorNotApplicableHere(t *testing.T) {
 	cli := dockerClient(t)
-	host, err := Host(context.Background(), cli)
+	host, err := backend(t).HostFacts(context.Background())
 	require.NoError(t, err)
 	if host.AppArmor {
 		t.Skip("this host has AppArmor; the NOT_APPLICABLE path is covered by TestAppArmorNotApplicableWithoutHostSupport")
 	}
 	id := create(t, cli, baseline(t, "run-audit-3"))
-	reports, err := Containers(context.Background(), cli, Options{}, id)
+	reports, err := containers(context.Background(), t, id)
 	require.NoError(t, err)
 	assert.Equal(t, NotApplicable, findingByID(t, reports[0], "5.2").Status)
 }

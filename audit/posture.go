@@ -4,8 +4,9 @@
 // rules. The rules are pure functions over a Posture, the facts a sandbox
 // backend reports about a live container (sandbox.Posture), so a stored
 // isolation record can be re-checked years later without a Docker daemon.
-// The Docker reader (docker.go) reads the postures of live containers for
-// `taskrun audit`.
+// The backends read the postures of live containers (sandbox/docker's
+// Backend.Postures, sandbox/kubernetes' for Pods, and ParseInspect for a
+// saved `docker inspect`); this package links no container client.
 package audit
 
 import "github.com/taskrun/taskrun/sandbox"

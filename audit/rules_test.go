@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
@@ -307,9 +308,9 @@ func TestRunDirFromLabels(t *testing.T) {
 }
 
 func TestHostFactsFromInfo(t *testing.T) {
-	h := HostFactsFromInfo(system.Info{ServerVersion: "20.10.24", SecurityOptions: []string{"name=seccomp,profile=default", "name=rootless"}})
+	h := docker.HostFactsFromInfo(system.Info{ServerVersion: "20.10.24", SecurityOptions: []string{"name=seccomp,profile=default", "name=rootless"}})
 	assert.Equal(t, HostFacts{Seccomp: true, Rootless: true, ServerVersion: "20.10.24"}, h)
-	h = HostFactsFromInfo(system.Info{SecurityOptions: []string{"name=apparmor", "name=seccomp,profile=builtin", "name=selinux"}})
+	h = docker.HostFactsFromInfo(system.Info{SecurityOptions: []string{"name=apparmor", "name=seccomp,profile=builtin", "name=selinux"}})
 	assert.Equal(t, HostFacts{AppArmor: true, Seccomp: true, SELinux: true}, h)
 }
 
@@ -322,7 +323,7 @@ func TestParseInspect(t *testing.T) {
 	    "Devices":[{"PathOnHost":"/dev/null","PathInContainer":"/dev/null","CgroupPermissions":"rwm"}],
 	    "Ulimits":[{"Name":"nofile","Soft":1,"Hard":2}]},
 	  "Mounts":[{"Type":"bind","Source":"/a","Destination":"/taskrun","RW":true,"Propagation":"rprivate"}]}]`)
-	p, err := ParseInspect(raw)
+	p, err := docker.ParseInspect(raw)
 	require.NoError(t, err)
 	assert.Equal(t, "abc", p.ID)
 	assert.Equal(t, "run-1", p.Name)
@@ -336,9 +337,9 @@ func TestParseInspect(t *testing.T) {
 	assert.Equal(t, []Ulimit{{Name: "nofile", Soft: 1, Hard: 2}}, p.Ulimits)
 	assert.Equal(t, []Mount{{Type: "bind", Source: "/a", Destination: "/taskrun", RW: true, Propagation: "rprivate"}}, p.Mounts)
 
-	_, err = ParseInspect([]byte(`{"Id":"abc"}`))
-	assert.ErrorIs(t, err, ErrIncompleteInspect)
-	_, err = ParseInspect([]byte(`[]`))
+	_, err = docker.ParseInspect([]byte(`{"Id":"abc"}`))
+	assert.ErrorIs(t, err, docker.ErrIncompleteInspect)
+	_, err = docker.ParseInspect([]byte(`[]`))
 	assert.Error(t, err)
 }
 
@@ -381,13 +382,13 @@ func findingByID(t *testing.T, r Report, id string) Finding {
 }
 
 func TestParseHostInfoReadsSecurityOptions(t *testing.T) {
-	h, err := ParseHostInfo([]byte(`{"ServerVersion":"20.10.24","SecurityOptions":["name=seccomp,profile=default","name=apparmor"]}`))
+	h, err := docker.ParseHostInfo([]byte(`{"ServerVersion":"20.10.24","SecurityOptions":["name=seccomp,profile=default","name=apparmor"]}`))
 	require.NoError(t, err)
 	assert.True(t, h.Seccomp)
 	assert.True(t, h.AppArmor)
 	assert.Equal(t, "20.10.24", h.ServerVersion)
 
-	_, err = ParseHostInfo([]byte(`not json`))
+	_, err = docker.ParseHostInfo([]byte(`not json`))
 	require.Error(t, err)
 }
 

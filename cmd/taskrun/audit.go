@@ -9,12 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/docker/docker/client"
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/sandbox/kubernetes"
 )
 
@@ -157,21 +157,38 @@ func auditPods(ctx context.Context, kubeconfig, namespace string, names []string
 	return reports, nil
 }
 
+// auditLive audits the given containers, or every managed one when all is
+// set, through the Docker backend.
 func auditLive(ctx context.Context, all bool, ids []string, opts audit.Options) ([]audit.Report, error) {
-	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
-	if err != nil {
-		return nil, fmt.Errorf("docker client (check DOCKER_HOST): %w", err)
+	if !all && len(ids) == 0 {
+		return nil, errors.New("no containers to audit: name them, or give --all")
 	}
-	defer cli.Close()
+	b, err := docker.New(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
 	if all {
-		if ids, err = audit.ManagedIDs(ctx, cli); err != nil {
+		if ids, err = b.ManagedIDs(ctx); err != nil {
 			return nil, err
 		}
 		if len(ids) == 0 {
 			return nil, nil
 		}
 	}
-	return audit.Containers(ctx, cli, opts, ids...)
+	host, err := b.HostFacts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	postures, err := b.Postures(ctx, ids...)
+	if err != nil {
+		return nil, err
+	}
+	reports := make([]audit.Report, 0, len(postures))
+	for _, p := range postures {
+		reports = append(reports, audit.Check(p, host, opts))
+	}
+	return reports, nil
 }
 
 func auditRecord(ctx context.Context, storeURL, path string) ([]audit.Report, error) {

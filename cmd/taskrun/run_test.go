@@ -28,6 +28,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
+	sandboxdocker "github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/uidpool"
 )
 
@@ -294,11 +295,11 @@ func TestRunAppliesPolicyToLiveContainer(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.NotEmpty(t, raw, "the run's container was never seen live")
 
-	p, err := audit.ParseInspect(raw)
+	p, err := sandboxdocker.ParseInspect(raw)
 	require.NoError(t, err)
 	info, err := docker.Info(context.Background())
 	require.NoError(t, err)
-	rep := audit.Check(p, audit.HostFactsFromInfo(info), audit.Options{})
+	rep := audit.Check(p, sandboxdocker.HostFactsFromInfo(info), audit.Options{})
 	assert.False(t, rep.Failed(), "failed rules: %v", rep.FailedIDs())
 
 	var insp container.InspectResponse

@@ -22,11 +22,16 @@ import (
 	"github.com/taskrun/taskrun/persist"
 )
 
-// Tokens of the test server: one worker token, one user token (user "alice").
+// Tokens of the test server: two worker credentials (server.DefaultWorker
+// and OtherWorker), one user token (user "alice").
 const (
 	WorkerToken = "servertest-worker-token-0123456789"
 	UserToken   = "servertest-user-token-0123456789"
 	User        = "alice"
+	// OtherWorker is a second worker, with its own credential: a lease
+	// handed to one worker is refused to the other.
+	OtherWorker      = "other"
+	OtherWorkerToken = "servertest-other-worker-token-0123"
 )
 
 // Options adjust the server. The zero value is a SQLite store in a temporary
@@ -86,6 +91,9 @@ func Start(tb testing.TB, o Options) *Server {
 	}
 	var tk server.Tokens
 	if err := tk.AddWorker(server.DefaultWorker, WorkerToken); err != nil {
+		tb.Fatal(err)
+	}
+	if err := tk.AddWorker(OtherWorker, OtherWorkerToken); err != nil {
 		tb.Fatal(err)
 	}
 	if err := tk.AddUser(User, UserToken); err != nil {

@@ -49,8 +49,7 @@ type handle struct {
 	memory   memoryWatch
 	waitErr  error
 
-	waitOnce  sync.Once
-	result    sandbox.Result
+	waiter    sandbox.Waiter
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -157,50 +156,26 @@ func (h *handle) Posture(ctx context.Context) (sandbox.Posture, error) {
 // cancelled, stops the container in the latter two cases, drains both streams
 // and reports the container's final state. Later calls return the same Result.
 func (h *handle) Wait(ctx context.Context) sandbox.Result {
-	h.waitOnce.Do(func() { h.result = h.wait(ctx) })
-	return h.result
+	return h.waiter.Wait(ctx, sandbox.WaitSteps{
+		Exited:  h.exited,
+		Started: h.started,
+		Timeout: h.spec.Timeout,
+		Stop:    h.stopOrKill,
+		Finish: func(ctx context.Context, res *sandbox.Result) {
+			res.Err = errors.Join(h.awaitExit(ctx), h.drain(), h.inspectResult(ctx, res))
+		},
+	})
 }
 
-// wait implements Wait.
-func (h *handle) wait(ctx context.Context) sandbox.Result {
-	res := sandbox.Result{ExitCode: -1}
-	var deadline <-chan time.Time
-	if h.spec.Timeout > 0 {
-		t := time.NewTimer(time.Until(h.started.Add(h.spec.Timeout)))
-		defer t.Stop()
-		deadline = t.C
-	}
-	select {
-	case <-h.exited:
-	case <-deadline:
-		res.TimedOut = h.stopUnlessExited(ctx)
-	case <-ctx.Done():
-		res.Cancelled = h.stopUnlessExited(ctx)
-	}
-	var errs []error
-	errs = append(errs, h.awaitExit(ctx))
-	errs = append(errs, h.drain())
-	errs = append(errs, h.inspectResult(ctx, &res))
-	res.Err = errors.Join(errs...)
-	return res
-}
-
-// stopUnlessExited stops the container unless it exited on its own meanwhile,
-// and reports whether it stopped it.
-func (h *handle) stopUnlessExited(ctx context.Context) bool {
-	select {
-	case <-h.exited:
-		return false
-	default:
-	}
-	if sandbox.KillRequested(ctx) {
+// stopOrKill stops the container, or kills it at once when kill is set.
+func (h *handle) stopOrKill(ctx context.Context, kill bool) {
+	if kill {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		h.kill(kctx)
-		return true
+		return
 	}
 	h.stop(ctx)
-	return true
 }
 
 // stop sends SIGTERM, and SIGKILL after the grace period (the engine does this

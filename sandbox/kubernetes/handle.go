@@ -59,8 +59,7 @@ type handle struct {
 	pumpDone chan struct{}
 	pumpErr  error
 
-	waitOnce  sync.Once
-	result    sandbox.Result
+	waiter    sandbox.Waiter
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -270,27 +269,18 @@ func (h *handle) Posture(ctx context.Context) (sandbox.Posture, error) {
 // ctx is cancelled, stops it in the latter two cases, drains its output,
 // copies the read-write mounts back and reports how it ended.
 func (h *handle) Wait(ctx context.Context) sandbox.Result {
-	h.waitOnce.Do(func() { h.result = h.wait(ctx) })
-	return h.result
+	return h.waiter.Wait(ctx, sandbox.WaitSteps{
+		Exited:  h.pumpDone, // the attach session ends when the run container exits
+		Started: h.started,
+		Timeout: h.spec.Timeout,
+		Stop:    h.stop,
+		Finish:  h.finish,
+	})
 }
 
-// wait implements Wait.
-func (h *handle) wait(ctx context.Context) sandbox.Result {
-	res := sandbox.Result{ExitCode: -1}
-	var deadline <-chan time.Time
-	if h.spec.Timeout > 0 {
-		t := time.NewTimer(time.Until(h.started.Add(h.spec.Timeout)))
-		defer t.Stop()
-		deadline = t.C
-	}
-	// The attach session ends when the run container exits.
-	select {
-	case <-h.pumpDone:
-	case <-deadline:
-		res.TimedOut = h.stopUnlessExited(ctx)
-	case <-ctx.Done():
-		res.Cancelled = h.stopUnlessExited(ctx)
-	}
+// finish waits for the run container to terminate and its output to end,
+// copies the read-write mounts back and fills in res.
+func (h *handle) finish(ctx context.Context, res *sandbox.Result) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.spec.StopGrace+2*cleanupTimeout)
 	defer cancel()
 	var errs []error
@@ -318,27 +308,14 @@ func (h *handle) wait(ctx context.Context) sandbox.Result {
 	}
 	errs = append(errs, h.stdout.Err(), h.stderr.Err(), h.copyOut(dctx))
 	res.Err = errors.Join(errs...)
-	return res
-}
-
-// stopUnlessExited stops the run container unless it exited meanwhile, and
-// reports whether it stopped it.
-func (h *handle) stopUnlessExited(ctx context.Context) bool {
-	select {
-	case <-h.pumpDone:
-		return false
-	default:
-	}
-	h.stop(ctx)
-	return true
 }
 
 // stop runs the helper's stop in the run container: SIGTERM, then SIGKILL
-// after the grace period (SIGKILL alone when sandbox.KillRequested(ctx)). The exec ends with the container, so its error
-// is expected and only logged.
-func (h *handle) stop(ctx context.Context) {
+// after the grace period (SIGKILL alone when kill is set). The exec ends
+// with the container, so its error is expected and only logged.
+func (h *handle) stop(ctx context.Context, kill bool) {
 	grace := h.spec.StopGrace
-	if sandbox.KillRequested(ctx) {
+	if kill {
 		grace = 0 // SIGKILL at once
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace+cleanupTimeout)

@@ -36,6 +36,7 @@ type handle struct {
 	expire     chan struct{} // Process.TimeOut
 	expireOnce sync.Once
 	exited     chan struct{} // the Program returned
+	ended      chan struct{} // exited or closed: Wait has nothing to stop
 
 	mu       sync.Mutex
 	code     int
@@ -43,8 +44,7 @@ type handle struct {
 	started  time.Time
 	finished time.Time
 
-	waitOnce  sync.Once
-	result    sandbox.Result
+	waiter    sandbox.Waiter
 	closeOnce sync.Once
 	closed    chan struct{}
 }
@@ -52,13 +52,21 @@ type handle struct {
 func newHandle(b *Backend, spec sandbox.Spec, policy sandbox.Policy, streams sandbox.Streams, args []string) *handle {
 	ctx, kill := context.WithCancel(context.Background())
 	now := time.Now()
-	return &handle{
+	h := &handle{
 		b: b, id: newID(), spec: spec, policy: policy, labels: labels(spec, now), args: args,
 		stdout: &gate{w: streams.Stdout}, stderr: &gate{w: streams.Stderr},
 		ctx: ctx, kill: kill,
-		term: make(chan struct{}), expire: make(chan struct{}), exited: make(chan struct{}), closed: make(chan struct{}),
-		started: now,
+		term: make(chan struct{}), expire: make(chan struct{}), exited: make(chan struct{}), ended: make(chan struct{}),
+		closed: make(chan struct{}), started: now,
 	}
+	go func() {
+		select {
+		case <-h.exited:
+		case <-h.closed:
+		}
+		close(h.ended)
+	}()
+	return h
 }
 
 // run runs the Program and records its exit.
@@ -89,50 +97,31 @@ func (h *handle) Posture(ctx context.Context) (sandbox.Posture, error) {
 	return h.b.posture(h), nil
 }
 
-// Wait implements sandbox.Handle: it returns when the Program returns, or
-// stops the container when the Spec's timeout passes, the Program calls
-// TimeOut or ctx ends. No output is written after it returns.
+// Wait implements sandbox.Handle: it returns when the Program returns or the
+// container is removed, or stops the container when the Spec's timeout
+// passes, the Program calls TimeOut or ctx ends. No output is written after
+// it returns.
 func (h *handle) Wait(ctx context.Context) sandbox.Result {
-	h.waitOnce.Do(func() { h.result = h.wait(ctx) })
-	return h.result
-}
-
-func (h *handle) wait(ctx context.Context) sandbox.Result {
-	var timeout <-chan time.Time
-	if h.spec.Timeout > 0 {
-		t := time.NewTimer(h.spec.Timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
-	var timedOut, cancelled bool
-	select {
-	case <-h.exited:
-	case <-h.closed:
-	case <-timeout:
-		timedOut = true
-	case <-h.expire:
-		timedOut = true
-	case <-ctx.Done():
-		cancelled = true
-	}
-	switch {
-	case cancelled && sandbox.KillRequested(ctx):
-		h.sigkill()
-	case timedOut || cancelled:
-		h.stop()
-	}
-	h.stdout.close()
-	h.stderr.close()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return sandbox.Result{
-		ExitCode:   h.code,
-		OOMKilled:  h.oom,
-		TimedOut:   timedOut,
-		Cancelled:  cancelled,
-		StartedAt:  h.started,
-		FinishedAt: h.finished,
-	}
+	return h.waiter.Wait(ctx, sandbox.WaitSteps{
+		Exited:  h.ended,
+		Started: h.started,
+		Timeout: h.spec.Timeout,
+		Expire:  h.expire,
+		Stop: func(_ context.Context, kill bool) {
+			if kill {
+				h.sigkill()
+				return
+			}
+			h.stop()
+		},
+		Finish: func(_ context.Context, res *sandbox.Result) {
+			h.stdout.close()
+			h.stderr.close()
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			res.ExitCode, res.OOMKilled, res.StartedAt, res.FinishedAt = h.code, h.oom, h.started, h.finished
+		},
+	})
 }
 
 // stop sends SIGTERM, then SIGKILL when the Program has not returned after

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -108,8 +109,7 @@ type stream struct {
 
 // ControlPlane is the test server. Create it with New.
 type ControlPlane struct {
-	tb    testing.TB
-	token string
+	tb testing.TB
 
 	mu         sync.Mutex
 	addr       string
@@ -121,6 +121,11 @@ type ControlPlane struct {
 	streams    map[string]*stream
 	violations []error
 	authFails  int
+	// workers maps each worker credential (bearer token) to its name; a
+	// lease is bound to the credential that asked for it.
+	workers map[string]string
+	// skew moves the lease clock ahead of time.Now (see Advance).
+	skew time.Duration
 
 	// The lease side (leases.go).
 	leaseRuns  map[string]*leaseState
@@ -137,7 +142,7 @@ func New(tb testing.TB, token string) *ControlPlane {
 	tb.Helper()
 	cp := &ControlPlane{
 		tb:      tb,
-		token:   token,
+		workers: map[string]string{token: "default"},
 		patches: map[string][]workerclient.PatchTaskRunRequest{},
 		streams: map[string]*stream{},
 
@@ -305,25 +310,63 @@ func (cp *ControlPlane) middleware(next http.Handler) http.Handler {
 			failAnswer(w, *fault)
 			return
 		}
-		if !cp.authorized(w, r) {
+		r, ok := cp.authorized(w, r)
+		if !ok {
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// recordOf describes r. The mux has not routed r yet, so the run ID is taken
-// from the path directly.
-// authorized checks the bearer token, answering 401 when it is wrong.
-func (cp *ControlPlane) authorized(w http.ResponseWriter, r *http.Request) bool {
-	if r.Header.Get("Authorization") == "Bearer "+cp.token {
-		return true
-	}
+// AddWorkerToken accepts token as the credential of one more worker. A
+// lease is bound to the credential that asked for it: a call for the run
+// made with another worker's credential is refused (403), even with the
+// lease's token.
+func (cp *ControlPlane) AddWorkerToken(token string) {
 	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.workers[token] = fmt.Sprintf("worker-%d", len(cp.workers))
+}
+
+// Now is the lease side's clock: time.Now moved ahead by Advance.
+func (cp *ControlPlane) Now() time.Time {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return cp.nowLocked()
+}
+
+func (cp *ControlPlane) nowLocked() time.Time { return time.Now().Add(cp.skew) }
+
+// Advance moves the lease side's clock forward by d: leases lapse as if d
+// had passed.
+func (cp *ControlPlane) Advance(d time.Duration) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.skew += d
+}
+
+// credentialKey is the context key of the worker credential a request
+// authenticated with.
+type credentialKey struct{}
+
+// credential returns the name of the worker credential r authenticated with.
+func credential(r *http.Request) string {
+	name, _ := r.Context().Value(credentialKey{}).(string)
+	return name
+}
+
+// authorized checks the bearer token, answering 401 when it is wrong, and
+// returns r with the worker credential's name in its context.
+func (cp *ControlPlane) authorized(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if name, known := cp.workers[tok]; ok && known {
+		return r.WithContext(context.WithValue(r.Context(), credentialKey{}, name)), true
+	}
 	cp.authFails++
-	cp.mu.Unlock()
 	http.Error(w, "missing or wrong bearer token", http.StatusUnauthorized)
-	return false
+	return r, false
 }
 
 // commitThenFail handles r for real, then applies the fault to the answer
@@ -331,7 +374,7 @@ func (cp *ControlPlane) authorized(w http.ResponseWriter, r *http.Request) bool 
 // a connection reset.
 func (cp *ControlPlane) commitThenFail(w http.ResponseWriter, r *http.Request, next http.Handler, f Fault) {
 	rec := httptest.NewRecorder()
-	if cp.authorized(rec, r) {
+	if r, ok := cp.authorized(rec, r); ok {
 		next.ServeHTTP(rec, r)
 	}
 	if !hold(r.Context(), f) {
@@ -348,6 +391,8 @@ func (cp *ControlPlane) commitThenFail(w http.ResponseWriter, r *http.Request, n
 	_, _ = w.Write(rec.Body.Bytes())
 }
 
+// recordOf describes r. The mux has not routed r yet, so the run ID is taken
+// from the path directly.
 func recordOf(r *http.Request) Request {
 	fence, _ := strconv.ParseInt(r.Header.Get(workerclient.HeaderFence), 10, 64)
 	if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/leases"); ok {
@@ -442,6 +487,10 @@ func (cp *ControlPlane) handlePatch(w http.ResponseWriter, r *http.Request) {
 	var req workerclient.PatchTaskRunRequest
 	if err := dec.Decode(&req); err != nil {
 		http.Error(w, "bad PATCH body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if req.Status != model.StatusRunning && !req.Status.Terminal() {
+		http.Error(w, "status must be RUNNING, SUCCEEDED, FAILED or CANCELLED", http.StatusBadRequest)
 		return
 	}
 	if !cp.checkFence(w, r, id) {

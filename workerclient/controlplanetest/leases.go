@@ -4,26 +4,34 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
 	"strconv"
 	"time"
 
+	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
 // The lease side of the test control plane (docs/control-plane-api.md,
-// "Leasing"): runs are queued with Enqueue, handed out oldest first to the
-// first lease call they fit, and fenced by an epoch that grows each time a
-// run is leased. A lease that is not renewed within its TTL expires: the run
-// is finalized FAILED "worker lost", or queued again when it is retryable.
-// Every PATCH and stream POST for a leased run must carry the current epoch
-// in workerclient.HeaderFence and the lease's token in
-// workerclient.HeaderLeaseToken (428 without them), the right token (403
-// otherwise), and arrive before the lease expired; otherwise it is answered
-// 412 and counted (see Stale).
+// "Leasing"), with the rules of the reference server (controlplane/server;
+// workerclient/apitest runs both): runs are queued with Enqueue, handed out
+// oldest first to the first lease call they fit, and fenced by an epoch that
+// grows each time a run is leased. A lease that is not renewed within its
+// TTL expires: the run is finalized FAILED "worker lost" (CANCELLED when its
+// owner cancelled it), or queued again, its output dropped, when it is
+// retryable and has had fewer than controlplane.MaxAttempts leases.
+// Every renewal, PATCH and stream POST for a leased run must carry the
+// current epoch in workerclient.HeaderFence and the lease's token in
+// workerclient.HeaderLeaseToken (428 without them), the current epoch and a
+// live lease (412 otherwise, counted: see Stale), and the lease's token with
+// the worker credential it was handed to (403 otherwise). PATCHes and stream
+// POSTs without fence headers for runs never enqueued are accepted: they are
+// the reports of a `taskrun run --server`, which holds no lease. (The
+// reference server has no such runs: it refuses them, 428.)
 
 // Default lease timing of a ControlPlane; see SetLeaseTiming.
 const (
@@ -32,8 +40,9 @@ const (
 )
 
 // ReasonWorkerLost is the error a run is finalized with when its lease
-// expired without a terminal PATCH and the run is not retryable.
-const ReasonWorkerLost = "worker lost"
+// expired without a terminal PATCH and the run is not retryable; a
+// retryable run lost on its last attempt says "worker lost (3 attempts)".
+const ReasonWorkerLost = controlplane.ErrorWorkerLost
 
 // leaseState is one run known to the lease side.
 type leaseState struct {
@@ -41,6 +50,7 @@ type leaseState struct {
 	queued    bool
 	epoch     int64
 	token     string // the current lease's token
+	holder    string // the worker credential the current lease was handed to
 	expires   time.Time
 	leased    bool // a live lease exists (not expired, not ended)
 	status    model.RunStatus
@@ -72,12 +82,21 @@ func (cp *ControlPlane) SetLeaseTiming(ttl, renew time.Duration) {
 	cp.ttl, cp.renew = ttl, renew
 }
 
-// CancelRun marks a run cancelled by its owner: the next renewal answers
-// cancel: true.
+// CancelRun cancels a run for its owner: a queued run ends CANCELLED at
+// once; for a leased one the next renewal answers cancel: true. An ended
+// run is left as it is.
 func (cp *ControlPlane) CancelRun(runID string) {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
-	if s := cp.leaseRuns[runID]; s != nil {
+	cp.expireLocked(cp.nowLocked())
+	s := cp.leaseRuns[runID]
+	switch {
+	case s == nil || s.status.Terminal():
+	case s.queued:
+		s.queued = false
+		cp.queue = slices.DeleteFunc(cp.queue, func(id string) bool { return id == runID })
+		s.status, s.reason = model.StatusCancelled, "cancelled before a worker took it"
+	default:
 		s.cancel = true
 	}
 }
@@ -98,6 +117,8 @@ func (cp *ControlPlane) RevokeLease(runID string) {
 type LeaseInfo struct {
 	// Epoch is the run's current epoch (0: never leased).
 	Epoch int64
+	// Current is the run's status now: QUEUED, RUNNING or its final status.
+	Current model.RunStatus
 	// Queued is set while the run waits for a worker.
 	Queued bool
 	// Status and Reason are the run's final status, once it has one (from
@@ -116,12 +137,20 @@ type LeaseInfo struct {
 func (cp *ControlPlane) Lease(runID string) LeaseInfo {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
-	cp.expireLocked(time.Now())
+	cp.expireLocked(cp.nowLocked())
 	s := cp.leaseRuns[runID]
 	if s == nil {
 		return LeaseInfo{}
 	}
-	return LeaseInfo{Epoch: s.epoch, Queued: s.queued, Status: s.status, Reason: s.reason,
+	cur := s.status
+	switch {
+	case cur != "":
+	case s.queued:
+		cur = model.StatusQueued
+	default:
+		cur = model.StatusRunning
+	}
+	return LeaseInfo{Epoch: s.epoch, Queued: s.queued, Current: cur, Status: s.status, Reason: s.reason,
 		Renewals: s.renewals, Holders: slices.Clone(s.holders), Terminals: s.terminals}
 }
 
@@ -153,13 +182,20 @@ func (cp *ControlPlane) expireLocked(now time.Time) {
 			continue
 		}
 		s.leased = false
-		if s.a.Retryable {
+		attempts := len(s.holders)
+		switch {
+		case s.cancel:
+			s.status, s.reason = model.StatusCancelled, "cancelled; "+ReasonWorkerLost
+		case s.a.Retryable && attempts < controlplane.MaxAttempts:
 			s.queued = true
 			cp.queue = append(cp.queue, id)
+			delete(cp.streams, id) // the next attempt's output starts over
 			cp.wakeLocked()
-			continue
+		case s.a.Retryable:
+			s.status, s.reason = model.StatusFailed, fmt.Sprintf("%s (%d attempts)", ReasonWorkerLost, attempts)
+		default:
+			s.status, s.reason = model.StatusFailed, ReasonWorkerLost
 		}
-		s.status, s.reason = model.StatusFailed, ReasonWorkerLost
 	}
 }
 
@@ -185,7 +221,7 @@ func fits(a workerclient.Assignment, req workerclient.LeaseRequest) bool {
 }
 
 // takeLocked hands out the oldest queued run that fits req, or nil.
-func (cp *ControlPlane) takeLocked(req workerclient.LeaseRequest, arrived, now time.Time) *workerclient.Assignment {
+func (cp *ControlPlane) takeLocked(req workerclient.LeaseRequest, holder string, arrived, now time.Time) *workerclient.Assignment {
 	for i, id := range cp.queue {
 		s := cp.leaseRuns[id]
 		if !fits(s.a, req) {
@@ -196,7 +232,7 @@ func (cp *ControlPlane) takeLocked(req workerclient.LeaseRequest, arrived, now t
 		s.epoch++
 		s.expires = now.Add(cp.ttl)
 		s.holders = append(s.holders, req.WorkerID)
-		s.token = rand.Text()
+		s.token, s.holder, s.cancel = rand.Text(), holder, false
 		a := s.a
 		a.Lease = workerclient.Lease{RunID: id, Epoch: s.epoch, Token: s.token, ExpiresAt: s.expires.UnixMilli(),
 			TTLMillis: cp.ttl.Milliseconds(), RenewMillis: cp.renew.Milliseconds(), WaitedMillis: now.Sub(arrived).Milliseconds()}
@@ -211,8 +247,8 @@ func (cp *ControlPlane) handleLease(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad lease request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if req.WorkerID == "" {
-		http.Error(w, "lease request needs worker_id", http.StatusBadRequest)
+	if req.WorkerID == "" || len(req.WorkerID) > 256 {
+		http.Error(w, "lease request: worker_id must be 1 to 256 characters", http.StatusBadRequest)
 		return
 	}
 	wait := time.Duration(min(max(req.WaitMillis, 0), workerclient.MaxLeaseWait.Milliseconds())) * time.Millisecond
@@ -220,18 +256,22 @@ func (cp *ControlPlane) handleLease(w http.ResponseWriter, r *http.Request) {
 	defer deadline.Stop()
 	tick := time.NewTicker(50 * time.Millisecond) // notices expiries while waiting
 	defer tick.Stop()
-	arrived := time.Now()
 	cp.mu.Lock()
+	arrived := cp.nowLocked()
 	cp.leaseReqs = append(cp.leaseReqs, req)
 	cp.mu.Unlock()
+	if req.Capacity.FreeSlots <= 0 {
+		w.WriteHeader(http.StatusNoContent) // nothing fits: no need to hold the call
+		return
+	}
 	for {
 		if r.Context().Err() != nil {
 			return // the worker gave up: hand it nothing it would never see
 		}
 		cp.mu.Lock()
-		now := time.Now()
+		now := cp.nowLocked()
 		cp.expireLocked(now)
-		a := cp.takeLocked(req, arrived, now)
+		a := cp.takeLocked(req, credential(r), arrived, now)
 		wake := cp.wake
 		cp.mu.Unlock()
 		if a != nil {
@@ -253,22 +293,16 @@ func (cp *ControlPlane) handleLease(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) handleRenew(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	if err := workerclient.ValidateTaskRunID(id); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	cp.mu.Lock()
-	now := time.Now()
+	now := cp.nowLocked()
 	cp.expireLocked(now)
 	s := cp.leaseRuns[id]
-	if !fenceHeaders(w, r) {
+	if !cp.fenceLocked(w, r, id, s, false) {
 		cp.mu.Unlock()
-		return
-	}
-	if !tokenOK(r, s) {
-		cp.mu.Unlock()
-		http.Error(w, "not the lease's token", http.StatusForbidden)
-		return
-	}
-	if !cp.fenceOKLocked(r, id, s) {
-		cp.mu.Unlock()
-		http.Error(w, "stale or expired lease", http.StatusPreconditionFailed)
 		return
 	}
 	s.expires = now.Add(cp.ttl)
@@ -279,72 +313,55 @@ func (cp *ControlPlane) handleRenew(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(resp)
 }
 
-// fenceOKLocked checks a call for a leased run: the current epoch, a live
-// lease. A refusal is counted.
-func (cp *ControlPlane) fenceOKLocked(r *http.Request, id string, s *leaseState) bool {
-	if s == nil {
-		cp.stale[id]++
-		return false
-	}
-	epoch, err := strconv.ParseInt(r.Header.Get(workerclient.HeaderFence), 10, 64)
-	if err != nil || epoch != s.epoch || !s.leased {
-		cp.stale[id]++
-		return false
-	}
-	return true
-}
-
-// checkFence answers 412 and returns false when r is a call for a leased
-// run without the run's live lease. Runs never enqueued are not fenced.
+// checkFence answers the request and returns false when r is a call for a
+// run that its fence does not speak for (see fenceLocked). A call without
+// fence headers for a run never enqueued is let through unfenced.
 func (cp *ControlPlane) checkFence(w http.ResponseWriter, r *http.Request, id string) bool {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
-	cp.expireLocked(time.Now())
+	cp.expireLocked(cp.nowLocked())
 	s := cp.leaseRuns[id]
-	if s == nil {
+	if s == nil && r.Header.Get(workerclient.HeaderFence) == "" && r.Header.Get(workerclient.HeaderLeaseToken) == "" {
 		return true
 	}
-	if !fenceHeaders(w, r) {
-		return false
-	}
-	if !tokenOK(r, s) {
-		http.Error(w, "not the lease's token", http.StatusForbidden)
-		return false
-	}
-	epoch, _ := strconv.ParseInt(r.Header.Get(workerclient.HeaderFence), 10, 64)
-	if epoch > 0 && epoch == s.epoch && !s.leased && s.status.Terminal() && s.terminals > 0 {
-		return true // a repeated terminal PATCH (or late stream bytes) of the holder that ended it
-	}
-	if !cp.fenceOKLocked(r, id, s) {
-		http.Error(w, "stale or expired lease", http.StatusPreconditionFailed)
-		return false
-	}
-	return true
+	return cp.fenceLocked(w, r, id, s, true)
 }
 
-// fenceHeaders answers 428 and returns false when r lacks the epoch or the
-// lease token.
-func fenceHeaders(w http.ResponseWriter, r *http.Request) bool {
-	for _, h := range []string{workerclient.HeaderFence, workerclient.HeaderLeaseToken} {
-		if r.Header.Get(h) == "" {
-			http.Error(w, "missing "+h, http.StatusPreconditionRequired)
+// fenceLocked checks a call for run id (s, nil when unknown) in the order
+// the reference server does: both fence headers (428) and a positive epoch
+// (400), a known run (404), the current epoch and a live lease (412,
+// counted), the lease's token and the worker credential it was handed to
+// (403). When allowReleased, a lease its holder ended with a terminal PATCH
+// still passes (a repeated terminal PATCH, the stream's tail). It answers a
+// refusal itself.
+func (cp *ControlPlane) fenceLocked(w http.ResponseWriter, r *http.Request, id string, s *leaseState, allowReleased bool) bool {
+	v, tok := r.Header.Get(workerclient.HeaderFence), r.Header.Get(workerclient.HeaderLeaseToken)
+	for _, h := range []struct{ name, got string }{{workerclient.HeaderFence, v}, {workerclient.HeaderLeaseToken, tok}} {
+		if h.got == "" {
+			http.Error(w, "missing "+h.name, http.StatusPreconditionRequired)
 			return false
 		}
 	}
-	return true
-}
-
-// tokenOK reports whether r carries the token of s's current lease, or is
-// for an older epoch (which fenceOKLocked refuses as stale).
-func tokenOK(r *http.Request, s *leaseState) bool {
+	epoch, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || epoch <= 0 {
+		http.Error(w, workerclient.HeaderFence+" must be a positive integer", http.StatusBadRequest)
+		return false
+	}
 	if s == nil {
-		return true
+		http.Error(w, "no such run", http.StatusNotFound)
+		return false
 	}
-	epoch, _ := strconv.ParseInt(r.Header.Get(workerclient.HeaderFence), 10, 64)
-	if epoch != s.epoch {
-		return true
+	released := allowReleased && !s.leased && s.terminals > 0 && s.status.Terminal()
+	switch {
+	case epoch != s.epoch || (!s.leased && !released):
+		cp.stale[id]++
+		http.Error(w, "stale or expired lease", http.StatusPreconditionFailed)
+		return false
+	case subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 || credential(r) != s.holder:
+		http.Error(w, "not the holder of the run's lease", http.StatusForbidden)
+		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(r.Header.Get(workerclient.HeaderLeaseToken)), []byte(s.token)) == 1
+	return true
 }
 
 // endLeaseLocked records a terminal PATCH for a leased run: the first
