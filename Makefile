@@ -100,7 +100,7 @@ test-clients: images
 test-short:
 	$(GO) test -short -count=1 ./...
 
-## bench: side-by-side benchmarks against docker run, cp -a and a raw pipe; the cost of
+## bench: side-by-side benchmarks against docker --version (start-up), docker run, cp -a and a raw pipe; the cost of
 ## signing a run's attestation (budget: 5 ms per run)
 bench: setup images
 	$(GO) run ./bench

@@ -110,15 +110,7 @@ func coldCLI(ctx context.Context, e *env) ([]row, error) {
 	}
 	// The ratio is the median of the pairs' ratios: each pair ran back to
 	// back, so it shares the machine's load of the moment.
-	ratios := make([]float64, len(ds[0]))
-	for i := range ds[0] {
-		ratios[i] = float64(ds[1][i]) / float64(ds[0][i])
-	}
-	slices.Sort(ratios)
-	ratio := ratios[len(ratios)/2]
-	if len(ratios)%2 == 0 {
-		ratio = (ratios[len(ratios)/2-1] + ratios[len(ratios)/2]) / 2
-	}
+	ratio := medianRatio(ds[1], ds[0])
 	e.breakdown = &breakdown{runs: len(spans), phases: medianPhases(spans), cli: median(ds[1]), baseCLI: median(ds[0])}
 	for j, name := range []string{"create", "start", "wait", "remove"} {
 		var col []time.Duration

@@ -1,6 +1,8 @@
 // Command bench measures taskrun side by side with the plain tools it
 // replaces, in one run on one machine, and prints one Markdown table:
 //
+//   - start-up of the taskrun binary (`taskrun version`, `taskrun run
+//     --help`) against `docker --version` (interleaved, median ratio);
 //   - cold-run wall time of the Docker backend and of the full RunTask path
 //     against `docker run --rm` with the same image, command, policy flags
 //     and bind mount (alternated, medians);
@@ -41,6 +43,7 @@ const labelBench = "dev.taskrun.bench"
 type config struct {
 	image       string
 	runs        int
+	startRuns   int
 	sizeMiB     int
 	concurrency int
 	files       int
@@ -60,6 +63,7 @@ func main() {
 	var c config
 	flag.StringVar(&c.image, "image", "taskrun/testbox:local", "local busybox image to run")
 	flag.IntVar(&c.runs, "n", 10, "runs of each variant in the cold-run and first-byte comparisons")
+	flag.IntVar(&c.startRuns, "start-n", 100, "runs of each command in the start-up comparison")
 	flag.IntVar(&c.sizeMiB, "size", 256, "MiB of stdout in the throughput comparison")
 	flag.IntVar(&c.concurrency, "concurrent", 8, "runs started at once in the concurrency check")
 	flag.IntVar(&c.files, "files", 5000, "files in the workspace materialization comparison")
@@ -101,6 +105,7 @@ func runAll(ctx context.Context, c config) ([]row, *breakdown, error) {
 	var rows []row
 	var errs []string
 	for _, s := range []section{
+		{"CLI start", cliStart},
 		{"cold CLI run", coldCLI},
 		{"cold run", coldRun},
 		{"kubernetes cold run", kubernetesColdRun},

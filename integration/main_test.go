@@ -21,6 +21,8 @@ import (
 	"github.com/taskrun/taskrun/images"
 	"github.com/taskrun/taskrun/integration/taskruntest"
 	"github.com/taskrun/taskrun/internal/testdeadline"
+	// The suite's store is s3://, opened with persist.Open.
+	_ "github.com/taskrun/taskrun/persist/s3"
 	"github.com/taskrun/taskrun/sandbox"
 )
 

@@ -17,8 +17,46 @@ import (
 	_ "gocloud.dev/blob/memblob"
 )
 
-// Supported URL schemes, in the order error messages list them.
+// Supported URL schemes, in the order error messages list them. file and
+// mem are built in; the others open through a driver registered with
+// RegisterScheme (drivers may register schemes beyond these).
 var supportedSchemes = []string{"file", "mem", "s3"}
+
+// driverPackages names, for each supported scheme served by a driver, the
+// package a program imports to register it.
+var driverPackages = map[string]string{
+	"s3": "github.com/taskrun/taskrun/persist/s3",
+}
+
+// Opener opens the bucket of a store URL for the scheme it was registered
+// for. The URL is Open's, already parsed; the opener owns its query
+// parameters.
+type Opener func(ctx context.Context, u *url.URL) (*blob.Bucket, error)
+
+var (
+	driversMu sync.RWMutex
+	drivers   = map[string]Opener{}
+)
+
+// RegisterScheme makes Open accept URLs of scheme, opened by open. A driver
+// package calls it from its init function, so a program links only the
+// drivers it imports (package persist/s3 registers s3://). It panics when
+// scheme is built in or already registered.
+func RegisterScheme(scheme string, open Opener) {
+	driversMu.Lock()
+	defer driversMu.Unlock()
+	if scheme == "file" || scheme == "mem" || drivers[scheme] != nil {
+		panic(fmt.Sprintf("persist: store scheme %q registered twice", scheme))
+	}
+	drivers[scheme] = open
+}
+
+// driver is the opener registered for scheme, or nil.
+func driver(scheme string) Opener {
+	driversMu.RLock()
+	defer driversMu.RUnlock()
+	return drivers[scheme]
+}
 
 // droppedSchemes are schemes of gocloud drivers the store does not link,
 // each with the way to reach that service instead. Those drivers cannot be
@@ -68,7 +106,8 @@ func WithRetry(attempts int, baseDelay time.Duration) Option {
 //     metadata=skip is refused because the store relies on object metadata.
 //   - mem:// — in-process memory, for tests.
 //   - s3://bucket?region=R&endpoint=http://host:port&use_path_style=true —
-//     Amazon S3 or any S3-compatible server through gocloud's s3blob, with the
+//     when the program imports package persist/s3 (its driver), Amazon S3 or
+//     any S3-compatible server through gocloud's s3blob, with the
 //     same URL parameters as s3blob's URL opener (also disable_https,
 //     accelerate, ssetype, kmskeyid, profile, anonymous, ...). Credentials come
 //     from the AWS SDK default chain (e.g. AWS_ACCESS_KEY_ID). The SDK's own
@@ -87,7 +126,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("persist: %s:// stores are not supported (use one of %s): %s",
 			u.Scheme, strings.Join(schemeList(), ", "), how)
 	}
-	if !isSupportedScheme(u.Scheme) {
+	if !isSupportedScheme(u.Scheme) && driver(u.Scheme) == nil {
 		return nil, fmt.Errorf("persist: unsupported store URL scheme %q in %q: use one of %s",
 			u.Scheme, u.Redacted(), strings.Join(schemeList(), ", "))
 	}
@@ -97,10 +136,16 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		}
 	}
 	var bucket *blob.Bucket
-	if u.Scheme == "s3" {
-		bucket, err = openS3(ctx, u)
-	} else {
+	switch u.Scheme {
+	case "file", "mem":
 		bucket, err = blob.OpenBucket(ctx, u.String())
+	default:
+		open := driver(u.Scheme)
+		if open == nil {
+			return nil, fmt.Errorf("persist: %s:// stores need their driver, which this program does not link: import _ %q",
+				u.Scheme, driverPackages[u.Scheme])
+		}
+		bucket, err = open(ctx, u)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("persist: open store %s://%s: %w", u.Scheme, u.Host+u.Path, err)

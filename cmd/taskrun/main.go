@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/helpers"
+	// The s3:// store driver (persist.Open); file:// and mem:// are built in.
+	_ "github.com/taskrun/taskrun/persist/s3"
 )
 
 // Exit statuses, as `docker run` uses them.

@@ -26,6 +26,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	// The URLs these helpers return open with persist.Open through this driver.
+	_ "github.com/taskrun/taskrun/persist/s3"
 )
 
 // InstallCommand installs the server binary these helpers run.

@@ -37,7 +37,7 @@ func TestRestrictedNamespaceAdmitsOnlyTaskrunsPods(t *testing.T) {
 		Mounts: []sandbox.Mount{{Source: "/runs/r", Target: "/taskrun"}}}
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	create := func(pod *corev1.Pod) error {
-		_, err := b.client.CoreV1().Pods(e.namespace).Create(t.Context(), pod, dryRun)
+		_, err := b.clientset().CoreV1().Pods(e.namespace).Create(t.Context(), pod, dryRun)
 		return err
 	}
 	cv, err := convert(spec, sandbox.DefaultPolicy(), b.podConfig(spec, "", time.Now()))
@@ -123,9 +123,9 @@ func TestPostureOfALivePod(t *testing.T) {
 	assert.Equal(t, audit.Pass, byID["PSS:namespace-restricted"].Status, "the test namespace enforces restricted")
 
 	// The run's NetworkPolicy selects exactly its Pod, and goes with it.
-	np, err := b.client.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+	np, err := b.clientset().NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
 	require.NoError(t, err)
-	pod, err := b.client.CoreV1().Pods(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+	pod, err := b.clientset().CoreV1().Pods(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
 	require.NoError(t, err)
 	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
 	require.NoError(t, err)
@@ -133,17 +133,17 @@ func TestPostureOfALivePod(t *testing.T) {
 	assert.Empty(t, np.Spec.Egress)
 
 	// Without its NetworkPolicy the Pod's network is open: 5.10 fails.
-	require.NoError(t, b.client.NetworkingV1().NetworkPolicies(e.namespace).Delete(t.Context(), h.ID(), metav1.DeleteOptions{}))
+	require.NoError(t, b.clientset().NetworkingV1().NetworkPolicies(e.namespace).Delete(t.Context(), h.ID(), metav1.DeleteOptions{}))
 	p, err = h.Posture(t.Context())
 	require.NoError(t, err)
 	assert.Nil(t, p.NetworkPolicy)
 	assert.Equal(t, []string{"5.10"}, audit.Check(p, sandbox.HostFacts{Seccomp: true}, audit.Options{}).FailedIDs())
 
 	// A namespace that stops enforcing "restricted" fails its rule.
-	ns, err := b.client.CoreV1().Namespaces().Get(t.Context(), e.namespace, metav1.GetOptions{})
+	ns, err := b.clientset().CoreV1().Namespaces().Get(t.Context(), e.namespace, metav1.GetOptions{})
 	require.NoError(t, err)
 	delete(ns.Labels, LabelPodSecurityEnforce)
-	_, err = b.client.CoreV1().Namespaces().Update(t.Context(), ns, metav1.UpdateOptions{})
+	_, err = b.clientset().CoreV1().Namespaces().Update(t.Context(), ns, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	p, err = h.Posture(t.Context())
 	require.NoError(t, err)
@@ -245,7 +245,7 @@ func TestCompressibleOutputComesBackFromAPod(t *testing.T) {
 	require.NoError(t, err)
 	defer h.Close(t.Context())
 
-	pod, err := b.client.CoreV1().Pods(e.namespace).Get(t.Context(), h.(*handle).name, metav1.GetOptions{})
+	pod, err := b.clientset().CoreV1().Pods(e.namespace).Get(t.Context(), h.(*handle).name, metav1.GetOptions{})
 	require.NoError(t, err)
 	for _, v := range pod.Spec.Volumes {
 		if v.Name == VolumeData {

@@ -109,10 +109,10 @@ func (h *harness) Orphan(ctx context.Context, labels map[string]string) (string,
 	if err != nil {
 		return "", err
 	}
-	if _, err := h.b.client.NetworkingV1().NetworkPolicies(h.b.namespace).Create(ctx, cv.NetworkPolicy, metav1.CreateOptions{}); err != nil {
+	if _, err := h.b.clientset().NetworkingV1().NetworkPolicies(h.b.namespace).Create(ctx, cv.NetworkPolicy, metav1.CreateOptions{}); err != nil {
 		return "", err
 	}
-	_, err = h.b.client.CoreV1().Pods(h.b.namespace).Create(ctx, cv.Pod, metav1.CreateOptions{})
+	_, err = h.b.clientset().CoreV1().Pods(h.b.namespace).Create(ctx, cv.Pod, metav1.CreateOptions{})
 	return cv.Pod.Name, err
 }
 

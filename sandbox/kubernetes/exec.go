@@ -7,7 +7,6 @@ import (
 	"io"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/remotecommand"
 	utilexec "k8s.io/client-go/util/exec"
@@ -70,7 +69,7 @@ func (b *Backend) ExecInRun(ctx context.Context, tenant, runID string, opts Exec
 // livePodOf names the running Pod of the run runID of tenant.
 func (b *Backend) livePodOf(ctx context.Context, tenant, runID string) (string, error) {
 	sel := labels.SelectorFromSet(map[string]string{sandbox.LabelManaged: "true"}).String()
-	pods, err := b.client.CoreV1().Pods(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	pods, err := b.client.pods(b.namespace).List(ctx, sel)
 	if err != nil {
 		return "", fmt.Errorf("list pods in namespace %s: %w", b.namespace, err)
 	}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/sandbox"
@@ -84,10 +83,10 @@ func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) e
 	ctx, cancel := context.WithTimeout(ctx, h.b.startTimeout)
 	defer cancel()
 	ns := h.b.namespace
-	if _, err := h.b.client.NetworkingV1().NetworkPolicies(ns).Create(ctx, cv.NetworkPolicy, metav1.CreateOptions{}); err != nil {
+	if _, err := h.b.client.networkPolicies(ns).Create(ctx, cv.NetworkPolicy); err != nil {
 		return fmt.Errorf("create network policy %s: %w", h.name, err)
 	}
-	if _, err := h.b.client.CoreV1().Pods(ns).Create(ctx, cv.Pod, metav1.CreateOptions{}); err != nil {
+	if _, err := h.b.client.pods(ns).Create(ctx, cv.Pod); err != nil {
 		return fmt.Errorf("create pod %s in namespace %s: %w", h.name, ns, err)
 	}
 	if err := h.waitRunning(ctx, ContainerFill); err != nil {
@@ -186,7 +185,7 @@ func (h *handle) fill(ctx context.Context) error {
 		}
 	}()
 	for {
-		pod, err := h.b.client.CoreV1().Pods(h.b.namespace).Get(ctx, h.name, metav1.GetOptions{})
+		pod, err := h.b.client.pods(h.b.namespace).Get(ctx, h.name)
 		if err != nil {
 			return fmt.Errorf("pod %s: %w", h.name, err)
 		}
@@ -208,7 +207,7 @@ func (h *handle) fill(ctx context.Context) error {
 // container, already ran), failing early on what cannot recover.
 func (h *handle) waitRunning(ctx context.Context, container string) error {
 	for {
-		pod, err := h.b.client.CoreV1().Pods(h.b.namespace).Get(ctx, h.name, metav1.GetOptions{})
+		pod, err := h.b.client.pods(h.b.namespace).Get(ctx, h.name)
 		if err != nil {
 			return fmt.Errorf("pod %s: %w", h.name, err)
 		}
@@ -258,7 +257,7 @@ func (h *handle) ID() string { return h.name }
 // Posture reads the live Pod's confinement from its spec and status, and
 // its NetworkPolicy.
 func (h *handle) Posture(ctx context.Context) (sandbox.Posture, error) {
-	pod, err := h.b.client.CoreV1().Pods(h.b.namespace).Get(ctx, h.name, metav1.GetOptions{})
+	pod, err := h.b.client.pods(h.b.namespace).Get(ctx, h.name)
 	if err != nil {
 		return sandbox.Posture{}, fmt.Errorf("get pod %s: %w", h.name, err)
 	}
@@ -329,7 +328,7 @@ func (h *handle) stop(ctx context.Context, kill bool) {
 // awaitTerminated polls the Pod until the run container has terminated.
 func (h *handle) awaitTerminated(ctx context.Context) (*corev1.ContainerStateTerminated, error) {
 	for {
-		pod, err := h.b.client.CoreV1().Pods(h.b.namespace).Get(ctx, h.name, metav1.GetOptions{})
+		pod, err := h.b.client.pods(h.b.namespace).Get(ctx, h.name)
 		if err != nil {
 			return nil, fmt.Errorf("pod %s after exit: %w", h.name, err)
 		}

@@ -39,7 +39,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -70,7 +69,7 @@ const (
 
 // Backend runs sandbox Pods in one namespace. It is safe for concurrent use.
 type Backend struct {
-	client           k8s.Interface
+	client           *client
 	config           *rest.Config
 	namespace        string
 	log              *slog.Logger
@@ -156,9 +155,6 @@ func (b *Backend) Kind() string { return sandbox.BackendKubernetes }
 // Namespace returns the namespace the backend runs Pods in.
 func (b *Backend) Namespace() string { return b.namespace }
 
-// Client returns the backend's Kubernetes client.
-func (b *Backend) Client() k8s.Interface { return b.client }
-
 // ConfigFromKubeconfig loads a client configuration from the kubeconfig
 // file at path ("" for the usual KUBECONFIG and ~/.kube/config lookup).
 func ConfigFromKubeconfig(path string) (*rest.Config, error) {
@@ -180,7 +176,7 @@ func New(ctx context.Context, cfg *rest.Config, namespace string, opts ...Option
 	if namespace == "" {
 		return nil, errors.New("kubernetes backend: namespace is empty; pass --namespace NS (a namespace enforcing Pod Security \"restricted\")")
 	}
-	client, err := k8s.NewForConfig(cfg)
+	client, err := newClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
@@ -206,7 +202,7 @@ func New(ctx context.Context, cfg *rest.Config, namespace string, opts ...Option
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := client.CoreV1().Namespaces().Get(pctx, namespace, metav1.GetOptions{}); err != nil {
+	if _, err := client.namespaces().Get(pctx, namespace); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("kubernetes backend: namespace %q does not exist: %w; create it with Pod Security \"restricted\" enforced", namespace, err)
 		}
@@ -295,7 +291,7 @@ func (b *Backend) dataVolumeBytes(spec sandbox.Spec) int64 {
 // HostFacts describes the cluster (sandbox.EngineDescriber): its version and
 // the RuntimeClasses the backend maps runtimes to.
 func (b *Backend) HostFacts(ctx context.Context) (sandbox.HostFacts, error) {
-	v, err := b.client.Discovery().ServerVersion()
+	v, err := b.client.serverVersion(ctx)
 	if err != nil {
 		return sandbox.HostFacts{}, fmt.Errorf("kubernetes server version: %w", err)
 	}
@@ -338,10 +334,10 @@ func (b *Backend) deleteRun(ctx context.Context, name string) error {
 	bg := metav1.DeletePropagationBackground
 	opts := metav1.DeleteOptions{GracePeriodSeconds: &zero, PropagationPolicy: &bg}
 	var errs []error
-	if err := b.client.CoreV1().Pods(b.namespace).Delete(ctx, name, opts); err != nil && !apierrors.IsNotFound(err) {
+	if err := b.client.pods(b.namespace).Delete(ctx, name, opts); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete pod %s: %w", name, err))
 	}
-	if err := b.client.NetworkingV1().NetworkPolicies(b.namespace).Delete(ctx, name, opts); err != nil && !apierrors.IsNotFound(err) {
+	if err := b.client.networkPolicies(b.namespace).Delete(ctx, name, opts); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete network policy %s: %w", name, err))
 	}
 	return errors.Join(errs...)

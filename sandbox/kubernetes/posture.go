@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8s "k8s.io/client-go/kubernetes"
 
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -214,12 +212,12 @@ func NetworkPolicyFacts(np *networkingv1.NetworkPolicy) *sandbox.PostureNetworkP
 
 // podPosture reads a Pod's posture with its NetworkPolicy (the one named
 // after the Pod; none is a fact the audit refuses).
-func podPosture(ctx context.Context, client k8s.Interface, pod *corev1.Pod) (sandbox.Posture, error) {
+func podPosture(ctx context.Context, client *client, pod *corev1.Pod) (sandbox.Posture, error) {
 	p, err := PostureFromPod(pod)
 	if err != nil {
 		return p, err
 	}
-	np, err := client.NetworkingV1().NetworkPolicies(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	np, err := client.networkPolicies(pod.Namespace).Get(ctx, pod.Name)
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
@@ -227,7 +225,7 @@ func podPosture(ctx context.Context, client k8s.Interface, pod *corev1.Pod) (san
 	default:
 		p.NetworkPolicy = NetworkPolicyFacts(np)
 	}
-	ns, err := client.CoreV1().Namespaces().Get(ctx, pod.Namespace, metav1.GetOptions{})
+	ns, err := client.namespaces().Get(ctx, pod.Namespace)
 	switch {
 	case apierrors.IsForbidden(err):
 		// A namespaced role may not read namespaces: the audit says so.
@@ -260,14 +258,14 @@ func restartPolicy(p corev1.RestartPolicy) string {
 func (b *Backend) Postures(ctx context.Context, names ...string) ([]sandbox.Posture, error) {
 	var pods []corev1.Pod
 	if len(names) == 0 {
-		list, err := b.client.CoreV1().Pods(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: sandbox.LabelManaged + "=true"})
+		list, err := b.client.pods(b.namespace).List(ctx, sandbox.LabelManaged+"=true")
 		if err != nil {
 			return nil, fmt.Errorf("list pods in %s: %w", b.namespace, err)
 		}
 		pods = list.Items
 	}
 	for _, n := range names {
-		pod, err := b.client.CoreV1().Pods(b.namespace).Get(ctx, n, metav1.GetOptions{})
+		pod, err := b.client.pods(b.namespace).Get(ctx, n)
 		if err != nil {
 			return nil, fmt.Errorf("get pod %s: %w", n, err)
 		}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/taskrun/taskrun/sandbox"
@@ -59,7 +58,7 @@ func (b *Backend) Reap(ctx context.Context, opts ReapOptions) (ReapReport, error
 	}
 	sel := map[string]string{sandbox.LabelManaged: "true"}
 	maps.Copy(sel, opts.Labels)
-	pods, err := b.client.CoreV1().Pods(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(sel).String()})
+	pods, err := b.client.pods(b.namespace).List(ctx, labels.SelectorFromSet(sel).String())
 	if err != nil {
 		return ReapReport{}, err
 	}
@@ -121,7 +120,7 @@ func (b *Backend) ListManaged(ctx context.Context, sel map[string]string) ([]str
 	all := map[string]string{sandbox.LabelManaged: "true"}
 	maps.Copy(all, sel)
 	s := labels.SelectorFromSet(all).String()
-	pods, err := b.client.CoreV1().Pods(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: s})
+	pods, err := b.client.pods(b.namespace).List(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +128,7 @@ func (b *Backend) ListManaged(ctx context.Context, sel map[string]string) ([]str
 	for _, p := range pods.Items {
 		out = append(out, p.Name)
 	}
-	nps, err := b.client.NetworkingV1().NetworkPolicies(b.namespace).List(ctx, metav1.ListOptions{LabelSelector: s})
+	nps, err := b.client.networkPolicies(b.namespace).List(ctx, s)
 	if err != nil {
 		return nil, err
 	}

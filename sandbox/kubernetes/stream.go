@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/streaming/pkg/httpstream"
 )
@@ -40,14 +39,12 @@ func (b *Backend) exec(ctx context.Context, pod, container string, cmd []string,
 // remote runs one attach or exec session over WebSockets, falling back to
 // SPDY for an API server that does not upgrade to WebSockets.
 func (b *Backend) remote(ctx context.Context, pod, sub string, opts runtime.Object, s streamIO) error {
-	req := b.client.CoreV1().RESTClient().Post().
-		Namespace(b.namespace).Resource("pods").Name(pod).SubResource(sub).
-		VersionedParams(opts, scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(b.config, "GET", req.URL().String())
+	u := b.client.streamURL(b.namespace, pod, sub, opts)
+	ws, err := remotecommand.NewWebSocketExecutor(b.config, "GET", u.String())
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", sub, pod, err)
 	}
-	spdy, err := remotecommand.NewSPDYExecutor(b.config, "POST", req.URL())
+	spdy, err := remotecommand.NewSPDYExecutor(b.config, "POST", u)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", sub, pod, err)
 	}

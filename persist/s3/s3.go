@@ -1,4 +1,10 @@
-package persist
+// Package s3 is the s3:// driver of package persist: Amazon S3 or any
+// S3-compatible server through gocloud's s3blob. Importing it (for its side
+// effect, as a command's main does) makes persist.Open accept s3:// URLs;
+// programs that store only to file:// or mem:// do not link the AWS SDK.
+//
+//	import _ "github.com/taskrun/taskrun/persist/s3"
+package s3
 
 import (
 	"context"
@@ -10,12 +16,21 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	gcaws "gocloud.dev/aws"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/s3blob"
+
+	"github.com/taskrun/taskrun/persist"
 )
+
+// Scheme is the URL scheme this driver registers.
+const Scheme = "s3"
+
+func init() {
+	persist.RegisterScheme(Scheme, openS3)
+}
 
 // s3RequestAttempts and s3RequestMaxBackoff bound the AWS SDK's own retries
 // of single requests (and of single parts of multipart uploads). The SDK
@@ -31,7 +46,7 @@ const (
 func openS3(ctx context.Context, u *url.URL) (*blob.Bucket, error) {
 	q := u.Query()
 	var bopts s3blob.Options
-	var copts []func(*s3.Options)
+	var copts []func(*awss3.Options)
 
 	if v := take(q, "ssetype"); v != "" {
 		sse, err := parseSSEType(v)
@@ -43,12 +58,12 @@ func openS3(ctx context.Context, u *url.URL) (*blob.Bucket, error) {
 	bopts.KMSEncryptionID = take(q, "kmskeyid")
 	for _, b := range []struct {
 		key string
-		set func(*s3.Options, bool)
+		set func(*awss3.Options, bool)
 	}{
-		{"accelerate", func(o *s3.Options, v bool) { o.UseAccelerate = v }},
-		{"disable_https", func(o *s3.Options, v bool) { o.EndpointOptions.DisableHTTPS = v }},
-		{"use_path_style", func(o *s3.Options, v bool) { o.UsePathStyle = v }},
-		{"s3ForcePathStyle", func(o *s3.Options, v bool) { o.UsePathStyle = v }},
+		{"accelerate", func(o *awss3.Options, v bool) { o.UseAccelerate = v }},
+		{"disable_https", func(o *awss3.Options, v bool) { o.EndpointOptions.DisableHTTPS = v }},
+		{"use_path_style", func(o *awss3.Options, v bool) { o.UsePathStyle = v }},
+		{"s3ForcePathStyle", func(o *awss3.Options, v bool) { o.UsePathStyle = v }},
 	} {
 		raw := take(q, b.key)
 		if raw == "" {
@@ -56,17 +71,17 @@ func openS3(ctx context.Context, u *url.URL) (*blob.Bucket, error) {
 		}
 		v, err := strconv.ParseBool(raw)
 		if err != nil {
-			return nil, fmt.Errorf("persist: s3 URL parameter %s=%q: use true or false", b.key, raw)
+			return nil, fmt.Errorf("s3 URL parameter %s=%q: use true or false", b.key, raw)
 		}
 		set := b.set
-		copts = append(copts, func(o *s3.Options) { set(o, v) })
+		copts = append(copts, func(o *awss3.Options) { set(o, v) })
 	}
 
 	cfg, err := gcaws.V2ConfigFromURLParams(ctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("persist: s3 URL parameters: %w", err)
+		return nil, fmt.Errorf("s3 URL parameters: %w", err)
 	}
-	copts = append(copts, func(o *s3.Options) {
+	copts = append(copts, func(o *awss3.Options) {
 		o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) {
 			so.MaxAttempts = s3RequestAttempts
 			so.MaxBackoff = s3RequestMaxBackoff
@@ -74,7 +89,7 @@ func openS3(ctx context.Context, u *url.URL) (*blob.Bucket, error) {
 		})
 	})
 	bopts.RequestChecksumCalculation = cfg.RequestChecksumCalculation
-	return s3blob.OpenBucket(ctx, s3.NewFromConfig(cfg, copts...), u.Host, &bopts)
+	return s3blob.OpenBucket(ctx, awss3.NewFromConfig(cfg, copts...), u.Host, &bopts)
 }
 
 // take removes key from q and returns its value.
@@ -92,5 +107,5 @@ func parseSSEType(v string) (types.ServerSideEncryption, error) {
 		}
 		names = append(names, string(t))
 	}
-	return "", fmt.Errorf("persist: s3 URL parameter ssetype=%q: use one of %s", v, strings.Join(names, ", "))
+	return "", fmt.Errorf("s3 URL parameter ssetype=%q: use one of %s", v, strings.Join(names, ", "))
 }
