@@ -5,7 +5,6 @@ import (
 
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/timings"
 )
 
 // launch is the run's container before it starts: its spec and policy, the
@@ -25,11 +24,10 @@ type launch struct {
 	started bool
 }
 
-// newLaunch builds the container of a run of p in wd, with the egress
-// proxy's routing when the run has one (eg, nil without).
-func newLaunch(p *plan, wd *workdir, eg *runEgress) (*launch, error) {
+// newLaunch builds the container of a run of p in wd: the planned spec,
+// the self-check and the relay, then what each Configure hook adds.
+func newLaunch(p *plan, wd *workdir, hooks []hook) (*launch, error) {
 	spec := p.containerSpec()
-	spec.Env = append(spec.Env, gatewayEnv(p)...)
 	policy := wd.policy(p)
 	iso := newIsolation(p, policy, backendKind(p.in.Sandbox))
 	if len(p.helpers) > 0 {
@@ -38,7 +36,12 @@ func newLaunch(p *plan, wd *workdir, eg *runEgress) (*launch, error) {
 		}
 	}
 	wrapRelay(p, &spec)
-	eg.apply(&spec)
+	req := &configureRequest{Spec: &spec}
+	for _, h := range hooks {
+		if c, ok := h.(configureHook); ok {
+			c.configure(req)
+		}
+	}
 	return &launch{spec: spec, policy: policy, iso: iso}, nil
 }
 
@@ -56,28 +59,6 @@ func wrapRelay(p *plan, spec *sandbox.Spec) {
 		return
 	}
 	spec.Wrapper = append(spec.Wrapper, helpers.RelayPath, "--")
-}
-
-// createAhead creates a run's container while the run directory is being
-// prepared, when the backend can: Docker reads the bind-mounted directory
-// only when the container starts. A warm run's container exists already;
-// an egress policy's routing names the proxy's certificate authority, made
-// when the proxy starts, so such a run is created at start.
-func createAhead(ctx context.Context, p *plan, wd *workdir) *launch {
-	c, ok := p.in.Sandbox.(sandbox.Creator)
-	if !ok || p.slot != nil || !p.in.Egress.IsZero() {
-		return nil
-	}
-	l, err := newLaunch(p, wd, nil)
-	if err != nil {
-		return nil // supervise builds it again and reports the error
-	}
-	l.created = make(chan struct{})
-	go func() {
-		defer close(l.created)
-		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
-	}()
-	return l
 }
 
 // start starts the container with streams: the one created ahead, the

@@ -108,26 +108,55 @@ func policyOwner(user string) workspace.Owner {
 	return workspace.Owner{UID: uid, GID: gid}
 }
 
-// reserve takes what the run's container is created with: the run's own
-// uid and its (empty) run directory. started is the run's start time, as
-// journaled. The workdir is returned even on error, for release.
-func reserve(ctx context.Context, p *plan, started time.Time) (*workdir, error) {
-	wd := &workdir{started: started, records: records.NewBudget(p.limits.records)}
-	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
+// reserveHook takes what the run's container is created with, the run's
+// own uid and its (empty) run directory, and gives them back (release)
+// once the run is collected.
+type reserveHook struct {
+	p        *plan
+	wd       *workdir
+	released bool
+}
+
+func (h *reserveHook) name() string { return "reserve" }
+
+// prestart leases the uid and creates the run directory.
+func (h *reserveHook) prestart(ctx context.Context, _ *prestartRequest) error {
+	p, wd := h.p, h.wd
 	if err := p.timings.Time(timings.UIDLease, func() error { return wd.leaseUID(ctx, p) }); err != nil {
-		return wd, err
+		return err
 	}
 	if p.slot != nil {
 		// The pool made the slot's directory as prepare would, disk cap
 		// included, before starting its container.
 		wd.owned, wd.unmount = true, p.slot.Unmount()
-		return wd, nil
+		return nil
 	}
 	if err := workspace.CreateRunDir(p.dirs); err != nil {
-		return wd, fmt.Errorf("create run directory: %w", err)
+		return fmt.Errorf("create run directory: %w", err)
 	}
 	wd.owned = true
-	return wd, nil
+	return nil
+}
+
+// stop releases the run's files and uid (release).
+func (h *reserveHook) stop(_ context.Context, req *stopRequest) {
+	if h.released {
+		return
+	}
+	h.released = true
+	release(h.p, h.wd, req.PersistErr)
+}
+
+// prepareHook fills the run directory reserveHook made (prepare).
+type prepareHook struct {
+	p  *plan
+	wd *workdir
+}
+
+func (h *prepareHook) name() string { return "prepare" }
+
+func (h *prepareHook) prestart(ctx context.Context, _ *prestartRequest) error {
+	return prepare(ctx, h.p, h.wd)
 }
 
 // prepare materializes the run directory reserve made: dirs under the disk

@@ -74,34 +74,20 @@ func (ex execution) awaitRemoved() {
 	}
 }
 
-// supervise runs the container: the model gateway, the output spools, the
-// self-check and the live audit, the streams to the consumers and the disk
-// watchdog, all for exactly as long as the container lives. The returned
+// exitedFunc runs the Exited hooks once (runner.exited).
+type exitedFunc func(ctx context.Context, res sandbox.Result) (*exitedResponse, error)
+
+// apply takes what the Exited hooks reported.
+func (ex *execution) apply(resp *exitedResponse) {
+	ex.PromptTokens, ex.CompletionTokens, ex.ModelUpstream = resp.PromptTokens, resp.CompletionTokens, resp.ModelUpstream
+}
+
+// supervise runs the container l: the output spools, the self-check and
+// the live audit, the streams to the consumers and the disk watchdog, all for exactly as long as the container lives. The returned
 // error is the run's failure, if any; the execution is filled as far as the
 // run got. hard is the run's shutdown context (shutdownContext): the output
 // consumers outlive ctx's cancellation, but not hard.
-func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch) (ex execution, err error) {
-	stopGateway := p.timings.Start(timings.Gateway)
-	gw, err := startGateway(ctx, p, wd.owner, wd.records)
-	stopGateway()
-	if err != nil {
-		return ex, err
-	}
-	defer func() {
-		err = errors.Join(err, gw.finish(&ex))
-		if ex.DroppedRecordBytes = wd.records.Refused(); ex.DroppedRecordBytes > 0 {
-			p.log.Warn("host records over the run's budget were dropped", "budget_bytes", p.limits.records, "dropped_bytes", ex.DroppedRecordBytes)
-		}
-	}()
-
-	stopEgress := p.timings.Start(timings.Egress)
-	eg, err := startEgress(ctx, p, wd.owner, wd.records)
-	stopEgress()
-	if err != nil {
-		return ex, err
-	}
-	defer func() { err = errors.Join(err, eg.finish()) }()
-
+func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch, exited exitedFunc) (ex execution, err error) {
 	// The spools' host copies count against the run's record budget.
 	limit, budget := spool.WithLimit(p.limits.maxOutput), spool.WithBudget(wd.records)
 	stdout, err := spool.New(filepath.Join(p.hostDir, stdoutSpoolName), limit, budget)
@@ -115,11 +101,6 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch) (ex e
 	}
 	defer stderr.Close()
 
-	if l == nil {
-		if l, err = newLaunch(p, wd, eg); err != nil {
-			return ex, fmt.Errorf("self-check: %w", err)
-		}
-	}
 	iso := l.iso
 	// The engine's host facts, which the live audit needs, are read while
 	// the container starts.
@@ -199,9 +180,11 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch) (ex e
 		ex.ReadOnlyRootWrite = mentionsReadOnlyFS(stderr.Path(), stderr.Size())
 	}
 	probeErr := iso.readProbe(res)
-	// The proxy stops with the container, so the record holds its totals.
-	egressErr := eg.finish()
-	iso.egress = eg.auditRecord(p.log)
+	// What served the container stops with it (the Exited hooks), so the
+	// records hold their totals.
+	resp, exitedErr := exited(ctx, res)
+	ex.apply(resp)
+	iso.egress = resp.Egress
 	ex.record = iso.record(p.ref.RunID)
 	// Wait drained the container's streams; closing the spools lets the
 	// consumers deliver the tail and finish.
@@ -218,7 +201,7 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch) (ex e
 	if ex.DroppedOutputBytes = stdout.Dropped() + stderr.Dropped(); ex.DroppedOutputBytes > 0 {
 		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
 	}
-	return ex, errors.Join(auditErr, diskErr, probeErr, egressErr, res.Err)
+	return ex, errors.Join(auditErr, diskErr, probeErr, exitedErr, res.Err)
 }
 
 // auditOutcome is what the live audit decided, and the RUNNING report it

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 
 	"github.com/taskrun/taskrun/helpers"
@@ -38,11 +37,8 @@ func WarmTemplate(ctx context.Context, input RunTaskInput) (warmpool.Template, e
 // warmTemplate is the pool key of p's container: everything the cold path
 // would create it with, but the run's directory, identity and command.
 func (p *plan) warmTemplate() warmpool.Template {
-	labels := maps.Clone(p.spec.Labels)
+	labels := egressLabels(p, p.spec.Labels)
 	delete(labels, sandbox.LabelRunDir)
-	if !p.in.Egress.IsZero() {
-		labels[sandbox.LabelEgress] = egressSocketLabel()
-	}
 	opts := auditOptions(p, p.policy)
 	opts.Mounts.RunDir = "" // each slot's own
 	leasing := p.in.UIDs != nil

@@ -1,0 +1,191 @@
+package taskrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/taskrun/taskrun/journal"
+	"github.com/taskrun/taskrun/records"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
+)
+
+// runner walks one admitted, journaled run through its lifecycle: it is the
+// only code that calls the run's hooks (hooks.go), and it owns the
+// concurrency between them: the container created while the hooks below
+// the create point prepare, and removed while the run is collected.
+type runner struct {
+	p     *plan
+	wd    *workdir
+	hooks []hook
+	// createAt is the create point: the index of the first hook the engine
+	// need not wait for (len(hooks): none).
+	createAt int
+	// exitedDone is set once the Exited hooks ran; resp is what they said.
+	exitedDone bool
+	resp       exitedResponse
+}
+
+// newRunner builds the runner of p, whose journal record is j (nil
+// without a journal) and whose start time is started.
+func newRunner(p *plan, j *journal.Entry, started time.Time) *runner {
+	wd := &workdir{started: started, records: records.NewBudget(p.limits.records), journal: j}
+	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
+	r := &runner{p: p, wd: wd}
+	r.hooks, r.createAt = runHooks(p, wd)
+	return r
+}
+
+// runHooks is the run's hook list, in lifecycle order, with its create
+// point: each concern is in it only when the run needs it.
+func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
+	hooks = []hook{&reserveHook{p: p, wd: wd}}
+	// The engine creates the container once the run has its uid and its
+	// (empty) run directory: it reads the directory only at start.
+	createAt = len(hooks)
+	// The gateway hook is inert without a model, but times its (empty)
+	// start for every run, so every run lists the same phases.
+	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &gatewayHook{p: p})
+	if !p.in.Egress.IsZero() {
+		hooks = append(hooks, &egressHook{p: p})
+		// The container's routing names the CA the proxy makes when it
+		// starts: the container is planned after it.
+		createAt = len(hooks)
+	}
+	return hooks, createAt
+}
+
+// keptHooks are the hooks that store records of a kept run (RetryPersist,
+// RecoverRun) from its local copy; each stores only what exists.
+func keptHooks(p *plan) []hook {
+	return []hook{&gatewayHook{p: p}, &egressHook{p: p}}
+}
+
+// run runs the container and finishes the run: whatever fails, the later
+// events still happen, so a failed run persists what exists and reports a
+// final status.
+func (r *runner) run(ctx context.Context) (*Outcome, error) {
+	p, wd := r.p, r.wd
+	// Once ctx is cancelled, everything left has ShutdownGrace at most.
+	hard, cancelHard := shutdownContext(ctx, p.in.ShutdownGrace)
+	defer cancelHard()
+
+	l, runErr := r.prestart(ctx)
+	if wd.unmount != nil && p.slot == nil { // a warm run's is journaled from the start
+		journalDiskCap(p, wd)
+	}
+	var ex execution
+	if runErr == nil {
+		ex, runErr = supervise(ctx, hard, p, wd, l, r.exited)
+	}
+	if !r.exitedDone { // the container never ran
+		resp, err := r.exited(ctx, sandbox.Result{})
+		ex.apply(resp)
+		runErr = errors.Join(runErr, err)
+	}
+	if ex.DroppedRecordBytes = wd.records.Refused(); ex.DroppedRecordBytes > 0 {
+		p.log.Warn("host records over the run's budget were dropped", "budget_bytes", p.limits.records, "dropped_bytes", ex.DroppedRecordBytes)
+	}
+	l.discardUnstarted(ctx, p)
+	v := judge(ctx, p, ex, runErr)
+	journalVerdict(p, wd, v, ex)
+
+	// Collecting and reporting happen even when ctx was cancelled, each with
+	// a deadline of its own, so a slow store cannot starve the final report.
+	collectCtx, cancelCollect := context.WithTimeout(hard, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
+	stopCollect := p.timings.Start(timings.Collect)
+	st, persistErr := collect(collectCtx, p, wd, ex, v, r.hooks)
+	stopCollect()
+	cancelCollect()
+	// The container was removed while the outputs were collected; the
+	// journal stops tracking it, and the hooks release the run's uid and
+	// directory, only once it is gone.
+	ex.awaitRemoved()
+	journalCollected(p, wd, persistErr)
+	finishStream(hard, p, wd, ex)
+	p.timings.Time(timings.Release, func() error { r.stop(ctx, persistErr); return nil })
+
+	reportCtx, cancelReport := context.WithTimeout(hard, deadline(p.in.ReportTimeout, DefaultReportTimeout))
+	defer cancelReport()
+	out, err := report(reportCtx, p, wd, ex, v, st, persistErr)
+	endJournal(p, wd, persistErr != nil || reportFailed(err))
+	out.Timings = p.timings.Spans()
+	return out, err
+}
+
+// prestart runs the Prestart hooks in order, starting the container's
+// create at the create point when the backend can create ahead and hooks
+// remain to run meanwhile; then it plans the container (Configure) if the
+// create did not. It stops at the first failure.
+func (r *runner) prestart(ctx context.Context) (*launch, error) {
+	defer r.p.timings.Start(timings.Prepare)()
+	var l *launch
+	for i, h := range r.hooks {
+		if i == r.createAt {
+			l = r.createAhead(ctx)
+		}
+		if ph, ok := h.(prestartHook); ok {
+			if err := ph.prestart(ctx, &prestartRequest{Owner: r.wd.owner, Records: r.wd.records}); err != nil {
+				return l, err
+			}
+		}
+	}
+	if l != nil {
+		return l, nil
+	}
+	l, err := newLaunch(r.p, r.wd, r.hooks)
+	if err != nil {
+		return nil, fmt.Errorf("self-check: %w", err)
+	}
+	return l, nil
+}
+
+// createAhead plans the container and has the engine create it in the
+// background, when the backend can (sandbox.Creator) and the run has no
+// warm container; nil otherwise, or when planning failed (prestart plans
+// it again and reports the error).
+func (r *runner) createAhead(ctx context.Context) *launch {
+	p := r.p
+	c, ok := p.in.Sandbox.(sandbox.Creator)
+	if !ok || p.slot != nil {
+		return nil
+	}
+	l, err := newLaunch(p, r.wd, r.hooks)
+	if err != nil {
+		return nil
+	}
+	l.created = make(chan struct{})
+	go func() {
+		defer close(l.created)
+		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
+	}()
+	return l
+}
+
+// exited runs the Exited hooks, once, in order: what served the container
+// stops with it. res is the container's result, zero when none ran.
+func (r *runner) exited(ctx context.Context, res sandbox.Result) (*exitedResponse, error) {
+	if r.exitedDone {
+		return &r.resp, nil
+	}
+	r.exitedDone = true
+	var errs []error
+	for _, h := range r.hooks {
+		if eh, ok := h.(exitedHook); ok {
+			errs = append(errs, eh.exited(ctx, &exitedRequest{Result: res}, &r.resp))
+		}
+	}
+	return &r.resp, errors.Join(errs...)
+}
+
+// stop runs every Stop hook, in reverse order, once the container is gone.
+func (r *runner) stop(ctx context.Context, persistErr error) {
+	req := &stopRequest{PersistErr: persistErr}
+	for i := len(r.hooks) - 1; i >= 0; i-- {
+		if sh, ok := r.hooks[i].(stopHook); ok {
+			sh.stop(ctx, req)
+		}
+	}
+}
