@@ -125,7 +125,7 @@ func RecoverRun(ctx context.Context, input RunTaskInput, rec journal.Record) (*O
 	if rec.Phase == journal.PhaseReport {
 		// Everything was stored and released: only the report is owed.
 		retry, wd, v := keptPhases(p, kept)
-		out, err := report(ctx, retry, wd, kept.Execution, v, stored{}, nil)
+		out, err := report(ctx, &tracer{p: retry, wd: wd}, kept.Execution, v, stored{}, nil)
 		if reportFailed(err) {
 			return out, err
 		}
@@ -188,11 +188,12 @@ func keptPhases(p *plan, kept keptRun) (*plan, *workdir, verdict) {
 func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry) (out *Outcome, err, persistErr, reportErr error) {
 	retry, wd, v := keptPhases(p, kept)
 	wd.journal = entry
+	tr := &tracer{p: retry, wd: wd}
 	if diskcap.HasImage(p.dirs.Dir) {
 		// A kept image waits unmounted: mount it (read-only) to read it.
 		release, err := diskcap.Reattach(ctx, p.dirs.Dir)
 		if err != nil {
-			endJournal(p, wd, true)
+			tr.trace(ctx, transition{state: stateEnded, keep: true})
 			return nil, fmt.Errorf("reattach the kept run directory: %w", err), err, nil
 		}
 		wd.unmount = release
@@ -204,13 +205,13 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 	collectCtx, cancelCollect := context.WithTimeout(ctx, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
 	st, persistErr := collect(collectCtx, retry, wd, kept.Execution, v, keptHooks(retry))
 	cancelCollect()
-	journalCollected(retry, wd, persistErr)
+	tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
 	finishStream(ctx, retry, wd, kept.Execution)
 	release(retry, wd, persistErr)
-	out, err = report(ctx, retry, wd, kept.Execution, v, st, persistErr)
+	out, err = report(ctx, tr, kept.Execution, v, st, persistErr)
 	if reportFailed(err) {
 		reportErr = err
 	}
-	endJournal(retry, wd, persistErr != nil || reportErr != nil)
+	tr.trace(ctx, transition{state: stateEnded, keep: persistErr != nil || reportErr != nil})
 	return out, err, persistErr, reportErr
 }

@@ -19,6 +19,7 @@ import (
 type runner struct {
 	p     *plan
 	wd    *workdir
+	tr    *tracer
 	hooks []hook
 	// createAt is the create point: the index of the first hook the engine
 	// need not wait for (len(hooks): none).
@@ -33,7 +34,7 @@ type runner struct {
 func newRunner(p *plan, j *journal.Entry, started time.Time) *runner {
 	wd := &workdir{started: started, records: records.NewBudget(p.limits.records), journal: j}
 	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
-	r := &runner{p: p, wd: wd}
+	r := &runner{p: p, wd: wd, tr: &tracer{p: p, wd: wd}}
 	r.hooks, r.createAt = runHooks(p, wd)
 	return r
 }
@@ -74,11 +75,11 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 
 	l, runErr := r.prestart(ctx)
 	if wd.unmount != nil && p.slot == nil { // a warm run's is journaled from the start
-		journalDiskCap(p, wd)
+		r.tr.trace(ctx, transition{state: statePrepared})
 	}
 	var ex execution
 	if runErr == nil {
-		ex, runErr = supervise(ctx, hard, p, wd, l, r.exited)
+		ex, runErr = supervise(ctx, hard, r.tr, l, r.exited)
 	}
 	if !r.exitedDone { // the container never ran
 		resp, err := r.exited(ctx, sandbox.Result{})
@@ -90,7 +91,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	}
 	l.discardUnstarted(ctx, p)
 	v := judge(ctx, p, ex, runErr)
-	journalVerdict(p, wd, v, ex)
+	r.tr.trace(ctx, transition{state: stateJudged, v: &v, ex: &ex})
 
 	// Collecting and reporting happen even when ctx was cancelled, each with
 	// a deadline of its own, so a slow store cannot starve the final report.
@@ -103,14 +104,15 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	// journal stops tracking it, and the hooks release the run's uid and
 	// directory, only once it is gone.
 	ex.awaitRemoved()
-	journalCollected(p, wd, persistErr)
+	r.tr.step("removed")
+	r.tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
 	finishStream(hard, p, wd, ex)
 	p.timings.Time(timings.Release, func() error { r.stop(ctx, persistErr); return nil })
 
 	reportCtx, cancelReport := context.WithTimeout(hard, deadline(p.in.ReportTimeout, DefaultReportTimeout))
 	defer cancelReport()
-	out, err := report(reportCtx, p, wd, ex, v, st, persistErr)
-	endJournal(p, wd, persistErr != nil || reportFailed(err))
+	out, err := report(reportCtx, r.tr, ex, v, st, persistErr)
+	r.tr.trace(ctx, transition{state: stateEnded, keep: persistErr != nil || reportFailed(err)})
 	out.Timings = p.timings.Spans()
 	return out, err
 }

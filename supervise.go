@@ -59,9 +59,6 @@ type execution struct {
 	// record is the isolation record (audit.json); nil when no container
 	// was inspected.
 	record []byte
-	// running is closed once the RUNNING PATCH was sent (or gave up); nil
-	// when none was sent.
-	running <-chan struct{}
 	// removed is closed once the container is removed; nil when none was
 	// started.
 	removed <-chan struct{}
@@ -87,7 +84,8 @@ func (ex *execution) apply(resp *exitedResponse) {
 // error is the run's failure, if any; the execution is filled as far as the
 // run got. hard is the run's shutdown context (shutdownContext): the output
 // consumers outlive ctx's cancellation, but not hard.
-func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch, exited exitedFunc) (ex execution, err error) {
+func supervise(ctx, hard context.Context, tr *tracer, l *launch, exited exitedFunc) (ex execution, err error) {
+	p, wd := tr.p, tr.wd
 	// The spools' host copies count against the run's record budget.
 	limit, budget := spool.WithLimit(p.limits.maxOutput), spool.WithBudget(wd.records)
 	stdout, err := spool.New(filepath.Join(p.hostDir, stdoutSpoolName), limit, budget)
@@ -139,11 +137,10 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch, exite
 	// the agent was let go.
 	waitCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	audited := make(chan auditOutcome, 1)
+	audited := make(chan error, 1)
 	go func() {
-		var a auditOutcome
-		a.err = p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.in.Sandbox, h, hostFacts) })
-		if a.err != nil {
+		err := p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.in.Sandbox, h, hostFacts) })
+		if err != nil {
 			iso.closeHold()
 			stop()
 		} else if iso.releaseHold(waitCtx) {
@@ -151,11 +148,11 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch, exite
 			if iso.posture != nil {
 				running.ImageDigest, running.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
 			}
-			a.running = reportRunning(ctx, p, wd, running)
+			tr.trace(ctx, transition{state: stateRunning, ex: &running})
 		}
-		audited <- a
+		audited <- err
 	}()
-	journalStarted(p, wd, h.ID())
+	tr.trace(ctx, transition{state: stateStarted, containerID: h.ID()})
 	endDiskWatch := watchDisk(ctx, p, wd, stop)
 
 	followers := follow(hard, p, stdout, stderr)
@@ -167,9 +164,7 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch, exite
 	// A self-check that never asked for the go-ahead (it refused, or the
 	// run was stopped first) no longer holds the audit up.
 	iso.closeHold()
-	a := <-audited
-	auditErr := a.err
-	ex.running = a.running
+	auditErr := <-audited
 	if iso.posture != nil {
 		ex.ImageDigest, ex.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
 		iso.imageDigest = ex.ImageDigest
@@ -202,13 +197,6 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch, exite
 		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
 	}
 	return ex, errors.Join(auditErr, diskErr, probeErr, exitedErr, res.Err)
-}
-
-// auditOutcome is what the live audit decided, and the RUNNING report it
-// sent when the container passed.
-type auditOutcome struct {
-	err     error
-	running <-chan struct{}
 }
 
 // removeContainer removes the run's container in the background, on a
