@@ -139,12 +139,7 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict,
 	wg.Go(func() {
 		records.do(c.log(ctx, stdoutSpoolName, OutputLogName), "output log")
 		records.do(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
-		req := &collectRequest{Kept: c.kept, Global: c.global}
-		for _, h := range hooks {
-			if ch, ok := h.(collectHook); ok {
-				records.do(ch.collect(ctx, req), h.name()+" record")
-			}
-		}
+		collectAll(ctx, hooks, &collectRequest{Kept: c.kept, Global: c.global}, records.do)
 		records.do(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	})
 	files.do(c.trace(ctx), "trace")

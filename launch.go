@@ -36,12 +36,7 @@ func newLaunch(p *plan, wd *workdir, hooks []hook) (*launch, error) {
 		}
 	}
 	wrapRelay(p, &spec)
-	req := &configureRequest{Spec: &spec}
-	for _, h := range hooks {
-		if c, ok := h.(configureHook); ok {
-			c.configure(req)
-		}
-	}
+	configureAll(hooks, &spec)
 	return &launch{spec: spec, policy: policy, iso: iso}, nil
 }
 

@@ -103,8 +103,10 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	// The container was removed while the outputs were collected; the
 	// journal stops tracking it, and the hooks release the run's uid and
 	// directory, only once it is gone.
-	ex.awaitRemoved()
-	r.tr.step("removed")
+	if ex.removed != nil {
+		ex.awaitRemoved()
+		r.tr.step("removed")
+	}
 	r.tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
 	finishStream(hard, p, wd, ex)
 	p.timings.Time(timings.Release, func() error { r.stop(ctx, persistErr); return nil })
@@ -129,6 +131,7 @@ func (r *runner) prestart(ctx context.Context) (*launch, error) {
 			l = r.createAhead(ctx)
 		}
 		if ph, ok := h.(prestartHook); ok {
+			r.tr.step("prestart:" + h.name())
 			if err := ph.prestart(ctx, &prestartRequest{Owner: r.wd.owner, Records: r.wd.records}); err != nil {
 				return l, err
 			}
@@ -159,6 +162,7 @@ func (r *runner) createAhead(ctx context.Context) *launch {
 		return nil
 	}
 	l.created = make(chan struct{})
+	r.tr.step("create")
 	go func() {
 		defer close(l.created)
 		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
@@ -176,6 +180,7 @@ func (r *runner) exited(ctx context.Context, res sandbox.Result) (*exitedRespons
 	var errs []error
 	for _, h := range r.hooks {
 		if eh, ok := h.(exitedHook); ok {
+			r.tr.step("exited:" + h.name())
 			errs = append(errs, eh.exited(ctx, &exitedRequest{Result: res}, &r.resp))
 		}
 	}
@@ -187,7 +192,29 @@ func (r *runner) stop(ctx context.Context, persistErr error) {
 	req := &stopRequest{PersistErr: persistErr}
 	for i := len(r.hooks) - 1; i >= 0; i-- {
 		if sh, ok := r.hooks[i].(stopHook); ok {
+			r.tr.step("stop:" + r.hooks[i].name())
 			sh.stop(ctx, req)
+		}
+	}
+}
+
+// configureAll has every Configure hook, in order, add to the container
+// plan spec.
+func configureAll(hooks []hook, spec *sandbox.Spec) {
+	req := &configureRequest{Spec: spec}
+	for _, h := range hooks {
+		if c, ok := h.(configureHook); ok {
+			c.configure(req)
+		}
+	}
+}
+
+// collectAll has every Collect hook, in order, store its records; persist
+// gets each one's error with what it stored.
+func collectAll(ctx context.Context, hooks []hook, req *collectRequest, persist func(err error, what string)) {
+	for _, h := range hooks {
+		if ch, ok := h.(collectHook); ok {
+			persist(ch.collect(ctx, req), h.name()+" record")
 		}
 	}
 }

@@ -210,4 +210,3 @@ func endJournal(p *plan, wd *workdir, keep bool) {
 		p.log.Warn("end the run's journal record", "err", err)
 	}
 }
-
