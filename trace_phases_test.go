@@ -24,8 +24,8 @@ type stepLog struct {
 }
 
 func (l *stepLog) Enabled(context.Context, slog.Level) bool { return true }
-func (l *stepLog) WithAttrs([]slog.Attr) slog.Handler        { return l }
-func (l *stepLog) WithGroup(string) slog.Handler             { return l }
+func (l *stepLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *stepLog) WithGroup(string) slog.Handler            { return l }
 func (l *stepLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "run step" {
 		return nil
