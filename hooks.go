@@ -59,6 +59,18 @@ type prestartHook interface {
 	prestart(ctx context.Context, req *prestartRequest) error
 }
 
+// poststartRequest is what a Poststart hook may use of the live container.
+type poststartRequest struct {
+	// Stop stops the container: the run ends as it is.
+	Stop context.CancelFunc
+}
+
+// poststartHook starts what runs beside the live container.
+type poststartHook interface {
+	hook
+	poststart(ctx context.Context, req *poststartRequest)
+}
+
 // exitedRequest says how the container ended; zero when it never started.
 type exitedRequest struct {
 	Result sandbox.Result

@@ -49,6 +49,9 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	// The gateway hook is inert without a model, but times its (empty)
 	// start for every run, so every run lists the same phases.
 	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &gatewayHook{p: p})
+	if p.limits.disk > 0 {
+		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
+	}
 	if !p.in.Egress.IsZero() {
 		hooks = append(hooks, &egressHook{p: p})
 		// The container's routing names the CA the proxy makes when it
@@ -79,7 +82,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	}
 	var ex execution
 	if runErr == nil {
-		ex, runErr = supervise(ctx, hard, r.tr, l, r.exited)
+		ex, runErr = supervise(ctx, hard, r.tr, l, r)
 	}
 	if !r.exitedDone { // the container never ran
 		resp, err := r.exited(ctx, sandbox.Result{})
@@ -168,6 +171,16 @@ func (r *runner) createAhead(ctx context.Context) *launch {
 		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
 	}()
 	return l
+}
+
+// poststart runs the Poststart hooks, in order, once the container started.
+func (r *runner) poststart(ctx context.Context, req *poststartRequest) {
+	for _, h := range r.hooks {
+		if ph, ok := h.(poststartHook); ok {
+			r.tr.step("poststart:" + h.name())
+			ph.poststart(ctx, req)
+		}
+	}
 }
 
 // exited runs the Exited hooks, once, in order: what served the container

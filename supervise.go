@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/spool"
 	"github.com/taskrun/taskrun/timings"
@@ -21,9 +20,6 @@ import (
 // streamDrainTimeout bounds how long a finished run waits for its output
 // consumers (a variable so tests can shorten it).
 var streamDrainTimeout = 2 * time.Minute
-
-// ErrDiskLimit is wrapped when the watchdog stopped a run over its disk cap.
-var ErrDiskLimit = errors.New("run directory exceeded its disk cap")
 
 // execution is what supervise observed: the container, how it ended and
 // what it cost. It is also kept on disk (run.json) for RetryPersist, hence
@@ -71,8 +67,14 @@ func (ex execution) awaitRemoved() {
 	}
 }
 
-// exitedFunc runs the Exited hooks once (runner.exited).
-type exitedFunc func(ctx context.Context, res sandbox.Result) (*exitedResponse, error)
+// lifecycle is how supervise has the runner call the hooks of the
+// container's events.
+type lifecycle interface {
+	// poststart runs the Poststart hooks once the container started.
+	poststart(ctx context.Context, req *poststartRequest)
+	// exited runs the Exited hooks, once.
+	exited(ctx context.Context, res sandbox.Result) (*exitedResponse, error)
+}
 
 // apply takes what the Exited hooks reported.
 func (ex *execution) apply(resp *exitedResponse) {
@@ -84,7 +86,7 @@ func (ex *execution) apply(resp *exitedResponse) {
 // error is the run's failure, if any; the execution is filled as far as the
 // run got. hard is the run's shutdown context (shutdownContext): the output
 // consumers outlive ctx's cancellation, but not hard.
-func supervise(ctx, hard context.Context, tr *tracer, l *launch, exited exitedFunc) (ex execution, err error) {
+func supervise(ctx, hard context.Context, tr *tracer, l *launch, hooks lifecycle) (ex execution, err error) {
 	p, wd := tr.p, tr.wd
 	// The spools' host copies count against the run's record budget.
 	limit, budget := spool.WithLimit(p.limits.maxOutput), spool.WithBudget(wd.records)
@@ -153,7 +155,7 @@ func supervise(ctx, hard context.Context, tr *tracer, l *launch, exited exitedFu
 		audited <- err
 	}()
 	tr.trace(ctx, transition{state: stateStarted, containerID: h.ID()})
-	endDiskWatch := watchDisk(ctx, p, wd, stop)
+	hooks.poststart(ctx, &poststartRequest{Stop: stop})
 
 	followers := follow(hard, p, stdout, stderr)
 
@@ -169,7 +171,6 @@ func supervise(ctx, hard context.Context, tr *tracer, l *launch, exited exitedFu
 		ex.ImageDigest, ex.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
 		iso.imageDigest = ex.ImageDigest
 	}
-	diskErr := endDiskWatch()
 	ex.Exit = res
 	if res.ExitCode > 0 {
 		ex.ReadOnlyRootWrite = mentionsReadOnlyFS(stderr.Path(), stderr.Size())
@@ -177,7 +178,7 @@ func supervise(ctx, hard context.Context, tr *tracer, l *launch, exited exitedFu
 	probeErr := iso.readProbe(res)
 	// What served the container stops with it (the Exited hooks), so the
 	// records hold their totals.
-	resp, exitedErr := exited(ctx, res)
+	resp, exitedErr := hooks.exited(ctx, res)
 	ex.apply(resp)
 	iso.egress = resp.Egress
 	ex.record = iso.record(p.ref.RunID)
@@ -196,7 +197,7 @@ func supervise(ctx, hard context.Context, tr *tracer, l *launch, exited exitedFu
 	if ex.DroppedOutputBytes = stdout.Dropped() + stderr.Dropped(); ex.DroppedOutputBytes > 0 {
 		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
 	}
-	return ex, errors.Join(auditErr, diskErr, probeErr, exitedErr, res.Err)
+	return ex, errors.Join(auditErr, probeErr, exitedErr, res.Err)
 }
 
 // removeContainer removes the run's container in the background, on a
@@ -246,38 +247,6 @@ func imageDigest(resolved sandbox.Image, ranID string) string {
 		return resolved.Digest()
 	}
 	return ranID
-}
-
-// watchDisk stops the run through stop when the run dir outgrows its cap. It
-// runs only when no capped filesystem was mounted; the returned function
-// ends the watch and reports whether it fired.
-func watchDisk(ctx context.Context, p *plan, wd *workdir, stop context.CancelFunc) func() error {
-	limit := p.limits.disk
-	if wd.unmount != nil || limit == 0 {
-		return func() error { return nil }
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	fired := make(chan int64, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- diskcap.Watch(ctx, p.dirs.Dir, limit, diskcap.DefaultInterval, func(used int64) {
-			fired <- used
-			stop()
-		})
-	}()
-	return func() error {
-		cancel()
-		watchErr := <-done
-		select {
-		case used := <-fired:
-			if errors.Is(watchErr, diskcap.ErrUnmeasurable) {
-				return fmt.Errorf("%w: %w", ErrDiskLimit, watchErr)
-			}
-			return fmt.Errorf("%w: %d bytes used, cap %d", ErrDiskLimit, used, limit)
-		default:
-			return nil
-		}
-	}
 }
 
 // followers deliver the spooled output to its consumers: the stream sender
