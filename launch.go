@@ -29,7 +29,7 @@ type launch struct {
 func newLaunch(p *plan, wd *workdir, hooks []hook) (*launch, error) {
 	spec := p.containerSpec()
 	policy := wd.policy(p)
-	iso := newIsolation(p, policy, backendKind(p.in.Sandbox))
+	iso := newIsolation(p, policy, p.caps)
 	if len(p.helpers) > 0 {
 		if err := iso.wrap(&spec, p.helpers); err != nil {
 			return nil, err

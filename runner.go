@@ -151,15 +151,15 @@ func (r *runner) prestart(ctx context.Context) (*launch, error) {
 }
 
 // createAhead plans the container and has the engine create it in the
-// background, when the backend can (sandbox.Creator) and the run has no
+// background, when the backend can (CreatesAhead) and the run has no
 // warm container; nil otherwise, or when planning failed (prestart plans
 // it again and reports the error).
 func (r *runner) createAhead(ctx context.Context) *launch {
 	p := r.p
-	c, ok := p.in.Sandbox.(sandbox.Creator)
-	if !ok || p.slot != nil {
+	if !p.caps.CreatesAhead || p.slot != nil {
 		return nil
 	}
+	c := p.in.Sandbox.(sandbox.Creator) // the method of caps.CreatesAhead
 	l, err := newLaunch(p, r.wd, r.hooks)
 	if err != nil {
 		return nil

@@ -104,7 +104,7 @@ func supervise(ctx, hard context.Context, tr *tracer, l *launch, hooks lifecycle
 	iso := l.iso
 	// The engine's host facts, which the live audit needs, are read while
 	// the container starts.
-	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox, l.created)
+	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox, p.caps, l.created)
 	var stderrSink io.Writer = stderr
 	if len(p.helpers) > 0 {
 		if err := iso.listenHold(p, wd.owner.UID); err != nil {
@@ -141,7 +141,7 @@ func supervise(ctx, hard context.Context, tr *tracer, l *launch, hooks lifecycle
 	defer stop()
 	audited := make(chan error, 1)
 	go func() {
-		err := p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.in.Sandbox, h, hostFacts) })
+		err := p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.caps, h, hostFacts) })
 		if err != nil {
 			iso.closeHold()
 			stop()

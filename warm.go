@@ -42,7 +42,7 @@ func (p *plan) warmTemplate() warmpool.Template {
 	opts := auditOptions(p, p.policy)
 	opts.Mounts.RunDir = "" // each slot's own
 	leasing := p.in.UIDs != nil
-	expect := expectation(p.policy, backendKind(p.in.Sandbox))
+	expect := expectation(p.policy, p.caps)
 	if leasing {
 		expect.UID = nil // each slot's own
 	}
