@@ -118,13 +118,8 @@ func beginJournal(p *plan, started time.Time) (*journal.Entry, error) {
 	if err != nil || d == nil {
 		return nil, err
 	}
-	var dc *journal.DiskCap
-	if p.slot != nil && p.slot.Unmount() != nil {
-		// A warm slot's cap is mounted already: one write records it.
-		dc = &journal.DiskCap{Image: diskcap.ImagePath(p.dirs.Dir), Mount: p.dirs.Dir, Mounted: true}
-	}
 	return d.Create(journal.Record{
-		DiskCap: dc,
+		DiskCap: p.warmDiskCap(),
 		RunID:   p.ref.RunID, UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID,
 		SessionID: p.in.SessionID, PreviousRunID: p.in.Run.PreviousRunID,
 		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir, PoolSlot: p.poolSlot(),

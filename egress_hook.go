@@ -68,7 +68,7 @@ func (p *plan) checkEgress() error {
 // prestart starts the proxy. Its record counts against the run's record
 // budget: once that is spent, later connections are left out and the
 // record ends in a marker line.
-func (e *egressHook) prestart(ctx context.Context, req *prestartRequest) error {
+func (e *egressHook) prestart(ctx context.Context, req *prestartRequest, _ *prestartResponse) error {
 	defer e.p.timings.Start(timings.Egress)()
 	p := e.p
 	record, err := os.OpenFile(filepath.Join(p.hostDir, egress.RecordName), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)

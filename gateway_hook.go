@@ -59,7 +59,7 @@ func (g *gatewayHook) configure(req *configureRequest) {
 // What the gateway writes to both counts against the run's record budget:
 // once it is spent, the gateway's lines are refused (and it writes only
 // bodiless ones, which fit or not) and each file ends in a marker line.
-func (g *gatewayHook) prestart(ctx context.Context, req *prestartRequest) error {
+func (g *gatewayHook) prestart(ctx context.Context, req *prestartRequest, _ *prestartResponse) error {
 	defer g.p.timings.Start(timings.Gateway)()
 	p := g.p
 	if p.in.Model.IsZero() {

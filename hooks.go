@@ -51,12 +51,25 @@ type prestartRequest struct {
 	Records *records.Budget
 }
 
+// prestartResponse is what a Prestart hook reports to the runner.
+type prestartResponse struct {
+	// DiskCapMounted says the hook mounted the run dir's disk cap.
+	DiskCapMounted bool
+}
+
 // prestartHook makes something the container needs before it starts. A
 // failure fails the run: later Prestart hooks are not called, Exited,
 // Collect and Stop still are.
 type prestartHook interface {
 	hook
-	prestart(ctx context.Context, req *prestartRequest) error
+	prestart(ctx context.Context, req *prestartRequest, resp *prestartResponse) error
+}
+
+// starterHook starts the run's container itself, in place of the backend
+// and of any create ahead: a claimed warm slot's parked container.
+type starterHook interface {
+	hook
+	start(ctx context.Context, spec sandbox.Spec, streams sandbox.Streams) (sandbox.Handle, error)
 }
 
 // poststartRequest is what a Poststart hook may use of the live container.

@@ -207,7 +207,7 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 	cancelCollect()
 	tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
 	finishStream(ctx, retry, wd, kept.Execution)
-	release(retry, wd, persistErr)
+	releaseDir(retry, wd, persistErr, true)
 	out, err = report(ctx, tr, kept.Execution, v, st, persistErr)
 	if reportFailed(err) {
 		reportErr = err

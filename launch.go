@@ -22,6 +22,8 @@ type launch struct {
 	err       error
 	// started is set once Start was called on container.
 	started bool
+	// startWith starts a container not created ahead (starterOf).
+	startWith func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error)
 }
 
 // newLaunch builds the container of a run of p in wd: the planned spec,
@@ -37,7 +39,7 @@ func newLaunch(p *plan, wd *workdir, hooks []hook) (*launch, error) {
 	}
 	wrapRelay(p, &spec)
 	configureAll(hooks, &spec)
-	return &launch{spec: spec, policy: policy, iso: iso}, nil
+	return &launch{spec: spec, policy: policy, iso: iso, startWith: starterOf(hooks, p.in.Sandbox)}, nil
 }
 
 // wrapRelay runs the command behind the relay (after the self-check, which
@@ -60,7 +62,7 @@ func wrapRelay(p *plan, spec *sandbox.Spec) {
 // warm slot's, or one the backend creates now.
 func (l *launch) start(ctx context.Context, p *plan, streams sandbox.Streams) (sandbox.Handle, error) {
 	if l.created == nil {
-		return startContainer(ctx, p, l.spec, l.policy, streams)
+		return l.startWith(ctx, l.spec, l.policy, streams)
 	}
 	<-l.created
 	if l.err != nil {

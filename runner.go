@@ -22,7 +22,7 @@ type runner struct {
 	tr    *tracer
 	hooks []hook
 	// createAt is the create point: the index of the first hook the engine
-	// need not wait for (len(hooks): none).
+	// need not wait for (-1: none, the container is created at start).
 	createAt int
 	// exitedDone is set once the Exited hooks ran; resp is what they said.
 	exitedDone bool
@@ -32,7 +32,7 @@ type runner struct {
 // newRunner builds the runner of p, whose journal record is j (nil
 // without a journal) and whose start time is started.
 func newRunner(p *plan, j *journal.Entry, started time.Time) *runner {
-	wd := &workdir{started: started, records: records.NewBudget(p.limits.records), journal: j}
+	wd := &workdir{started: started, records: records.NewBudget(p.limits.records), journal: j, owner: policyOwner(p.policy.User)}
 	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
 	r := &runner{p: p, wd: wd, tr: &tracer{p: p, wd: wd}}
 	r.hooks, r.createAt = runHooks(p, wd)
@@ -42,10 +42,18 @@ func newRunner(p *plan, j *journal.Entry, started time.Time) *runner {
 // runHooks is the run's hook list, in lifecycle order, with its create
 // point: each concern is in it only when the run needs it.
 func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
-	hooks = []hook{&reserveHook{p: p, wd: wd}}
-	// The engine creates the container once the run has its uid and its
-	// (empty) run directory: it reads the directory only at start.
-	createAt = len(hooks)
+	if warm := warmHookOf(p, wd); warm != nil {
+		// The slot's container, uid and capped run dir exist: nothing is
+		// created.
+		hooks = []hook{warm}
+		createAt = -1
+	} else {
+		hooks = []hook{&uidHook{p: p, wd: wd}, &rundirHook{p: p, wd: wd}}
+		// The engine creates the container once the run has its uid and
+		// its (empty) run directory: it reads the directory only at start.
+		createAt = len(hooks)
+		hooks = append(hooks, &dirsHook{p: p, wd: wd})
+	}
 	// The gateway hook is inert without a model, but times its (empty)
 	// start for every run, so every run lists the same phases.
 	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &gatewayHook{p: p})
@@ -56,7 +64,7 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 		hooks = append(hooks, &egressHook{p: p})
 		// The container's routing names the CA the proxy makes when it
 		// starts: the container is planned after it.
-		createAt = len(hooks)
+		createAt = -1
 	}
 	return hooks, createAt
 }
@@ -77,9 +85,6 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	defer cancelHard()
 
 	l, runErr := r.prestart(ctx)
-	if wd.unmount != nil && p.slot == nil { // a warm run's is journaled from the start
-		r.tr.trace(ctx, transition{state: statePrepared})
-	}
 	var ex execution
 	if runErr == nil {
 		ex, runErr = supervise(ctx, hard, r.tr, l, r)
@@ -135,7 +140,12 @@ func (r *runner) prestart(ctx context.Context) (*launch, error) {
 		}
 		if ph, ok := h.(prestartHook); ok {
 			r.tr.step("prestart:" + h.name())
-			if err := ph.prestart(ctx, &prestartRequest{Owner: r.wd.owner, Records: r.wd.records}); err != nil {
+			var resp prestartResponse
+			err := ph.prestart(ctx, &prestartRequest{Owner: r.wd.owner, Records: r.wd.records}, &resp)
+			if resp.DiskCapMounted {
+				r.tr.trace(ctx, transition{state: statePrepared})
+			}
+			if err != nil {
 				return l, err
 			}
 		}
@@ -151,12 +161,11 @@ func (r *runner) prestart(ctx context.Context) (*launch, error) {
 }
 
 // createAhead plans the container and has the engine create it in the
-// background, when the backend can (CreatesAhead) and the run has no
-// warm container; nil otherwise, or when planning failed (prestart plans
-// it again and reports the error).
+// background, when the backend can (CreatesAhead); nil otherwise, or when
+// planning failed (prestart plans it again and reports the error).
 func (r *runner) createAhead(ctx context.Context) *launch {
 	p := r.p
-	if !p.caps.CreatesAhead || p.slot != nil {
+	if !p.caps.CreatesAhead {
 		return nil
 	}
 	c := p.in.Sandbox.(sandbox.Creator) // the method of caps.CreatesAhead
@@ -209,6 +218,19 @@ func (r *runner) stop(ctx context.Context, persistErr error) {
 			sh.stop(ctx, req)
 		}
 	}
+}
+
+// starterOf is what starts the run's container: a hook that starts it
+// itself (starterHook), or else the backend.
+func starterOf(hooks []hook, b sandbox.Backend) func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error) {
+	for _, h := range hooks {
+		if s, ok := h.(starterHook); ok {
+			return func(ctx context.Context, spec sandbox.Spec, _ sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
+				return s.start(ctx, spec, streams)
+			}
+		}
+	}
+	return b.Start
 }
 
 // configureAll has every Configure hook, in order, add to the container
