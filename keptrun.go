@@ -170,6 +170,12 @@ func loadKept(p *plan) (keptRun, error) {
 	return kept, nil
 }
 
+// keptHooks are the hooks that store records of a kept run (RetryPersist,
+// RecoverRun) from its local copy; each stores only what exists.
+func keptHooks(p *plan) []hook {
+	return []hook{&gatewayHook{p: p}, &egressHook{p: p}}
+}
+
 // keptPhases is the plan, workdir and verdict a kept run is finished with:
 // the original run's choices apply, not this call's.
 func keptPhases(p *plan, kept keptRun) (*plan, *workdir, verdict) {

@@ -101,35 +101,55 @@ func releaseDir(p *plan, wd *workdir, persistErr error, prune bool) {
 		return // another run's directory, or none: never touch it
 	}
 	wd.released = true
-	if persistErr != nil {
-		// The kept copy holds no mount: its image waits unmounted.
-		if wd.unmount != nil {
-			if err := diskcap.Detach(p.dirs.Dir); err != nil {
-				p.log.Warn("detach the kept run directory's disk cap", "dir", p.dirs.Dir, "err", err)
-			}
-		}
-		p.log.Warn("run directory kept for a persist retry", "dir", p.dirs.Dir, "spools", p.hostDir)
-		return
+	switch {
+	case persistErr != nil:
+		keepForRetry(p, wd)
+	case wd.unmount != nil && p.keepRunDir:
+		keepCapped(p, wd)
+	case wd.unmount != nil && !unmountRunDir(p, wd):
+		// The unmount failed: the directory stays.
+	case p.keepRunDir:
+	default:
+		removeRunDir(p, prune)
 	}
-	if wd.unmount != nil && p.keepRunDir {
-		stats, err := diskcap.Keep(context.Background(), p.dirs.Dir, wd.unmount, p.limits.disk)
-		for _, s := range stats.Skipped {
-			p.log.Warn("left out of the kept run directory", "path", s.Path, "reason", s.Reason)
-		}
-		if err != nil {
-			p.log.Warn("keep run directory", "dir", p.dirs.Dir, "err", err)
-		}
-		return
-	}
+}
+
+// keepForRetry leaves the run's files for RetryPersist; the kept copy
+// holds no mount: its image waits unmounted.
+func keepForRetry(p *plan, wd *workdir) {
 	if wd.unmount != nil {
-		if err := wd.unmount(); err != nil {
-			p.log.Warn("unmount run directory", "dir", p.dirs.Dir, "err", err)
-			return
+		if err := diskcap.Detach(p.dirs.Dir); err != nil {
+			p.log.Warn("detach the kept run directory's disk cap", "dir", p.dirs.Dir, "err", err)
 		}
 	}
-	if p.keepRunDir {
-		return
+	p.log.Warn("run directory kept for a persist retry", "dir", p.dirs.Dir, "spools", p.hostDir)
+}
+
+// keepCapped turns a capped run dir kept by KeepRunDir into a plain copy.
+func keepCapped(p *plan, wd *workdir) {
+	stats, err := diskcap.Keep(context.Background(), p.dirs.Dir, wd.unmount, p.limits.disk)
+	for _, s := range stats.Skipped {
+		p.log.Warn("left out of the kept run directory", "path", s.Path, "reason", s.Reason)
 	}
+	if err != nil {
+		p.log.Warn("keep run directory", "dir", p.dirs.Dir, "err", err)
+	}
+}
+
+// unmountRunDir releases the run dir's capped filesystem; false when it
+// failed and the directory must stay.
+func unmountRunDir(p *plan, wd *workdir) bool {
+	if err := wd.unmount(); err != nil {
+		p.log.Warn("unmount run directory", "dir", p.dirs.Dir, "err", err)
+		return false
+	}
+	return true
+}
+
+// removeRunDir removes the run and executor directories and, with prune,
+// the task, conversation and user directories the run was the last of:
+// finished runs leave no empty directories.
+func removeRunDir(p *plan, prune bool) {
 	removed := true
 	for _, dir := range []string{p.dirs.Dir, p.hostDir} {
 		if err := os.RemoveAll(dir); err != nil {
@@ -138,8 +158,6 @@ func releaseDir(p *plan, wd *workdir, persistErr error, prune bool) {
 		}
 	}
 	if removed && prune {
-		// The task, conversation and user directories the run was the
-		// last of go too: finished runs leave no empty directories.
 		if err := workspace.PruneRunAncestors(p.dirs.Dir); err != nil {
 			p.log.Warn("remove empty run ancestors", "dir", p.dirs.Dir, "err", err)
 		}

@@ -69,12 +69,6 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	return hooks, createAt
 }
 
-// keptHooks are the hooks that store records of a kept run (RetryPersist,
-// RecoverRun) from its local copy; each stores only what exists.
-func keptHooks(p *plan) []hook {
-	return []hook{&gatewayHook{p: p}, &egressHook{p: p}}
-}
-
 // run runs the container and finishes the run: whatever fails, the later
 // events still happen, so a failed run persists what exists and reports a
 // final status.
