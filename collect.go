@@ -139,13 +139,14 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict,
 	wg.Go(func() {
 		records.do(c.log(ctx, stdoutSpoolName, OutputLogName), "output log")
 		records.do(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
-		collectAll(ctx, hooks, &collectRequest{Kept: c.kept, Global: c.global}, records.do)
+		var resp collectResponse
+		collectAll(ctx, hooks, &collectRequest{Kept: c.kept, Global: c.global, Put: c.put}, &resp, records.do)
+		c.out.changes = resp.Changes
 		records.do(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	})
 	files.do(c.trace(ctx), "trace")
 	files.do(c.artifacts(ctx), "artifacts")
 	files.do(c.resultFiles(ctx), "output files")
-	files.do(c.changes(ctx), "change set")
 	files.do(c.sessionState(ctx), "session state")
 	wg.Wait()
 	// The collection record lists what every walk skipped.
@@ -241,6 +242,12 @@ func (c *collector) kept(ctx context.Context, name, objectName, contentType stri
 	}
 	defer f.Close()
 	return c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, objectName, f, contentType))
+}
+
+// put stores r as the run object name and records it.
+func (c *collector) put(ctx context.Context, name string, r io.Reader, contentType string) (persist.ObjectInfo, error) {
+	info, err := c.p.in.Persist.PutRunFile(ctx, c.p.ref, name, r, contentType)
+	return info, c.stored(info, err)
 }
 
 // readHead returns the first limit bytes of the file at path, with

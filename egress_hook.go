@@ -150,7 +150,7 @@ func (e *egressHook) finish() error {
 }
 
 // collect stores the proxy's record, when the run (or the kept run) has one.
-func (e *egressHook) collect(ctx context.Context, req *collectRequest) error {
+func (e *egressHook) collect(ctx context.Context, req *collectRequest, _ *collectResponse) error {
 	return req.Kept(ctx, egress.RecordName, egress.RecordName, "application/x-ndjson")
 }
 

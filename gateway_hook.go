@@ -119,7 +119,7 @@ func (g *gatewayHook) finish() error {
 
 // collect stores the executor-owned record of the model exchanges next to
 // the trace, when the run (or the kept run) had a model.
-func (g *gatewayHook) collect(ctx context.Context, req *collectRequest) error {
+func (g *gatewayHook) collect(ctx context.Context, req *collectRequest, _ *collectResponse) error {
 	return req.Global(ctx, gatewayRecordName, g.p.gatewayRecordPath, "application/x-ndjson")
 }
 

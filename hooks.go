@@ -2,8 +2,10 @@ package taskrun
 
 import (
 	"context"
+	"io"
 
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/records"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workspace"
@@ -116,13 +118,22 @@ type collectRequest struct {
 	// Global stores the executor-private file name under key in the
 	// user's run-global storage; a missing file is skipped.
 	Global func(ctx context.Context, name, key, contentType string) error
+	// Put stores r as the run object name, as one of the run's objects.
+	Put func(ctx context.Context, name string, r io.Reader, contentType string) (persist.ObjectInfo, error)
+}
+
+// collectResponse is what the Collect hooks stored that the run's outcome
+// names.
+type collectResponse struct {
+	// Changes is the stored change set; nil when the run has none.
+	Changes *changeResult
 }
 
 // collectHook stores what the hook owns, in the records' order. It also
 // runs for a kept run (RetryPersist, RecoverRun) from its local copy.
 type collectHook interface {
 	hook
-	collect(ctx context.Context, req *collectRequest) error
+	collect(ctx context.Context, req *collectRequest, resp *collectResponse) error
 }
 
 // stopRequest says how the run's collection ended.

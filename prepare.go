@@ -94,7 +94,6 @@ func prepare(ctx context.Context, p *plan, wd *workdir) error {
 		return diskcap.Explain(p.dirs.Dir, err)
 	}
 	stopMaterialize()
-	p.timings.Time(timings.Snapshot, func() error { snapshotChanges(ctx, p); return nil })
 	if err := os.WriteFile(filepath.Join(p.dirs.Dir, model.PromptFileName), []byte(p.in.Task.Prompt), 0o644); err != nil {
 		return fmt.Errorf("write prompt: %w", err)
 	}

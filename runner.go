@@ -56,7 +56,7 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	}
 	// The gateway hook is inert without a model, but times its (empty)
 	// start for every run, so every run lists the same phases.
-	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &gatewayHook{p: p})
+	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &gatewayHook{p: p})
 	if p.limits.disk > 0 {
 		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
 	}
@@ -240,10 +240,10 @@ func configureAll(hooks []hook, spec *sandbox.Spec) {
 
 // collectAll has every Collect hook, in order, store its records; persist
 // gets each one's error with what it stored.
-func collectAll(ctx context.Context, hooks []hook, req *collectRequest, persist func(err error, what string)) {
+func collectAll(ctx context.Context, hooks []hook, req *collectRequest, resp *collectResponse, persist func(err error, what string)) {
 	for _, h := range hooks {
 		if ch, ok := h.(collectHook); ok {
-			persist(ch.collect(ctx, req), h.name()+" record")
+			persist(ch.collect(ctx, req, resp), h.name()+" record")
 		}
 	}
 }

@@ -77,7 +77,7 @@ func TestTracedOrderOfARun(t *testing.T) {
 	// it and before the uid and run dir are released, and the final report
 	// before the journal record goes.
 	started := []string{
-		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:gateway",
+		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:gateway",
 		"started",
 		"exited:gateway", "judged", "removed", "collected",
 		"stop:gateway", "stop:rundir", "stop:uid", "reported", "ended",
@@ -129,7 +129,7 @@ func TestTracedOrderOfARun(t *testing.T) {
 		_, err := taskrun.Execute(context.Background(), in)
 		require.ErrorIs(t, err, sandboxfake.ErrStart)
 		assert.Equal(t, []string{
-			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:gateway",
+			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:gateway",
 			"exited:gateway", "judged", "collected",
 			"stop:gateway", "stop:rundir", "stop:uid", "reported", "ended",
 		}, steps.take())
