@@ -137,11 +137,9 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict,
 	var records, files persistSteps
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		records.do(c.log(ctx, stdoutSpoolName, OutputLogName), "output log")
-		records.do(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
 		var resp collectResponse
 		collectAll(ctx, hooks, &collectRequest{Kept: c.kept, Global: c.global, Put: c.put}, &resp, records.do)
-		c.out.changes = resp.Changes
+		c.out.changes, c.out.output = resp.Changes, resp.Output
 		records.do(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	})
 	files.do(c.trace(ctx), "trace")
@@ -216,18 +214,6 @@ func (c *collector) storeAgentFile(root, rel string, put func() (persist.ObjectI
 		return false, nil
 	}
 	return err == nil, c.stored(info, err)
-}
-
-// log uploads one spooled stream and keeps the head of the stdout log.
-func (c *collector) log(ctx context.Context, spoolName, objectName string) error {
-	if objectName == OutputLogName {
-		head, err := readHead(filepath.Join(c.p.hostDir, spoolName), MaxResultOutputBytes)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		c.out.output = head
-	}
-	return c.kept(ctx, spoolName, objectName, "text/plain; charset=utf-8")
 }
 
 // kept uploads the executor-private file name as the run object objectName;

@@ -57,6 +57,9 @@ type prestartRequest struct {
 type prestartResponse struct {
 	// DiskCapMounted says the hook mounted the run dir's disk cap.
 	DiskCapMounted bool
+	// Stdout and Stderr are where the container's output goes, when the
+	// hook made them.
+	Stdout, Stderr io.Writer
 }
 
 // prestartHook makes something the container needs before it starts. A
@@ -78,6 +81,9 @@ type starterHook interface {
 type poststartRequest struct {
 	// Stop stops the container: the run ends as it is.
 	Stop context.CancelFunc
+	// Hard is the run's shutdown context: what must outlive the run's
+	// cancellation (the output's consumers) runs on it.
+	Hard context.Context
 }
 
 // poststartHook starts what runs beside the live container.
@@ -101,6 +107,11 @@ type exitedResponse struct {
 	ModelUpstream    string
 	// Egress is the egress part of the isolation record.
 	Egress *audit.EgressRecord
+	// ReadOnlyRootWrite, StreamEnded and DroppedOutputBytes are the
+	// output's: see execution.
+	ReadOnlyRootWrite  bool
+	StreamEnded        bool
+	DroppedOutputBytes int64
 }
 
 // exitedHook ends what served the container once it is over (or never
@@ -127,6 +138,8 @@ type collectRequest struct {
 type collectResponse struct {
 	// Changes is the stored change set; nil when the run has none.
 	Changes *changeResult
+	// Output is the head of the stored output log.
+	Output []byte
 }
 
 // collectHook stores what the hook owns, in the records' order. It also

@@ -173,7 +173,7 @@ func loadKept(p *plan) (keptRun, error) {
 // keptHooks are the hooks that store records of a kept run (RetryPersist,
 // RecoverRun) from its local copy; each stores only what exists.
 func keptHooks(p *plan) []hook {
-	return []hook{&changesHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}}
+	return []hook{&changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}}
 }
 
 // keptPhases is the plan, workdir and verdict a kept run is finished with:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/taskrun/taskrun/journal"
@@ -24,6 +25,8 @@ type runner struct {
 	// createAt is the create point: the index of the first hook the engine
 	// need not wait for (-1: none, the container is created at start).
 	createAt int
+	// stdout and stderr are where the container's output goes (Prestart).
+	stdout, stderr io.Writer
 	// exitedDone is set once the Exited hooks ran; resp is what they said.
 	exitedDone bool
 	resp       exitedResponse
@@ -56,7 +59,7 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	}
 	// The gateway hook is inert without a model, but times its (empty)
 	// start for every run, so every run lists the same phases.
-	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &gatewayHook{p: p})
+	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p})
 	if p.limits.disk > 0 {
 		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
 	}
@@ -81,7 +84,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	l, runErr := r.prestart(ctx)
 	var ex execution
 	if runErr == nil {
-		ex, runErr = supervise(ctx, hard, r.tr, l, r)
+		ex, runErr = supervise(ctx, hard, r.tr, l, r, r.stdout, r.stderr)
 	}
 	if !r.exitedDone { // the container never ran
 		resp, err := r.exited(ctx, sandbox.Result{})
@@ -138,6 +141,9 @@ func (r *runner) prestart(ctx context.Context) (*launch, error) {
 			err := ph.prestart(ctx, &prestartRequest{Owner: r.wd.owner, Records: r.wd.records}, &resp)
 			if resp.DiskCapMounted {
 				r.tr.trace(ctx, transition{state: statePrepared})
+			}
+			if resp.Stdout != nil {
+				r.stdout, r.stderr = resp.Stdout, resp.Stderr
 			}
 			if err != nil {
 				return l, err

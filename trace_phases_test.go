@@ -77,10 +77,10 @@ func TestTracedOrderOfARun(t *testing.T) {
 	// it and before the uid and run dir are released, and the final report
 	// before the journal record goes.
 	started := []string{
-		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:gateway",
-		"started",
-		"exited:gateway", "judged", "removed", "collected",
-		"stop:gateway", "stop:rundir", "stop:uid", "reported", "ended",
+		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+		"started", "poststart:output",
+		"exited:output", "exited:gateway", "judged", "removed", "collected",
+		"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 	}
 	t.Run("cold", func(t *testing.T) {
 		u := newUnit(t)
@@ -129,9 +129,9 @@ func TestTracedOrderOfARun(t *testing.T) {
 		_, err := taskrun.Execute(context.Background(), in)
 		require.ErrorIs(t, err, sandboxfake.ErrStart)
 		assert.Equal(t, []string{
-			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:gateway",
-			"exited:gateway", "judged", "collected",
-			"stop:gateway", "stop:rundir", "stop:uid", "reported", "ended",
+			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+			"exited:output", "exited:gateway", "judged", "collected",
+			"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 		}, steps.take())
 	})
 	t.Run("kept then recovered", func(t *testing.T) {

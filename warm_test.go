@@ -161,9 +161,9 @@ func TestTracedOrderOfAWarmRun(t *testing.T) {
 	require.NoError(t, err)
 	got := slices.DeleteFunc(steps.take(), func(s string) bool { return s == "running" || s == "prepared" })
 	assert.Equal(t, []string{
-		"prestart:warm", "prestart:prepare", "prestart:changes", "prestart:gateway",
-		"started", "poststart:diskwatch",
-		"exited:gateway", "exited:diskwatch", "judged", "removed", "collected",
-		"stop:gateway", "stop:warm", "reported", "ended",
+		"prestart:warm", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+		"started", "poststart:output", "poststart:diskwatch",
+		"exited:output", "exited:gateway", "exited:diskwatch", "judged", "removed", "collected",
+		"stop:gateway", "stop:output", "stop:warm", "reported", "ended",
 	}, got)
 }
