@@ -46,10 +46,7 @@ func newRunner(p *plan, j *journal.Entry, started time.Time) *runner {
 // point: each concern is in it only when the run needs it.
 func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	if warm := warmHookOf(p, wd); warm != nil {
-		// The slot's container, uid and capped run dir exist: nothing is
-		// created.
-		hooks = []hook{warm}
-		createAt = -1
+		hooks, createAt = []hook{warm}, -1 // its container, uid and capped dir exist
 	} else {
 		hooks = []hook{&uidHook{p: p, wd: wd}, &rundirHook{p: p, wd: wd}}
 		// The engine creates the container once the run has its uid and
@@ -64,10 +61,8 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
 	}
 	if !p.in.Egress.IsZero() {
-		hooks = append(hooks, &egressHook{p: p})
-		// The container's routing names the CA the proxy makes when it
-		// starts: the container is planned after it.
-		createAt = -1
+		// The container's routing names the CA the proxy makes at start.
+		hooks, createAt = append(hooks, &egressHook{p: p}), -1
 	}
 	return hooks, createAt
 }
