@@ -45,7 +45,7 @@ func predicate(p *plan, wd *workdir, ex execution, v verdict) attest.Predicate {
 		},
 		Image:   attest.Image{Ref: p.spec.Image, Digest: ex.ImageDigest},
 		Runtime: ex.Runtime,
-		Backend: backendKind(p.in.Sandbox),
+		Backend: p.caps.Kind,
 		Outcome: attest.Outcome{
 			Status: string(v.status), Reason: v.reason, ExitCode: ex.Exit.ExitCode,
 			TimedOut: ex.Exit.TimedOut, OOMKilled: ex.Exit.OOMKilled, Cancelled: ex.Exit.Cancelled,

@@ -1,17 +1,14 @@
 package taskrun
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/taskrun/taskrun/audit"
-	"github.com/taskrun/taskrun/changeset"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runindex"
@@ -46,64 +43,6 @@ func SpoolPath(paths RuntimePaths, ref model.RunRef, stderr bool) (string, error
 		name = stderrSpoolName
 	}
 	return filepath.Join(paths.RuntimeTaskRunDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID)+hostDirSuffix, name), nil
-}
-
-// snapshotChanges records the run's starting tree (the workspace as copied
-// in, or the restored session) for the change set. A failure costs only the
-// change set, never the run.
-func snapshotChanges(ctx context.Context, p *plan) {
-	opts := changeset.Options{Exclude: p.in.ChangeExcludes}
-	if p.in.Run.PreviousRunID == "" {
-		// A resumed run starts from its session, not from the workspace's
-		// base commit.
-		opts.Workspace = p.in.Task.WorkspaceDir
-	}
-	if err := changeset.Snapshot(ctx, p.dirs.Home, filepath.Join(p.hostDir, changesBaseDir), opts); err != nil {
-		p.log.Warn("the run will have no change set: recording its starting tree failed", "err", err)
-	}
-}
-
-// changeResult is what collect stored of the change set.
-type changeResult struct {
-	set         *changeset.Set
-	patch, list persist.ObjectInfo
-}
-
-// changes computes the change set of the run's home against the starting
-// tree and stores changes.patch and changes.json. A run whose starting tree
-// was not recorded, or whose tree cannot be compared, has none (logged); a
-// failed upload is a persist error like any other.
-func (c *collector) changes(ctx context.Context) error {
-	patchPath := filepath.Join(c.p.hostDir, ChangesPatchName)
-	pf, err := os.OpenFile(patchPath, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
-	if err != nil {
-		return err
-	}
-	defer pf.Close()
-	set, err := changeset.Compute(ctx, filepath.Join(c.p.hostDir, changesBaseDir), c.p.dirs.Home, pf)
-	if err != nil {
-		c.p.log.Warn("no change set for this run", "err", err)
-		return nil
-	}
-	if _, err := pf.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	list, err := json.Marshal(set)
-	if err != nil {
-		return err
-	}
-	res := &changeResult{set: set}
-	if res.patch, err = c.p.in.Persist.PutRunFile(ctx, c.p.ref, ChangesPatchName, pf, "text/x-diff; charset=utf-8"); err != nil {
-		return err
-	}
-	_ = c.stored(res.patch, nil)
-	if res.list, err = c.p.in.Persist.PutRunFile(ctx, c.p.ref, ChangesListName, bytes.NewReader(list), "application/json"); err != nil {
-		return err
-	}
-	_ = c.stored(res.list, nil)
-	c.out.changes = res
-	c.p.log.Info("change set", "files", set.Summary.Files, "patch_bytes", set.Summary.PatchBytes, "tree_hash", set.TreeHash)
-	return nil
 }
 
 // patchChanges is the change set as the PATCH names it.

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workspace"
@@ -42,9 +41,8 @@ const maxIsolationRecordBytes = 1 << 20
 
 // Executor-private files in the run's host directory (plan.hostDir).
 const (
-	stdoutSpoolName   = "stdout.log"
-	stderrSpoolName   = "stderr.log"
-	gatewayRecordName = "gateway.jsonl"
+	stdoutSpoolName = "stdout.log"
+	stderrSpoolName = "stderr.log"
 	// keptRunName holds what RetryPersist needs (see keptrun.go).
 	keptRunName = "run.json"
 )
@@ -119,7 +117,9 @@ type stored struct {
 // the isolation record. First it keeps a local copy of the execution and
 // verdict, so that a failed upload can be retried by RetryPersist. Each step
 // runs regardless of the others; their errors are joined.
-func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict) (stored, error) {
+// hooks store their own records (collectHook), after the output logs and
+// before the isolation record.
+func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, hooks []hook) (stored, error) {
 	if ex.ContainerID == "" {
 		return stored{}, nil // the agent never ran: there is nothing of it to keep
 	}
@@ -137,16 +137,14 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict)
 	var records, files persistSteps
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		records.do(c.log(ctx, stdoutSpoolName, OutputLogName), "output log")
-		records.do(c.log(ctx, stderrSpoolName, StderrLogName), "stderr log")
-		records.do(c.gatewayRecord(ctx), "gateway record")
-		records.do(c.kept(ctx, egress.RecordName, egress.RecordName, "application/x-ndjson"), "egress record")
+		var resp collectResponse
+		collectAll(ctx, hooks, &collectRequest{Kept: c.kept, Global: c.global, Put: c.put}, &resp, records.do)
+		c.out.changes, c.out.output = resp.Changes, resp.Output
 		records.do(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	})
 	files.do(c.trace(ctx), "trace")
 	files.do(c.artifacts(ctx), "artifacts")
 	files.do(c.resultFiles(ctx), "output files")
-	files.do(c.changes(ctx), "change set")
 	files.do(c.sessionState(ctx), "session state")
 	wg.Wait()
 	// The collection record lists what every walk skipped.
@@ -218,18 +216,6 @@ func (c *collector) storeAgentFile(root, rel string, put func() (persist.ObjectI
 	return err == nil, c.stored(info, err)
 }
 
-// log uploads one spooled stream and keeps the head of the stdout log.
-func (c *collector) log(ctx context.Context, spoolName, objectName string) error {
-	if objectName == OutputLogName {
-		head, err := readHead(filepath.Join(c.p.hostDir, spoolName), MaxResultOutputBytes)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		c.out.output = head
-	}
-	return c.kept(ctx, spoolName, objectName, "text/plain; charset=utf-8")
-}
-
 // kept uploads the executor-private file name as the run object objectName;
 // a file that does not exist is skipped.
 func (c *collector) kept(ctx context.Context, name, objectName, contentType string) error {
@@ -242,6 +228,12 @@ func (c *collector) kept(ctx context.Context, name, objectName, contentType stri
 	}
 	defer f.Close()
 	return c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, objectName, f, contentType))
+}
+
+// put stores r as the run object name and records it.
+func (c *collector) put(ctx context.Context, name string, r io.Reader, contentType string) (persist.ObjectInfo, error) {
+	info, err := c.p.in.Persist.PutRunFile(ctx, c.p.ref, name, r, contentType)
+	return info, c.stored(info, err)
 }
 
 // readHead returns the first limit bytes of the file at path, with
@@ -296,10 +288,10 @@ func (c *collector) trace(ctx context.Context) error {
 	})
 }
 
-// gatewayRecord uploads the executor-owned record of the model exchanges
-// next to the trace, when the run had a model.
-func (c *collector) gatewayRecord(ctx context.Context) error {
-	f, err := os.Open(filepath.Join(c.p.hostDir, gatewayRecordName))
+// global uploads the executor-private file name as key in the user's
+// run-global storage; a file that does not exist is skipped.
+func (c *collector) global(ctx context.Context, name, key, contentType string) error {
+	f, err := os.Open(filepath.Join(c.p.hostDir, name))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -307,7 +299,7 @@ func (c *collector) gatewayRecord(ctx context.Context) error {
 		return err
 	}
 	defer f.Close()
-	return c.stored(c.p.in.Persist.PutGlobalFile(ctx, c.p.ref.UserID, c.p.gatewayRecordPath, f, "application/x-ndjson"))
+	return c.stored(c.p.in.Persist.PutGlobalFile(ctx, c.p.ref.UserID, key, f, contentType))
 }
 
 // artifacts uploads every regular file under artifacts/.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/journal"
-	"github.com/taskrun/taskrun/timings"
 )
 
 // Deadlines of the phases after the container, each on a context detached
@@ -119,13 +118,8 @@ func beginJournal(p *plan, started time.Time) (*journal.Entry, error) {
 	if err != nil || d == nil {
 		return nil, err
 	}
-	var dc *journal.DiskCap
-	if p.slot != nil && p.slot.Unmount() != nil {
-		// A warm slot's cap is mounted already: one write records it.
-		dc = &journal.DiskCap{Image: diskcap.ImagePath(p.dirs.Dir), Mount: p.dirs.Dir, Mounted: true}
-	}
 	return d.Create(journal.Record{
-		DiskCap: dc,
+		DiskCap: p.warmDiskCap(),
 		RunID:   p.ref.RunID, UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID,
 		SessionID: p.in.SessionID, PreviousRunID: p.in.Run.PreviousRunID,
 		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir, PoolSlot: p.poolSlot(),
@@ -134,86 +128,6 @@ func beginJournal(p *plan, started time.Time) (*journal.Entry, error) {
 		Timeout: p.spec.Timeout, Phase: journal.PhasePrepare, StartedAt: started,
 		Pending: []journal.Pending{journal.PendingRelease, journal.PendingReport},
 	})
-}
-
-// journalUpdate writes a state change; a failed write is logged and the
-// change kept for the next one (the previous record stays intact).
-func journalUpdate(p *plan, wd *workdir, change func(*journal.Record)) {
-	if wd == nil || wd.journal == nil {
-		return
-	}
-	defer p.timings.Start(timings.Journal)()
-	if err := wd.journal.Update(change); err != nil {
-		p.log.Warn("journal the run", "err", err)
-	}
-}
-
-// journalDiskCap records the mounted cap.
-func journalDiskCap(p *plan, wd *workdir) {
-	journalUpdate(p, wd, func(rec *journal.Record) {
-		rec.DiskCap = &journal.DiskCap{Image: diskcap.ImagePath(p.dirs.Dir), Mount: p.dirs.Dir, Mounted: true}
-	})
-}
-
-// journalStarted records the container.
-func journalStarted(p *plan, wd *workdir, containerID string) {
-	journalUpdate(p, wd, func(rec *journal.Record) {
-		rec.Phase = journal.PhaseSupervise
-		rec.ContainerID = containerID
-		rec.Pending = []journal.Pending{journal.PendingContainer, journal.PendingPersist, journal.PendingReport, journal.PendingRelease}
-	})
-}
-
-// journalVerdict records how the run ended, before anything is stored. The
-// container is still being removed meanwhile, so its removal stays pending
-// until the collect phase ends.
-func journalVerdict(p *plan, wd *workdir, v verdict, ex execution) {
-	journalUpdate(p, wd, func(rec *journal.Record) {
-		rec.Phase = journal.PhaseCollect
-		rec.Status, rec.Reason = v.status, v.reason
-		rec.Pending = []journal.Pending{journal.PendingPersist, journal.PendingReport, journal.PendingRelease}
-		if ex.ContainerID != "" {
-			rec.Pending = append([]journal.Pending{journal.PendingContainer}, rec.Pending...)
-		}
-	})
-}
-
-// journalCollected records the collect phase's end: on failure the run is
-// kept, holding no mount, for `taskrun persist`.
-func journalCollected(p *plan, wd *workdir, persistErr error) {
-	if persistErr == nil {
-		journalUpdate(p, wd, func(rec *journal.Record) {
-			rec.Phase = journal.PhaseReport
-			rec.Pending = []journal.Pending{journal.PendingReport}
-		})
-		return
-	}
-	journalUpdate(p, wd, func(rec *journal.Record) {
-		rec.Phase = journal.PhaseKept
-		rec.Reason = joinReasons(rec.Reason, persistErr.Error())
-		rec.Pending = []journal.Pending{journal.PendingPersist, journal.PendingReport}
-		if rec.DiskCap != nil {
-			rec.DiskCap.Mounted = false
-		}
-	})
-}
-
-// endJournal removes the record of a finished run, or closes it (keeping
-// it) when the run is kept or its report is still owed.
-func endJournal(p *plan, wd *workdir, keep bool) {
-	if wd == nil || wd.journal == nil {
-		return
-	}
-	defer p.timings.Start(timings.Journal)()
-	var err error
-	if keep {
-		err = wd.journal.Close()
-	} else {
-		err = wd.journal.Remove()
-	}
-	if err != nil {
-		p.log.Warn("end the run's journal record", "err", err)
-	}
 }
 
 // claimJournal takes over the journal record of a run whose executor is

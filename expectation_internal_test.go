@@ -13,7 +13,7 @@ import (
 // Docker's self-check expectation is unchanged by the backend kinds.
 func TestDockerExpectationKeepsDockerConfinement(t *testing.T) {
 	pol := sandbox.DefaultPolicy()
-	e := expectation(pol, sandbox.BackendDocker)
+	e := expectation(pol, sandbox.CapabilitiesOf(nil))
 	assert.True(t, e.NetworkNone)
 	require.NotNil(t, e.PidsMax)
 	assert.Equal(t, pol.PidsLimit, *e.PidsMax)
@@ -24,7 +24,8 @@ func TestDockerExpectationKeepsDockerConfinement(t *testing.T) {
 // sandbox that contradicts it.
 func TestPodExpectationChecksWhatAPodGuarantees(t *testing.T) {
 	pol := sandbox.DefaultPolicy()
-	e := expectation(pol, sandbox.BackendKubernetes)
+	// What sandbox/kubernetes's Backend states (its own tests check it).
+	e := expectation(pol, sandbox.Capabilities{Kind: sandbox.BackendKubernetes, DescribesHost: true, OwnNetwork: true, NoServiceAccount: true})
 	assert.False(t, e.NetworkNone, "a Pod has an interface; its NetworkPolicy confines it")
 	assert.True(t, e.SkipEgressProbes, "the self-check does not dial out of a Pod")
 	assert.Nil(t, e.PidsMax, "no per-Pod pids limit exists (a declared gap)")

@@ -58,12 +58,12 @@ type isolation struct {
 // newIsolation prepares the checks of a run of p under policy (p's policy
 // with the run's own user). The audit pins every helper mount to its host
 // file.
-func newIsolation(p *plan, policy sandbox.Policy, backendKind string) *isolation {
+func newIsolation(p *plan, policy sandbox.Policy, caps sandbox.Capabilities) *isolation {
 	return &isolation{
 		nonce:  strings.ToLower(rand.Text()),
-		expect: expectation(policy, backendKind),
+		expect: expectation(policy, caps),
 		opts:   auditOptions(p, policy),
-		holds:  backendKind != sandbox.BackendKubernetes,
+		holds:  caps.SharesRunDir,
 	}
 }
 
@@ -135,63 +135,23 @@ func (iso *isolation) closeHold() {
 	}
 }
 
-// backendKind names b's kind (sandbox.Kinder); a backend that does not
-// say is Docker.
-func backendKind(b sandbox.Backend) string {
-	if k, ok := b.(sandbox.Kinder); ok {
-		return k.Kind()
-	}
-	return sandbox.BackendDocker
-}
-
 // expectation is what the self-check must observe under policy on a
-// backend of the given kind. gVisor virtualises /proc: it shows no
-// NoNewPrivs line, no seccomp filter and no cgroup files inside, and its
-// /proc/sys is the sentry's own (no host kernel tunable is reachable), so
-// those are checked from the host only.
-//
-// A Kubernetes Pod guarantees what its security context says: no
-// capability, no_new_privs, the uid, a read-only root, a seccomp filter,
-// masked /proc, the memory limit, and no service account token. It has a
-// network interface by design (its NetworkPolicy confines it, see the
-// audit's rule 5.10), so the self-check neither expects none nor dials out
-// from it; and no per-Pod PIDs limit exists (a declared gap), so pids.max
-// is not expected.
-func expectation(p sandbox.Policy, backendKind string) probe.Expectation {
-	if backendKind == sandbox.BackendKubernetes {
-		return podExpectation(p)
-	}
-	e := probe.Expectation{
-		NonRoot:        true,
-		CapEffZero:     true,
-		CapBndZero:     true,
-		RootfsReadOnly: p.ReadOnlyRootfs,
-		NetworkNone:    p.NetworkMode == sandbox.NetworkNone,
-		NoDockerSocket: true,
-	}
-	if uid, err := strconv.Atoi(strings.SplitN(p.User, ":", 2)[0]); err == nil {
-		e.UID = &uid
-	}
-	if p.Runtime != sandbox.RuntimeGVisor {
-		e.ProcSysReadOnly = true
-		e.NoNewPrivs = true
-		e.SeccompFilter = true
-		e.PidsMax = &p.PidsLimit
-		e.MemoryLimit = &p.MemoryBytes
-	}
-	return e
-}
-
-// podExpectation is expectation on Kubernetes.
-func podExpectation(p sandbox.Policy) probe.Expectation {
+// backend with caps. gVisor virtualises /proc: it shows no NoNewPrivs
+// line, no seccomp filter and no cgroup files inside, and its /proc/sys is
+// the sentry's own (no host kernel tunable is reachable), so those are
+// checked from the host only. What differs between backends (a Pod's own
+// network interface, the pids limit no Pod has, the service account token
+// a Pod must not mount) the backend states in its capabilities.
+func expectation(p sandbox.Policy, caps sandbox.Capabilities) probe.Expectation {
 	e := probe.Expectation{
 		NonRoot:               true,
 		CapEffZero:            true,
 		CapBndZero:            true,
 		RootfsReadOnly:        p.ReadOnlyRootfs,
+		NetworkNone:           !caps.OwnNetwork && p.NetworkMode == sandbox.NetworkNone,
+		SkipEgressProbes:      caps.OwnNetwork,
 		NoDockerSocket:        true,
-		NoServiceAccountToken: true,
-		SkipEgressProbes:      true,
+		NoServiceAccountToken: caps.NoServiceAccount,
 	}
 	if uid, err := strconv.Atoi(strings.SplitN(p.User, ":", 2)[0]); err == nil {
 		e.UID = &uid
@@ -201,6 +161,9 @@ func podExpectation(p sandbox.Policy) probe.Expectation {
 		e.NoNewPrivs = true
 		e.SeccompFilter = true
 		e.MemoryLimit = &p.MemoryBytes
+		if caps.LimitsPids {
+			e.PidsMax = &p.PidsLimit
+		}
 	}
 	return e
 }
@@ -208,13 +171,13 @@ func podExpectation(p sandbox.Policy) probe.Expectation {
 // auditLive inspects the live container and checks it against the audit
 // rules. A failing rule refuses the run: the executor does not trust a
 // container it did not get exactly as asked.
-func (iso *isolation) auditLive(ctx context.Context, backend sandbox.Backend, h sandbox.Handle, host <-chan hostFactsResult) error {
+func (iso *isolation) auditLive(ctx context.Context, caps sandbox.Capabilities, h sandbox.Handle, host <-chan hostFactsResult) error {
 	p, err := h.Posture(ctx)
 	if err != nil {
 		return fmt.Errorf("read container posture: %w", err)
 	}
 	iso.posture = &p
-	if _, ok := backend.(sandbox.EngineDescriber); ok {
+	if caps.DescribesHost {
 		facts := <-host
 		if facts.err != nil {
 			return fmt.Errorf("%w: %w", ErrIsolation, facts.err)
@@ -239,10 +202,10 @@ type hostFactsResult struct {
 // The engine answers `docker info` with work of its own, which would slow
 // a create it serves beside it: a run created ahead asks once its create
 // returned, while the container starts.
-func prefetchHostFacts(ctx context.Context, backend sandbox.Backend, after <-chan struct{}) <-chan hostFactsResult {
+func prefetchHostFacts(ctx context.Context, backend sandbox.Backend, caps sandbox.Capabilities, after <-chan struct{}) <-chan hostFactsResult {
 	out := make(chan hostFactsResult, 1)
-	d, ok := backend.(sandbox.EngineDescriber)
-	if !ok {
+	d, ok := backend.(sandbox.EngineDescriber) // the method of caps.DescribesHost
+	if !caps.DescribesHost || !ok {
 		return out
 	}
 	go func() {

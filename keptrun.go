@@ -125,7 +125,7 @@ func RecoverRun(ctx context.Context, input RunTaskInput, rec journal.Record) (*O
 	if rec.Phase == journal.PhaseReport {
 		// Everything was stored and released: only the report is owed.
 		retry, wd, v := keptPhases(p, kept)
-		out, err := report(ctx, retry, wd, kept.Execution, v, stored{}, nil)
+		out, err := report(ctx, &tracer{p: retry, wd: wd}, kept.Execution, v, stored{}, nil)
 		if reportFailed(err) {
 			return out, err
 		}
@@ -170,6 +170,12 @@ func loadKept(p *plan) (keptRun, error) {
 	return kept, nil
 }
 
+// keptHooks are the hooks that store records of a kept run (RetryPersist,
+// RecoverRun) from its local copy; each stores only what exists.
+func keptHooks(p *plan) []hook {
+	return []hook{&changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}}
+}
+
 // keptPhases is the plan, workdir and verdict a kept run is finished with:
 // the original run's choices apply, not this call's.
 func keptPhases(p *plan, kept keptRun) (*plan, *workdir, verdict) {
@@ -188,11 +194,12 @@ func keptPhases(p *plan, kept keptRun) (*plan, *workdir, verdict) {
 func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry) (out *Outcome, err, persistErr, reportErr error) {
 	retry, wd, v := keptPhases(p, kept)
 	wd.journal = entry
+	tr := &tracer{p: retry, wd: wd}
 	if diskcap.HasImage(p.dirs.Dir) {
 		// A kept image waits unmounted: mount it (read-only) to read it.
 		release, err := diskcap.Reattach(ctx, p.dirs.Dir)
 		if err != nil {
-			endJournal(p, wd, true)
+			tr.trace(ctx, transition{state: stateEnded, keep: true})
 			return nil, fmt.Errorf("reattach the kept run directory: %w", err), err, nil
 		}
 		wd.unmount = release
@@ -202,15 +209,15 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 	// first SIGINT or SIGTERM of `taskrun persist`), collect returns and
 	// release unmounts the image before anything else.
 	collectCtx, cancelCollect := context.WithTimeout(ctx, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
-	st, persistErr := collect(collectCtx, retry, wd, kept.Execution, v)
+	st, persistErr := collect(collectCtx, retry, wd, kept.Execution, v, keptHooks(retry))
 	cancelCollect()
-	journalCollected(retry, wd, persistErr)
+	tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
 	finishStream(ctx, retry, wd, kept.Execution)
-	release(retry, wd, persistErr)
-	out, err = report(ctx, retry, wd, kept.Execution, v, st, persistErr)
+	releaseDir(retry, wd, persistErr, true)
+	out, err = report(ctx, tr, kept.Execution, v, st, persistErr)
 	if reportFailed(err) {
 		reportErr = err
 	}
-	endJournal(retry, wd, persistErr != nil || reportErr != nil)
+	tr.trace(ctx, transition{state: stateEnded, keep: persistErr != nil || reportErr != nil})
 	return out, err, persistErr, reportErr
 }

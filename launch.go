@@ -5,7 +5,6 @@ import (
 
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/timings"
 )
 
 // launch is the run's container before it starts: its spec and policy, the
@@ -23,23 +22,24 @@ type launch struct {
 	err       error
 	// started is set once Start was called on container.
 	started bool
+	// startWith starts a container not created ahead (starterOf).
+	startWith func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error)
 }
 
-// newLaunch builds the container of a run of p in wd, with the egress
-// proxy's routing when the run has one (eg, nil without).
-func newLaunch(p *plan, wd *workdir, eg *runEgress) (*launch, error) {
+// newLaunch builds the container of a run of p in wd: the planned spec,
+// the self-check and the relay, then what each Configure hook adds.
+func newLaunch(p *plan, wd *workdir, hooks []hook) (*launch, error) {
 	spec := p.containerSpec()
-	spec.Env = append(spec.Env, gatewayEnv(p)...)
 	policy := wd.policy(p)
-	iso := newIsolation(p, policy, backendKind(p.in.Sandbox))
+	iso := newIsolation(p, policy, p.caps)
 	if len(p.helpers) > 0 {
 		if err := iso.wrap(&spec, p.helpers); err != nil {
 			return nil, err
 		}
 	}
 	wrapRelay(p, &spec)
-	eg.apply(&spec)
-	return &launch{spec: spec, policy: policy, iso: iso}, nil
+	configureAll(hooks, &spec)
+	return &launch{spec: spec, policy: policy, iso: iso, startWith: starterOf(hooks, p.in.Sandbox)}, nil
 }
 
 // wrapRelay runs the command behind the relay (after the self-check, which
@@ -58,33 +58,11 @@ func wrapRelay(p *plan, spec *sandbox.Spec) {
 	spec.Wrapper = append(spec.Wrapper, helpers.RelayPath, "--")
 }
 
-// createAhead creates a run's container while the run directory is being
-// prepared, when the backend can: Docker reads the bind-mounted directory
-// only when the container starts. A warm run's container exists already;
-// an egress policy's routing names the proxy's certificate authority, made
-// when the proxy starts, so such a run is created at start.
-func createAhead(ctx context.Context, p *plan, wd *workdir) *launch {
-	c, ok := p.in.Sandbox.(sandbox.Creator)
-	if !ok || p.slot != nil || !p.in.Egress.IsZero() {
-		return nil
-	}
-	l, err := newLaunch(p, wd, nil)
-	if err != nil {
-		return nil // supervise builds it again and reports the error
-	}
-	l.created = make(chan struct{})
-	go func() {
-		defer close(l.created)
-		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
-	}()
-	return l
-}
-
 // start starts the container with streams: the one created ahead, the
 // warm slot's, or one the backend creates now.
 func (l *launch) start(ctx context.Context, p *plan, streams sandbox.Streams) (sandbox.Handle, error) {
 	if l.created == nil {
-		return startContainer(ctx, p, l.spec, l.policy, streams)
+		return l.startWith(ctx, l.spec, l.policy, streams)
 	}
 	<-l.created
 	if l.err != nil {

@@ -68,6 +68,9 @@ type plan struct {
 	timings *timings.Recorder
 	// pull is the run's pull policy.
 	pull sandbox.PullPolicy
+	// caps is what the run's backend does beyond sandbox.Backend (a
+	// persist retry, which has none, is Docker's that implements nothing).
+	caps sandbox.Capabilities
 	// image is the run's image as the backend resolved it in preflight
 	// (its ID and repo digest); zero when the backend resolves none.
 	image sandbox.Image
@@ -133,6 +136,7 @@ func newPlan(in RunTaskInput) (*plan, error) {
 		Output:    in.Paths.RunOutputDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID),
 	}
 	p.hostDir = p.dirs.Dir + hostDirSuffix
+	p.caps = sandbox.CapabilitiesOf(in.Sandbox)
 	if p.policy == (sandbox.Policy{}) {
 		p.policy = sandbox.DefaultPolicy()
 	}
@@ -266,16 +270,16 @@ func checkImageAllowed(image string, allowed []string) error {
 // policy says so) or refuses a run whose image is missing, before anything
 // is written.
 func (p *plan) preflight(ctx context.Context) error {
-	switch b := p.in.Sandbox.(type) {
-	case sandbox.ImageResolver:
-		img, err := b.ResolveImage(ctx, p.spec.Image, p.pull)
+	switch b := p.in.Sandbox; {
+	case p.caps.ResolvesImages:
+		img, err := b.(sandbox.ImageResolver).ResolveImage(ctx, p.spec.Image, p.pull)
 		if err != nil {
 			return err
 		}
 		p.image = img
 		p.log.Info("image", "image", img.Ref, "id", img.ID, "digest", img.Digest(), "pulled", img.Pulled)
-	case sandbox.ImageChecker:
-		return b.CheckImage(ctx, p.spec.Image)
+	case p.caps.ChecksImages:
+		return b.(sandbox.ImageChecker).CheckImage(ctx, p.spec.Image)
 	}
 	return nil
 }

@@ -2,12 +2,9 @@ package taskrun
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun/agentmd"
@@ -31,7 +28,8 @@ type workdir struct {
 	streamLoss error
 	// owned is set once this run created its directory; only then may it be
 	// removed. A reused run ID must never touch the first run's files.
-	owned bool
+	// released is set once releaseDir ran.
+	owned, released bool
 	// unmount releases the run dir's size-capped filesystem; nil when none
 	// is mounted (a watchdog enforces the cap instead, see watchDisk).
 	unmount func() error
@@ -50,97 +48,37 @@ type workdir struct {
 	// owner is the uid/gid the agent runs as and that owns the directories
 	// it writes: the lease, or else the policy's numeric user.
 	owner workspace.Owner
+	// user is the container's user when not the policy's: the lease's.
+	user string
 }
 
 // policy is the run's policy with the agent's own user.
 func (wd *workdir) policy(p *plan) sandbox.Policy {
 	pol := p.policy
-	switch {
-	case wd.lease != nil:
-		pol.User = wd.lease.User()
-	case p.slot != nil:
-		pol.User = p.slot.User()
+	if wd.user != "" {
+		pol.User = wd.user
 	}
 	return pol
 }
 
-// leaseUID takes the run's own host uid/gid from the pool, when there is
-// one, and settles who owns the run's directories.
-func (wd *workdir) leaseUID(ctx context.Context, p *plan) error {
-	wd.owner = policyOwner(p.policy.User)
-	if p.slot != nil {
-		// The slot's container already runs as its own uid.
-		wd.lease, wd.owner = p.slot.Lease(), p.slot.Owner()
-		return nil
-	}
-	if p.in.UIDs == nil {
-		return nil
-	}
-	lease, err := p.in.UIDs.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("lease a host uid: %w", err)
-	}
-	wd.lease = lease
-	wd.owner = workspace.Owner{UID: lease.UID, GID: lease.GID}
-	p.log.Debug("host uid leased", "uid", lease.UID)
-	return nil
+// prepareHook fills the run directory (prepare): the home, the prompt and
+// AGENTS.md.
+type prepareHook struct {
+	p  *plan
+	wd *workdir
 }
 
-// releaseUID gives the run's uid back; the container must be gone.
-func (wd *workdir) releaseUID(p *plan) {
-	if wd.lease == nil {
-		return
-	}
-	if err := wd.lease.Release(); err != nil {
-		p.log.Warn("release host uid", "uid", wd.lease.UID, "err", err)
-	}
+func (h *prepareHook) name() string { return "prepare" }
+
+func (h *prepareHook) prestart(ctx context.Context, _ *prestartRequest, _ *prestartResponse) error {
+	return prepare(ctx, h.p, h.wd)
 }
 
-// policyOwner is the numeric "UID:GID" of a policy's user, or
-// workspace.SandboxOwner when it is not numeric.
-func policyOwner(user string) workspace.Owner {
-	u, g, ok := strings.Cut(user, ":")
-	uid, err1 := strconv.Atoi(u)
-	gid, err2 := strconv.Atoi(g)
-	if !ok || err1 != nil || err2 != nil {
-		return workspace.SandboxOwner
-	}
-	return workspace.Owner{UID: uid, GID: gid}
-}
-
-// reserve takes what the run's container is created with: the run's own
-// uid and its (empty) run directory. started is the run's start time, as
-// journaled. The workdir is returned even on error, for release.
-func reserve(ctx context.Context, p *plan, started time.Time) (*workdir, error) {
-	wd := &workdir{started: started, records: records.NewBudget(p.limits.records)}
-	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
-	if err := p.timings.Time(timings.UIDLease, func() error { return wd.leaseUID(ctx, p) }); err != nil {
-		return wd, err
-	}
-	if p.slot != nil {
-		// The pool made the slot's directory as prepare would, disk cap
-		// included, before starting its container.
-		wd.owned, wd.unmount = true, p.slot.Unmount()
-		return wd, nil
-	}
-	if err := workspace.CreateRunDir(p.dirs); err != nil {
-		return wd, fmt.Errorf("create run directory: %w", err)
-	}
-	wd.owned = true
-	return wd, nil
-}
-
-// prepare materializes the run directory reserve made: dirs under the disk
-// cap, the user's persistent files and the workspace or the resumed session,
-// the prompt and AGENTS.md. The engine may be creating the container
-// meanwhile: it reads the directory only when the container starts.
+// prepare materializes the run directory: the user's persistent files and
+// the workspace or the resumed session, the prompt and AGENTS.md. The
+// engine may be creating the container meanwhile: it reads the directory
+// only when the container starts.
 func prepare(ctx context.Context, p *plan, wd *workdir) error {
-	if err := wd.capRunDir(ctx, p); err != nil {
-		return err
-	}
-	if err := wd.createRunDirs(p); err != nil {
-		return err
-	}
 	if err := os.MkdirAll(p.hostDir, 0o700); err != nil {
 		return fmt.Errorf("create executor directory: %w", err)
 	}
@@ -156,58 +94,12 @@ func prepare(ctx context.Context, p *plan, wd *workdir) error {
 		return diskcap.Explain(p.dirs.Dir, err)
 	}
 	stopMaterialize()
-	p.timings.Time(timings.Snapshot, func() error { snapshotChanges(ctx, p); return nil })
 	if err := os.WriteFile(filepath.Join(p.dirs.Dir, model.PromptFileName), []byte(p.in.Task.Prompt), 0o644); err != nil {
 		return fmt.Errorf("write prompt: %w", err)
 	}
 	instructions := agentmd.InstructionsDir(p.dirs.Home, p.in.Task.WorkspaceDir, p.in.Run.PreviousRunID != "")
 	if err := WriteRunAgentsMd(p.dirs.Dir, instructions); err != nil {
 		return fmt.Errorf("write AGENTS.md: %w", err)
-	}
-	return nil
-}
-
-// capRunDir puts the run directory under a size-capped filesystem when the
-// host allows it (root with loop devices: the kernel then enforces the cap,
-// and writes or fallocate past it fail with ENOSPC inside the sandbox), also
-// for runs whose directory outlives them (KeepRunDir: release turns it into
-// a plain copy). Elsewhere a watchdog caps the run during supervise. A warm
-// slot's directory is capped already.
-func (wd *workdir) capRunDir(ctx context.Context, p *plan) error {
-	if p.slot != nil || p.limits.disk <= 0 {
-		return nil
-	}
-	stopCap := p.timings.Start(timings.DiskCap)
-	unmount, err := diskcap.Mount(ctx, p.dirs.Dir, p.limits.disk, diskCapOptions(p)...)
-	stopCap()
-	switch {
-	case err == nil:
-		wd.unmount = unmount
-	case errors.Is(err, diskcap.ErrUnsupported):
-		p.log.Debug("no loop-mounted disk cap; a watchdog enforces it", "reason", err)
-	default:
-		return fmt.Errorf("cap run directory: %w", err)
-	}
-	return nil
-}
-
-// diskCapOptions are the disk cap options of a run of p: its images are
-// copied from the runs root's templates, when the root is known.
-func diskCapOptions(p *plan) []diskcap.Option {
-	if root := runsRoot(p); root != "" {
-		return []diskcap.Option{diskcap.WithTemplates(DiskCapTemplatesDir(root))}
-	}
-	return nil
-}
-
-// createRunDirs creates the directories inside the run directory, owned by
-// the run's owner; a warm slot has them already.
-func (wd *workdir) createRunDirs(p *plan) error {
-	if p.slot != nil {
-		return nil
-	}
-	if err := workspace.CreateRunDirs(p.dirs, wd.owner); err != nil {
-		return fmt.Errorf("create run directory: %w", err)
 	}
 	return nil
 }

@@ -125,9 +125,10 @@ func cancelReason(ctx context.Context) string {
 }
 
 // report settles the final status from the verdict and the persist error,
-// builds the Outcome, sends the final PATCH (after the RUNNING one, if any)
-// and returns the outcome with the run's error.
-func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, st stored, persistErr error) (*Outcome, error) {
+// builds the Outcome and its PATCH, traces it (stateReported) and returns
+// the outcome with the run's error.
+func report(ctx context.Context, tr *tracer, ex execution, v verdict, st stored, persistErr error) (*Outcome, error) {
+	p, wd := tr.p, tr.wd
 	out := outcome(p, ex, v, st, persistErr)
 	if wd.streamLoss != nil {
 		// The terminal report follows the whole output, or says what of it
@@ -141,28 +142,13 @@ func report(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, 
 		a := st.artifacts[0]
 		req.Artifact = &workerclient.Artifact{Key: a.Key, Size: a.Size, SHA256: a.SHA256, ContentType: a.ContentType}
 	}
-	if ex.running != nil {
-		select {
-		case <-ex.running:
-		case <-ctx.Done():
-		}
-	}
 	var err error
 	if out.Status != model.StatusSucceeded {
 		err = &RunError{Status: out.Status, Reason: out.Reason, Err: errors.Join(v.err, persistErr, wd.streamLoss)}
 	}
-	// The index record goes first: once the terminal report ends the
-	// run's lease, a fenced store takes no more writes of it.
-	stopIndex := p.timings.Start(timings.Index)
-	writeIndex(ctx, p, indexRecord(p, wd, ex, out, st))
-	stopIndex()
-	stopReport := p.timings.Start(timings.Report)
-	perr := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req)
-	stopReport()
-	if perr != nil {
-		err = errors.Join(err, reportError{fmt.Errorf("report %s: %w", out.Status, perr)})
+	if perr := tr.trace(ctx, transition{state: stateReported, ex: &ex, v: &v, out: out, req: req, st: &st}); perr != nil {
+		err = errors.Join(err, reportError{perr})
 	}
-	p.log.Info("run finished", "status", out.Status, "reason", out.Reason, "exit_code", out.Exit.ExitCode)
 	return out, err
 }
 
@@ -218,27 +204,6 @@ func failEarly(ctx context.Context, in RunTaskInput, cause error) (*Outcome, err
 		}
 	}
 	return out, &RunError{Status: status, Reason: out.Reason, Err: cause}
-}
-
-// reportRunning sends the RUNNING PATCH in the background, so a slow
-// control plane never delays supervising the container; report waits for
-// the returned channel before the final PATCH, which keeps the two in order.
-func reportRunning(ctx context.Context, p *plan, wd *workdir, ex execution) <-chan struct{} {
-	done := make(chan struct{})
-	req := &workerclient.PatchTaskRunRequest{
-		Status:    model.StatusRunning,
-		StartedAt: ptr(wd.started.UnixMilli()),
-		Container: container(p, ex),
-	}
-	rec := indexRecord(p, wd, ex, nil, stored{})
-	go func() {
-		defer close(done)
-		writeIndex(ctx, p, rec)
-		if err := p.in.Updater.UpdateRunStatus(ctx, p.ref.RunID, req); err != nil {
-			p.log.Warn("report RUNNING", "err", err)
-		}
-	}()
-	return done
 }
 
 // patch builds the PATCH body for an outcome; started is zero and c nil

@@ -90,51 +90,5 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 		discardWarm(ctx, p)
 		return fail(err)
 	}
-	// Once ctx is cancelled, everything left has ShutdownGrace at most.
-	hard, cancelHard := shutdownContext(ctx, input.ShutdownGrace)
-	defer cancelHard()
-
-	// The engine creates the container while the run directory is
-	// prepared (createAhead): it reads the directory only at start.
-	stopPrepare := rec.Start(timings.Prepare)
-	wd, runErr := reserve(ctx, p, started)
-	var ahead *launch
-	if runErr == nil {
-		ahead = createAhead(ctx, p, wd)
-		runErr = prepare(ctx, p, wd)
-	}
-	stopPrepare()
-	wd.journal = j
-	if wd.unmount != nil && p.slot == nil { // a warm run's is journaled from the start
-		journalDiskCap(p, wd)
-	}
-	var ex execution
-	if runErr == nil {
-		ex, runErr = supervise(ctx, hard, p, wd, ahead)
-	}
-	ahead.discardUnstarted(ctx, p)
-	v := judge(ctx, p, ex, runErr)
-	journalVerdict(p, wd, v, ex)
-
-	// Collecting and reporting happen even when ctx was cancelled, each with
-	// a deadline of its own, so a slow store cannot starve the final report.
-	collectCtx, cancelCollect := context.WithTimeout(hard, deadline(input.PersistTimeout, DefaultPersistTimeout))
-	stopCollect := rec.Start(timings.Collect)
-	st, persistErr := collect(collectCtx, p, wd, ex, v)
-	stopCollect()
-	cancelCollect()
-	// The container was removed while the outputs were collected; the
-	// journal stops tracking it, and the run's uid and directory are
-	// released, only once it is gone.
-	ex.awaitRemoved()
-	journalCollected(p, wd, persistErr)
-	finishStream(hard, p, wd, ex)
-	rec.Time(timings.Release, func() error { release(p, wd, persistErr); return nil })
-
-	reportCtx, cancelReport := context.WithTimeout(hard, deadline(input.ReportTimeout, DefaultReportTimeout))
-	defer cancelReport()
-	out, err := report(reportCtx, p, wd, ex, v, st, persistErr)
-	endJournal(p, wd, persistErr != nil || reportFailed(err))
-	out.Timings = rec.Spans()
-	return out, err
+	return newRunner(p, j, started).run(ctx)
 }

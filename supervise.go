@@ -1,29 +1,14 @@
 package taskrun
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"sync/atomic"
-	"time"
 
-	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/spool"
 	"github.com/taskrun/taskrun/timings"
-	"github.com/taskrun/taskrun/workerclient"
 )
-
-// streamDrainTimeout bounds how long a finished run waits for its output
-// consumers (a variable so tests can shorten it).
-var streamDrainTimeout = 2 * time.Minute
-
-// ErrDiskLimit is wrapped when the watchdog stopped a run over its disk cap.
-var ErrDiskLimit = errors.New("run directory exceeded its disk cap")
 
 // execution is what supervise observed: the container, how it ended and
 // what it cost. It is also kept on disk (run.json) for RetryPersist, hence
@@ -59,9 +44,6 @@ type execution struct {
 	// record is the isolation record (audit.json); nil when no container
 	// was inspected.
 	record []byte
-	// running is closed once the RUNNING PATCH was sent (or gave up); nil
-	// when none was sent.
-	running <-chan struct{}
 	// removed is closed once the container is removed; nil when none was
 	// started.
 	removed <-chan struct{}
@@ -74,56 +56,33 @@ func (ex execution) awaitRemoved() {
 	}
 }
 
-// supervise runs the container: the model gateway, the output spools, the
-// self-check and the live audit, the streams to the consumers and the disk
-// watchdog, all for exactly as long as the container lives. The returned
-// error is the run's failure, if any; the execution is filled as far as the
-// run got. hard is the run's shutdown context (shutdownContext): the output
+// lifecycle is how supervise has the runner call the hooks of the
+// container's events.
+type lifecycle interface {
+	// poststart runs the Poststart hooks once the container started.
+	poststart(ctx context.Context, req *poststartRequest)
+	// exited runs the Exited hooks, once.
+	exited(ctx context.Context, res sandbox.Result) (*exitedResponse, error)
+}
+
+// apply takes what the Exited hooks reported.
+func (ex *execution) apply(resp *exitedResponse) {
+	ex.PromptTokens, ex.CompletionTokens, ex.ModelUpstream = resp.PromptTokens, resp.CompletionTokens, resp.ModelUpstream
+	ex.ReadOnlyRootWrite, ex.StreamEnded, ex.DroppedOutputBytes = resp.ReadOnlyRootWrite, resp.StreamEnded, resp.DroppedOutputBytes
+}
+
+// supervise runs the container l, its output going to stdout and stderr:
+// the self-check and the live audit for exactly as long as the container
+// lives, and the Poststart and Exited hooks around it. The returned error
+// is the run's failure, if any; the execution is filled as far as the run
+// got. hard is the run's shutdown context (shutdownContext): the output
 // consumers outlive ctx's cancellation, but not hard.
-func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch) (ex execution, err error) {
-	stopGateway := p.timings.Start(timings.Gateway)
-	gw, err := startGateway(ctx, p, wd.owner, wd.records)
-	stopGateway()
-	if err != nil {
-		return ex, err
-	}
-	defer func() {
-		err = errors.Join(err, gw.finish(&ex))
-		if ex.DroppedRecordBytes = wd.records.Refused(); ex.DroppedRecordBytes > 0 {
-			p.log.Warn("host records over the run's budget were dropped", "budget_bytes", p.limits.records, "dropped_bytes", ex.DroppedRecordBytes)
-		}
-	}()
-
-	stopEgress := p.timings.Start(timings.Egress)
-	eg, err := startEgress(ctx, p, wd.owner, wd.records)
-	stopEgress()
-	if err != nil {
-		return ex, err
-	}
-	defer func() { err = errors.Join(err, eg.finish()) }()
-
-	// The spools' host copies count against the run's record budget.
-	limit, budget := spool.WithLimit(p.limits.maxOutput), spool.WithBudget(wd.records)
-	stdout, err := spool.New(filepath.Join(p.hostDir, stdoutSpoolName), limit, budget)
-	if err != nil {
-		return ex, fmt.Errorf("stdout spool: %w", err)
-	}
-	defer stdout.Close()
-	stderr, err := spool.New(filepath.Join(p.hostDir, stderrSpoolName), limit, budget)
-	if err != nil {
-		return ex, fmt.Errorf("stderr spool: %w", err)
-	}
-	defer stderr.Close()
-
-	if l == nil {
-		if l, err = newLaunch(p, wd, eg); err != nil {
-			return ex, fmt.Errorf("self-check: %w", err)
-		}
-	}
+func supervise(ctx, hard context.Context, tr *tracer, l *launch, hooks lifecycle, stdout, stderr io.Writer) (ex execution, err error) {
+	p, wd := tr.p, tr.wd
 	iso := l.iso
 	// The engine's host facts, which the live audit needs, are read while
 	// the container starts.
-	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox, l.created)
+	hostFacts := prefetchHostFacts(ctx, p.in.Sandbox, p.caps, l.created)
 	var stderrSink io.Writer = stderr
 	if len(p.helpers) > 0 {
 		if err := iso.listenHold(p, wd.owner.UID); err != nil {
@@ -158,11 +117,10 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch) (ex e
 	// the agent was let go.
 	waitCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	audited := make(chan auditOutcome, 1)
+	audited := make(chan error, 1)
 	go func() {
-		var a auditOutcome
-		a.err = p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.in.Sandbox, h, hostFacts) })
-		if a.err != nil {
+		err := p.timings.Time(timings.LiveAudit, func() error { return iso.auditLive(ctx, p.caps, h, hostFacts) })
+		if err != nil {
 			iso.closeHold()
 			stop()
 		} else if iso.releaseHold(waitCtx) {
@@ -170,14 +128,12 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch) (ex e
 			if iso.posture != nil {
 				running.ImageDigest, running.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
 			}
-			a.running = reportRunning(ctx, p, wd, running)
+			tr.trace(ctx, transition{state: stateRunning, ex: &running})
 		}
-		audited <- a
+		audited <- err
 	}()
-	journalStarted(p, wd, h.ID())
-	endDiskWatch := watchDisk(ctx, p, wd, stop)
-
-	followers := follow(hard, p, stdout, stderr)
+	tr.trace(ctx, transition{state: stateStarted, containerID: h.ID()})
+	hooks.poststart(ctx, &poststartRequest{Stop: stop, Hard: hard})
 
 	stopWait := p.timings.Start(timings.Wait)
 	res := h.Wait(waitCtx)
@@ -186,46 +142,21 @@ func supervise(ctx, hard context.Context, p *plan, wd *workdir, l *launch) (ex e
 	// A self-check that never asked for the go-ahead (it refused, or the
 	// run was stopped first) no longer holds the audit up.
 	iso.closeHold()
-	a := <-audited
-	auditErr := a.err
-	ex.running = a.running
+	auditErr := <-audited
 	if iso.posture != nil {
 		ex.ImageDigest, ex.Runtime = imageDigest(p.image, iso.posture.Image), iso.posture.Runtime
 		iso.imageDigest = ex.ImageDigest
 	}
-	diskErr := endDiskWatch()
 	ex.Exit = res
-	if res.ExitCode > 0 {
-		ex.ReadOnlyRootWrite = mentionsReadOnlyFS(stderr.Path(), stderr.Size())
-	}
 	probeErr := iso.readProbe(res)
-	// The proxy stops with the container, so the record holds its totals.
-	egressErr := eg.finish()
-	iso.egress = eg.auditRecord(p.log)
-	ex.record = iso.record(p.ref.RunID)
-	// Wait drained the container's streams; closing the spools lets the
-	// consumers deliver the tail and finish.
-	stdout.Close()
-	stderr.Close()
 	stopRecords()
-	stopDrain := p.timings.Start(timings.Drain)
-	followErr := followers.wait()
-	ex.StreamEnded = followers.streamEnded.Load()
-	stopDrain()
-	if followErr != nil {
-		p.log.Warn("stream output", "err", followErr)
-	}
-	if ex.DroppedOutputBytes = stdout.Dropped() + stderr.Dropped(); ex.DroppedOutputBytes > 0 {
-		p.log.Warn("output over the cap was dropped", "cap_bytes", p.limits.maxOutput, "dropped_bytes", ex.DroppedOutputBytes)
-	}
-	return ex, errors.Join(auditErr, diskErr, probeErr, egressErr, res.Err)
-}
-
-// auditOutcome is what the live audit decided, and the RUNNING report it
-// sent when the container passed.
-type auditOutcome struct {
-	err     error
-	running <-chan struct{}
+	// What served the container stops with it (the Exited hooks), so the
+	// records hold their totals.
+	resp, exitedErr := hooks.exited(ctx, res)
+	ex.apply(resp)
+	iso.egress = resp.Egress
+	ex.record = iso.record(p.ref.RunID)
+	return ex, errors.Join(auditErr, probeErr, exitedErr, res.Err)
 }
 
 // removeContainer removes the run's container in the background, on a
@@ -246,27 +177,6 @@ func removeContainer(ctx context.Context, p *plan, h sandbox.Handle) <-chan stru
 	return done
 }
 
-// erofsTail is how much of the end of a failed run's stderr is searched
-// for a read-only filesystem error.
-const erofsTail = 64 << 10
-
-// mentionsReadOnlyFS reports whether the last erofsTail bytes of the stderr
-// spool at path (size bytes long) hold the text of EROFS as libc, Go,
-// Python and Node print it. It is only a hint for the run's reason: the
-// agent controls that text, and at worst misleads about itself.
-func mentionsReadOnlyFS(path string, size int64) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	off := max(size-erofsTail, 0)
-	buf := make([]byte, erofsTail)
-	n, _ := f.ReadAt(buf, off)
-	tail := bytes.ToLower(buf[:n])
-	return bytes.Contains(tail, []byte("read-only file system")) || bytes.Contains(tail, []byte("erofs"))
-}
-
 // imageDigest is the digest a run's records name its image by: the repo
 // digest the image was resolved to, when the container really ran that
 // image (ranID, the image ID the engine reports for it), else ranID.
@@ -275,110 +185,4 @@ func imageDigest(resolved sandbox.Image, ranID string) string {
 		return resolved.Digest()
 	}
 	return ranID
-}
-
-// watchDisk stops the run through stop when the run dir outgrows its cap. It
-// runs only when no capped filesystem was mounted; the returned function
-// ends the watch and reports whether it fired.
-func watchDisk(ctx context.Context, p *plan, wd *workdir, stop context.CancelFunc) func() error {
-	limit := p.limits.disk
-	if wd.unmount != nil || limit == 0 {
-		return func() error { return nil }
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	fired := make(chan int64, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- diskcap.Watch(ctx, p.dirs.Dir, limit, diskcap.DefaultInterval, func(used int64) {
-			fired <- used
-			stop()
-		})
-	}()
-	return func() error {
-		cancel()
-		watchErr := <-done
-		select {
-		case used := <-fired:
-			if errors.Is(watchErr, diskcap.ErrUnmeasurable) {
-				return fmt.Errorf("%w: %w", ErrDiskLimit, watchErr)
-			}
-			return fmt.Errorf("%w: %d bytes used, cap %d", ErrDiskLimit, used, limit)
-		default:
-			return nil
-		}
-	}
-}
-
-// followers deliver the spooled output to its consumers: the stream sender
-// and the live stdout and stderr copies.
-type followers struct {
-	done   chan error
-	n      int
-	ctx    context.Context
-	cancel context.CancelFunc
-	// streamEnded is set when the stream sender's pump ended the stream.
-	streamEnded atomic.Bool
-}
-
-// follow starts one goroutine per consumer. Each reads the spool from disk on
-// its own, so a slow or stalled consumer never blocks the container or the
-// other consumers. They run on hard, the run's shutdown context, which a
-// cancellation of the run does not end: the container's last output
-// (written during its stop grace) is still delivered, within
-// streamDrainTimeout, but never past the run's shutdown grace.
-func follow(hard context.Context, p *plan, stdout, stderr *spool.Spool) *followers {
-	ctx, cancel := context.WithCancel(hard)
-	f := &followers{done: make(chan error, 3), ctx: ctx, cancel: cancel}
-	start := func(s *spool.Spool, consume func(io.Reader) error) {
-		f.n++
-		go func() {
-			rd := s.NewReaderContext(ctx, 0)
-			defer rd.Close()
-			f.done <- consume(rd)
-		}()
-	}
-	if sender := p.in.StreamSender; sender != nil {
-		start(stdout, func(rd io.Reader) error {
-			_, err := workerclient.Pump(ctx, rd, p.ref.RunID, sender, workerclient.PumpOptions{})
-			f.streamEnded.Store(err == nil)
-			return err
-		})
-	}
-	for _, c := range []struct {
-		w io.Writer
-		s *spool.Spool
-	}{{p.in.Stdout, stdout}, {p.in.Stderr, stderr}} {
-		if c.w != nil {
-			start(c.s, func(rd io.Reader) error {
-				_, err := io.Copy(c.w, rd)
-				return err
-			})
-		}
-	}
-	return f
-}
-
-// wait waits for the followers to deliver everything, bounded so a dead
-// control plane or a blocked writer cannot hold the run: past
-// streamDrainTimeout, or once the run's shutdown grace is over, they are
-// cancelled and left to finish on their own (undelivered bytes remain in
-// the persisted output log; done is buffered, so no follower blocks on
-// reporting).
-func (f *followers) wait() error {
-	timer := time.NewTimer(streamDrainTimeout)
-	defer timer.Stop()
-	var errs []error
-	for range f.n {
-		select {
-		case err := <-f.done:
-			errs = append(errs, err)
-		case <-timer.C:
-			f.cancel()
-			return errors.Join(append(errs, errors.New("output consumers did not finish in time; the output log holds everything"))...)
-		case <-f.ctx.Done():
-			return errors.Join(append(errs, fmt.Errorf("output consumers stopped by the shutdown grace; the output log holds everything: %w", context.Cause(f.ctx)))...)
-		}
-	}
-	f.cancel()
-	return errors.Join(errs...)
 }

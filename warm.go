@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 
+	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -38,15 +39,12 @@ func WarmTemplate(ctx context.Context, input RunTaskInput) (warmpool.Template, e
 // warmTemplate is the pool key of p's container: everything the cold path
 // would create it with, but the run's directory, identity and command.
 func (p *plan) warmTemplate() warmpool.Template {
-	labels := maps.Clone(p.spec.Labels)
+	labels := egressLabels(p, p.spec.Labels)
 	delete(labels, sandbox.LabelRunDir)
-	if !p.in.Egress.IsZero() {
-		labels[sandbox.LabelEgress] = egressSocketLabel()
-	}
 	opts := auditOptions(p, p.policy)
 	opts.Mounts.RunDir = "" // each slot's own
 	leasing := p.in.UIDs != nil
-	expect := expectation(p.policy, backendKind(p.in.Sandbox))
+	expect := expectation(p.policy, p.caps)
 	if leasing {
 		expect.UID = nil // each slot's own
 	}
@@ -128,6 +126,15 @@ func (p *plan) adoptJournaledDirs(rec journal.Record) {
 	}
 }
 
+// warmDiskCap is the journal's record of the claimed slot's disk cap,
+// mounted already: one write records it. Nil for a cold run.
+func (p *plan) warmDiskCap() *journal.DiskCap {
+	if p.slot == nil || p.slot.Unmount() == nil {
+		return nil
+	}
+	return &journal.DiskCap{Image: diskcap.ImagePath(p.dirs.Dir), Mount: p.dirs.Dir, Mounted: true}
+}
+
 // discardWarm destroys the warm container of a run refused before it
 // prepared anything.
 func discardWarm(ctx context.Context, p *plan) {
@@ -139,11 +146,52 @@ func discardWarm(ctx context.Context, p *plan) {
 	}
 }
 
-// startContainer starts the run's container: it releases the claimed warm
-// container, or starts a cold one.
-func startContainer(ctx context.Context, p *plan, spec sandbox.Spec, policy sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
-	if p.slot != nil {
-		return p.slot.Release(ctx, spec, streams)
+// warmHook is a claimed warm slot: it replaces the uid, run dir and dirs
+// hooks and the create, since the pool made all of them:
+//
+//	Prestart  the run takes the slot's uid, owner and capped run dir
+//	start     the parked container is released to run the command
+//	Stop      a container the run never released is removed, then the
+//	          run's files are released (releaseDir) and its uid last
+type warmHook struct {
+	p    *plan
+	wd   *workdir
+	slot *warmpool.Slot
+}
+
+// warmHookOf is the hook of p's claimed slot; nil for a cold run.
+func warmHookOf(p *plan, wd *workdir) hook {
+	if p.slot == nil {
+		return nil
 	}
-	return p.in.Sandbox.Start(ctx, spec, policy, streams)
+	return &warmHook{p: p, wd: wd, slot: p.slot}
+}
+
+func (h *warmHook) name() string { return "warm" }
+
+func (h *warmHook) prestart(context.Context, *prestartRequest, *prestartResponse) error {
+	defer h.p.timings.Start(timings.UIDLease)()
+	wd, slot := h.wd, h.slot
+	// The slot's container already runs as its own uid; the pool made its
+	// directory as a cold run's, disk cap included.
+	wd.lease, wd.owner, wd.user = slot.Lease(), slot.Owner(), slot.User()
+	if wd.lease != nil {
+		wd.user = wd.lease.User()
+	}
+	wd.owned, wd.unmount = true, slot.Unmount()
+	return nil
+}
+
+func (h *warmHook) start(ctx context.Context, spec sandbox.Spec, streams sandbox.Streams) (sandbox.Handle, error) {
+	return h.slot.Release(ctx, spec, streams)
+}
+
+func (h *warmHook) stop(_ context.Context, req *stopRequest) {
+	// A claimed container the run never released is removed before its
+	// uid is given back.
+	if err := h.slot.Close(context.Background()); err != nil {
+		h.p.log.Warn("remove the warm container", "slot", h.slot.ID(), "err", err)
+	}
+	releaseDir(h.p, h.wd, req.PersistErr, false)
+	releaseUID(h.p, h.wd)
 }

@@ -3,6 +3,7 @@ package taskrun_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -141,4 +142,28 @@ func TestWarmTemplateKeysOnlyTheContainersShape(t *testing.T) {
 	kc, err := taskrun.WarmTemplate(t.Context(), b)
 	require.NoError(t, err)
 	assert.NotEqual(t, ka.Key(), kc.Key(), "another policy is another container")
+}
+
+// A warm run's traced order: the slot's hook takes the place of the uid,
+// run dir and dirs hooks and of the create, and is stopped (the slot's
+// container closed, the files released, the uid given back) where a cold
+// run releases its run dir and uid. The RUNNING report and the disk cap's
+// journal entry, which depend on timing and on the host's loop devices,
+// are left out.
+func TestTracedOrderOfAWarmRun(t *testing.T) {
+	t.Parallel()
+	h := &harness{runtest.New(t, runtest.Options{Warm: true})}
+	steps := &stepLog{}
+	in := h.input(&controlplanetest.Recorder{}, "warmtrace1", "sh", "-c", "echo hi")
+	in.HelpersDir = testbin.Dir(t)
+	in.Logger = slog.New(steps)
+	_, err := h.Execute(context.Background(), in)
+	require.NoError(t, err)
+	got := slices.DeleteFunc(steps.take(), func(s string) bool { return s == "running" || s == "prepared" })
+	assert.Equal(t, []string{
+		"prestart:warm", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+		"started", "poststart:output", "poststart:diskwatch",
+		"exited:output", "exited:gateway", "exited:diskwatch", "judged", "removed", "collected",
+		"stop:gateway", "stop:output", "stop:warm", "reported", "ended",
+	}, got)
 }

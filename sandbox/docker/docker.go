@@ -361,3 +361,18 @@ var (
 	_ sandbox.EngineDescriber = (*Backend)(nil)
 	_ sandbox.ImageResolver   = (*Backend)(nil)
 )
+
+// Capabilities states what the Docker backend does beyond sandbox.Backend
+// (sandbox.Capable): it creates ahead, bind-mounts the run directory,
+// describes its engine, resolves images and limits pids per container.
+func (b *Backend) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{
+		Kind:           sandbox.BackendDocker,
+		CreatesAhead:   true,
+		SharesRunDir:   true,
+		DescribesHost:  true,
+		ResolvesImages: true,
+		ChecksImages:   true,
+		LimitsPids:     true,
+	}
+}

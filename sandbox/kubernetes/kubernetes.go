@@ -359,3 +359,18 @@ var (
 	_ sandbox.Backend         = (*Backend)(nil)
 	_ sandbox.EngineDescriber = (*Backend)(nil)
 )
+
+// Capabilities states what the Kubernetes backend does beyond
+// sandbox.Backend (sandbox.Capable). A Pod gets a copy of the run
+// directory, not a shared one (no hold); it has a network interface by
+// design, which its NetworkPolicy confines (the self-check neither expects
+// none nor dials out); no per-Pod pids limit exists (a declared gap); and
+// it mounts no service account token, which the self-check verifies.
+func (b *Backend) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{
+		Kind:             sandbox.BackendKubernetes,
+		DescribesHost:    true,
+		OwnNetwork:       true,
+		NoServiceAccount: true,
+	}
+}

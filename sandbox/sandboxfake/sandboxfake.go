@@ -496,3 +496,17 @@ func (p *Process) WriteFile(inContainer string, data []byte) error {
 	}
 	return os.WriteFile(host, data, 0o644)
 }
+
+// Capabilities states what the fake does beyond sandbox.Backend
+// (sandbox.Capable): what the Docker backend does.
+func (b *Backend) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{
+		Kind:           sandbox.BackendDocker,
+		CreatesAhead:   true,
+		SharesRunDir:   true,
+		DescribesHost:  true,
+		ResolvesImages: true,
+		ChecksImages:   true,
+		LimitsPids:     true,
+	}
+}

@@ -144,6 +144,7 @@ func Run(t *testing.T, h Harness) {
 		{"CloseWithoutWait", s.testCloseWithoutWait},
 		{"CreateAhead", s.testCreateAhead},
 		{"Reaper", s.testReaper},
+		{"StatedCapabilities", s.testStatedCapabilities},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
@@ -806,4 +807,24 @@ type sleepyWriter struct {
 func (s *sleepyWriter) Write(p []byte) (int, error) {
 	time.Sleep(s.delay)
 	return s.w.Write(p)
+}
+
+// testStatedCapabilities checks that the backend states its capabilities
+// (sandbox.Capable) and that they say what it implements: the orchestrator
+// reads the statement and never looks at the backend's type.
+func (s *suite) testStatedCapabilities(t *testing.T) {
+	b := s.h.NewBackend(t)
+	c, ok := b.(sandbox.Capable)
+	require.True(t, ok, "the backend states its capabilities (sandbox.Capable)")
+	caps := c.Capabilities()
+	assert.Contains(t, []string{sandbox.BackendDocker, sandbox.BackendKubernetes}, caps.Kind)
+	_, creates := b.(sandbox.Creator)
+	_, describes := b.(sandbox.EngineDescriber)
+	_, resolves := b.(sandbox.ImageResolver)
+	_, checks := b.(sandbox.ImageChecker)
+	assert.Equal(t, creates, caps.CreatesAhead, "CreatesAhead says whether it is a sandbox.Creator")
+	assert.Equal(t, describes, caps.DescribesHost, "DescribesHost says whether it is a sandbox.EngineDescriber")
+	assert.Equal(t, resolves, caps.ResolvesImages, "ResolvesImages says whether it is a sandbox.ImageResolver")
+	assert.Equal(t, checks, caps.ChecksImages, "ChecksImages says whether it is a sandbox.ImageChecker")
+	assert.Equal(t, caps, sandbox.CapabilitiesOf(b))
 }

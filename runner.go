@@ -1,0 +1,250 @@
+package taskrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/taskrun/taskrun/journal"
+	"github.com/taskrun/taskrun/records"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
+)
+
+// runner walks one admitted, journaled run through its lifecycle: it is the
+// only code that calls the run's hooks (hooks.go), and it owns the
+// concurrency between them: the container created while the hooks below
+// the create point prepare, and removed while the run is collected.
+type runner struct {
+	p     *plan
+	wd    *workdir
+	tr    *tracer
+	hooks []hook
+	// createAt is the create point: the index of the first hook the engine
+	// need not wait for (-1: none, the container is created at start).
+	createAt int
+	// stdout and stderr are where the container's output goes (Prestart).
+	stdout, stderr io.Writer
+	// exitedDone is set once the Exited hooks ran; resp is what they said.
+	exitedDone bool
+	resp       exitedResponse
+}
+
+// newRunner builds the runner of p, whose journal record is j (nil
+// without a journal) and whose start time is started.
+func newRunner(p *plan, j *journal.Entry, started time.Time) *runner {
+	wd := &workdir{started: started, records: records.NewBudget(p.limits.records), journal: j, owner: policyOwner(p.policy.User)}
+	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
+	r := &runner{p: p, wd: wd, tr: &tracer{p: p, wd: wd}}
+	r.hooks, r.createAt = runHooks(p, wd)
+	return r
+}
+
+// runHooks is the run's hook list, in lifecycle order, with its create
+// point: each concern is in it only when the run needs it.
+func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
+	if warm := warmHookOf(p, wd); warm != nil {
+		hooks, createAt = []hook{warm}, -1 // its container, uid and capped dir exist
+	} else {
+		hooks = []hook{&uidHook{p: p, wd: wd}, &rundirHook{p: p, wd: wd}}
+		// The engine creates the container once the run has its uid and
+		// its (empty) run directory: it reads the directory only at start.
+		createAt = len(hooks)
+		hooks = append(hooks, &dirsHook{p: p, wd: wd})
+	}
+	// The gateway hook is inert without a model, but times its (empty)
+	// start for every run, so every run lists the same phases.
+	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p})
+	if p.limits.disk > 0 {
+		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
+	}
+	if !p.in.Egress.IsZero() {
+		// The container's routing names the CA the proxy makes at start.
+		hooks, createAt = append(hooks, &egressHook{p: p}), -1
+	}
+	return hooks, createAt
+}
+
+// run runs the container and finishes the run: whatever fails, the later
+// events still happen, so a failed run persists what exists and reports a
+// final status.
+func (r *runner) run(ctx context.Context) (*Outcome, error) {
+	p, wd := r.p, r.wd
+	// Once ctx is cancelled, everything left has ShutdownGrace at most.
+	hard, cancelHard := shutdownContext(ctx, p.in.ShutdownGrace)
+	defer cancelHard()
+
+	l, runErr := r.prestart(ctx)
+	var ex execution
+	if runErr == nil {
+		ex, runErr = supervise(ctx, hard, r.tr, l, r, r.stdout, r.stderr)
+	}
+	if !r.exitedDone { // the container never ran
+		resp, err := r.exited(ctx, sandbox.Result{})
+		ex.apply(resp)
+		runErr = errors.Join(runErr, err)
+	}
+	if ex.DroppedRecordBytes = wd.records.Refused(); ex.DroppedRecordBytes > 0 {
+		p.log.Warn("host records over the run's budget were dropped", "budget_bytes", p.limits.records, "dropped_bytes", ex.DroppedRecordBytes)
+	}
+	l.discardUnstarted(ctx, p)
+	v := judge(ctx, p, ex, runErr)
+	r.tr.trace(ctx, transition{state: stateJudged, v: &v, ex: &ex})
+
+	// Collecting and reporting happen even when ctx was cancelled, each with
+	// a deadline of its own, so a slow store cannot starve the final report.
+	collectCtx, cancelCollect := context.WithTimeout(hard, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
+	stopCollect := p.timings.Start(timings.Collect)
+	st, persistErr := collect(collectCtx, p, wd, ex, v, r.hooks)
+	stopCollect()
+	cancelCollect()
+	// The container was removed while the outputs were collected; the
+	// journal stops tracking it, and the hooks release the run's uid and
+	// directory, only once it is gone.
+	if ex.removed != nil {
+		ex.awaitRemoved()
+		r.tr.step("removed")
+	}
+	r.tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
+	finishStream(hard, p, wd, ex)
+	p.timings.Time(timings.Release, func() error { r.stop(ctx, persistErr); return nil })
+
+	reportCtx, cancelReport := context.WithTimeout(hard, deadline(p.in.ReportTimeout, DefaultReportTimeout))
+	defer cancelReport()
+	out, err := report(reportCtx, r.tr, ex, v, st, persistErr)
+	r.tr.trace(ctx, transition{state: stateEnded, keep: persistErr != nil || reportFailed(err)})
+	out.Timings = p.timings.Spans()
+	return out, err
+}
+
+// prestart runs the Prestart hooks in order, starting the container's
+// create at the create point when the backend can create ahead and hooks
+// remain to run meanwhile; then it plans the container (Configure) if the
+// create did not. It stops at the first failure.
+func (r *runner) prestart(ctx context.Context) (*launch, error) {
+	defer r.p.timings.Start(timings.Prepare)()
+	var l *launch
+	for i, h := range r.hooks {
+		if i == r.createAt {
+			l = r.createAhead(ctx)
+		}
+		if ph, ok := h.(prestartHook); ok {
+			r.tr.step("prestart:" + h.name())
+			var resp prestartResponse
+			err := ph.prestart(ctx, &prestartRequest{Owner: r.wd.owner, Records: r.wd.records}, &resp)
+			if resp.DiskCapMounted {
+				r.tr.trace(ctx, transition{state: statePrepared})
+			}
+			if resp.Stdout != nil {
+				r.stdout, r.stderr = resp.Stdout, resp.Stderr
+			}
+			if err != nil {
+				return l, err
+			}
+		}
+	}
+	if l != nil {
+		return l, nil
+	}
+	l, err := newLaunch(r.p, r.wd, r.hooks)
+	if err != nil {
+		return nil, fmt.Errorf("self-check: %w", err)
+	}
+	return l, nil
+}
+
+// createAhead plans the container and has the engine create it in the
+// background, when the backend can (CreatesAhead); nil otherwise, or when
+// planning failed (prestart plans it again and reports the error).
+func (r *runner) createAhead(ctx context.Context) *launch {
+	p := r.p
+	if !p.caps.CreatesAhead {
+		return nil
+	}
+	c := p.in.Sandbox.(sandbox.Creator) // the method of caps.CreatesAhead
+	l, err := newLaunch(p, r.wd, r.hooks)
+	if err != nil {
+		return nil
+	}
+	l.created = make(chan struct{})
+	r.tr.step("create")
+	go func() {
+		defer close(l.created)
+		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
+	}()
+	return l
+}
+
+// poststart runs the Poststart hooks, in order, once the container started.
+func (r *runner) poststart(ctx context.Context, req *poststartRequest) {
+	for _, h := range r.hooks {
+		if ph, ok := h.(poststartHook); ok {
+			r.tr.step("poststart:" + h.name())
+			ph.poststart(ctx, req)
+		}
+	}
+}
+
+// exited runs the Exited hooks, once, in order: what served the container
+// stops with it. res is the container's result, zero when none ran.
+func (r *runner) exited(ctx context.Context, res sandbox.Result) (*exitedResponse, error) {
+	if r.exitedDone {
+		return &r.resp, nil
+	}
+	r.exitedDone = true
+	var errs []error
+	for _, h := range r.hooks {
+		if eh, ok := h.(exitedHook); ok {
+			r.tr.step("exited:" + h.name())
+			errs = append(errs, eh.exited(ctx, &exitedRequest{Result: res}, &r.resp))
+		}
+	}
+	return &r.resp, errors.Join(errs...)
+}
+
+// stop runs every Stop hook, in reverse order, once the container is gone.
+func (r *runner) stop(ctx context.Context, persistErr error) {
+	req := &stopRequest{PersistErr: persistErr}
+	for i := len(r.hooks) - 1; i >= 0; i-- {
+		if sh, ok := r.hooks[i].(stopHook); ok {
+			r.tr.step("stop:" + r.hooks[i].name())
+			sh.stop(ctx, req)
+		}
+	}
+}
+
+// starterOf is what starts the run's container: a hook that starts it
+// itself (starterHook), or else the backend.
+func starterOf(hooks []hook, b sandbox.Backend) func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error) {
+	for _, h := range hooks {
+		if s, ok := h.(starterHook); ok {
+			return func(ctx context.Context, spec sandbox.Spec, _ sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
+				return s.start(ctx, spec, streams)
+			}
+		}
+	}
+	return b.Start
+}
+
+// configureAll has every Configure hook, in order, add to the container
+// plan spec.
+func configureAll(hooks []hook, spec *sandbox.Spec) {
+	req := &configureRequest{Spec: spec}
+	for _, h := range hooks {
+		if c, ok := h.(configureHook); ok {
+			c.configure(req)
+		}
+	}
+}
+
+// collectAll has every Collect hook, in order, store its records; persist
+// gets each one's error with what it stored.
+func collectAll(ctx context.Context, hooks []hook, req *collectRequest, resp *collectResponse, persist func(err error, what string)) {
+	for _, h := range hooks {
+		if ch, ok := h.(collectHook); ok {
+			persist(ch.collect(ctx, req, resp), h.name()+" record")
+		}
+	}
+}
