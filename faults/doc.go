@@ -2,7 +2,7 @@
 // run the real binaries (`taskrun run`, `taskrun serve`, `taskrun worker`,
 // `taskrun gc`) against a real Docker engine and break a part under them
 // mid-run -- the engine paused or killed, the control plane killed and
-// restarted -- then check the rules of docs/faults.md: nothing lost (a
+// restarted, its PostgreSQL stopped -- or run many runs in a row, then check the rules of docs/faults.md: nothing lost (a
 // terminal report only after every output byte is acknowledged, else the
 // bytes kept and a reason), one record per run, and recovery reaps what a
 // fault left behind.
