@@ -7,12 +7,12 @@
 # A case's tests are read from its row: backticked `./pkg` names a package,
 # backticked `TestName` a test of the last package named. Environment:
 # GO (default go), TEST_TIMEOUT (default 40m), FAULTS_RUN (a regexp of case
-# IDs to run, default all).
+# IDs to run, e.g. FAULTS_RUN='H0[67]|B06'; default all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
-FAULTS_RUN=${FAULTS_RUN:-.}
+FAULTS_RUN=${FAULTS_RUN:-[HB][0-9]+}
 catalog=docs/faults.md
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -31,13 +31,13 @@ awk -F'|' '/^\| [HB][0-9]+ \|/ {
 }' "$catalog" | grep -E "^(${FAULTS_RUN})( |$)" >"$work/cases" || true
 
 # The packages and their tests, in order; ./faults runs whole.
-pkgs=$(tr ' ' '\n' <"$work/cases" | grep : | cut -d: -f1 | awk '!seen[$0]++')
+pkgs=$(tr ' ' '\n' <"$work/cases" | awk -F: 'NF == 2 && !seen[$1]++ {print $1}')
 status=0
 for pkg in $pkgs; do
 	if [ "$pkg" = ./faults ]; then
 		run=.
 	else
-		run="^($(tr ' ' '\n' <"$work/cases" | grep "^$pkg:" | cut -d: -f2 | sort -u | paste -sd'|'))\$"
+		run="^($(tr ' ' '\n' <"$work/cases" | awk -F: -v p="$pkg" '$1 == p {print $2}' | sort -u | paste -sd'|'))\$"
 	fi
 	echo "go test -count=1 -timeout $TEST_TIMEOUT -v -run '$run' $pkg" >&2
 	log="$work/$(echo "$pkg" | tr '/.' '__').log"
