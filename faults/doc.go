@@ -1,11 +1,11 @@
 // Package faults is taskrun's fault-injection suite: end-to-end tests that
 // run the real binaries (`taskrun run`, `taskrun serve`, `taskrun worker`,
 // `taskrun gc`) against a real Docker engine and break a part under them
-// mid-run -- the engine paused or killed, the control plane killed and
-// restarted, its PostgreSQL stopped -- or run many runs in a row, then check the rules of docs/faults.md: nothing lost (a
-// terminal report only after every output byte is acknowledged, else the
-// bytes kept and a reason), one record per run, and recovery reaps what a
-// fault left behind.
+// mid-run (the engine paused or killed, the control plane killed and
+// restarted, its PostgreSQL stopped) or run many runs in a row, then check
+// the rules of docs/faults.md: nothing lost (a terminal report only after
+// every output byte is acknowledged, else the bytes kept and a reason), one
+// record per run, and recovery reaps what a fault left behind.
 //
 // The engine faults use a private dockerd the test starts as root, with its
 // own data root, exec root and socket under a temporary directory; the
