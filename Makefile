@@ -81,6 +81,15 @@ test: setup images vet
 	@left=$$(docker ps -aq --filter label=dev.taskrun.managed | wc -l); \
 	  if [ "$$left" -gt 0 ]; then echo "containers left behind:"; docker ps -a --filter label=dev.taskrun.managed; exit 1; fi
 
+## faults: the fault catalog (docs/faults.md): ./faults (a private dockerd paused and
+## killed mid-run, the control plane killed and restarted, PostgreSQL stopped, 32 runs
+## in a row) and every fault test the catalog names in other packages; prints one line
+## per case (PASS, FAIL, SKIP, NONE)
+FAULTS_TIMEOUT ?= 40m
+.PHONY: faults
+faults: setup images
+	@GO=$(GO) TEST_TIMEOUT=$(FAULTS_TIMEOUT) TASKRUN_BIN_DIR=$(BIN) TASKRUN_WORKER_E2E_RUNS=100 scripts/faults.sh
+
 ## kube-up: start the test cluster (a real single-node Kubernetes: scripts/kube-up.sh) and
 ## print its admin kubeconfig's path; it stays up until kube-down. No-op when it is up.
 kube-up:

@@ -149,13 +149,31 @@ func (c *Cluster) start(ctx context.Context) error {
 		if c.port, err = freePort(); err != nil {
 			return fmt.Errorf("pgtest: %w", err)
 		}
-		opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB", c.port, c.dir)
-		if err = c.run(ctx, "pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "-o", opts, "start"); err == nil {
+		if err = c.serve(ctx); err == nil {
 			return nil
 		}
 	}
 	log, _ := os.ReadFile(filepath.Join(c.dir, "log"))
 	return fmt.Errorf("%w\nserver log:\n%s", err, log)
+}
+
+// serve starts the server on c.port and waits until it accepts connections.
+func (c *Cluster) serve(ctx context.Context) error {
+	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB", c.port, c.dir)
+	return c.run(ctx, "pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "-o", opts, "start")
+}
+
+// Halt stops the cluster's server at once (every connection is cut) and
+// keeps its files: a database outage, which Resume ends. Halt a cluster of
+// the test's own (Start), not the shared one.
+func (c *Cluster) Halt(ctx context.Context) error {
+	return c.run(ctx, "pg_ctl", "-D", c.data(), "-m", "immediate", "-w", "stop")
+}
+
+// Resume starts the server Halt stopped, on the same port, with the same
+// databases.
+func (c *Cluster) Resume(ctx context.Context) error {
+	return c.serve(ctx)
 }
 
 // Stop stops the cluster at once and removes its files.
