@@ -180,6 +180,32 @@ func TestServeAttestations(t *testing.T) {
 		assert.Contains(t, sec, hostID, "the trusted keys are named")
 	})
 
+	t.Run("what the envelope says is escaped", func(t *testing.T) {
+		sub, err := client.New(url, testUserToken, nil)
+		require.NoError(t, err)
+		r, err := sub.Submit(ctx, controlplane.SubmitRequest{Prompt: "hostile"}, nil)
+		require.NoError(t, err)
+		hostile := persist.RunRef{UserID: "alice", ConversationID: server.DefaultConversation, TaskID: r.TaskID, RunID: r.RunID}
+		env, err := attest.Sign(ctx, nil, []attest.Subject{{Name: "elsewhere/<script>alert(1)</script>\x1b[2J", SHA256: strings.Repeat("ab", 32)}},
+			attest.Predicate{Run: attest.RunIdentity{UserID: "alice", ConversationID: hostile.ConversationID, TaskID: hostile.TaskID, RunID: hostile.RunID}})
+		require.NoError(t, err)
+		_, err = st.PutRunFile(ctx, hostile, attest.ObjectName, bytes.NewReader(env), "application/json")
+		require.NoError(t, err)
+		req, err := http.NewRequest(http.MethodGet, url+"/ui/runs/"+r.RunID, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+testUserToken)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		raw, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		sec := attestSection(t, string(raw))
+		assert.Contains(t, sec, `data-kind="outside"`, "the subject is named")
+		assert.NotContains(t, sec, "<script>")
+		assert.NotContains(t, sec, "\x1b", "no terminal escape reaches the page")
+		assert.Contains(t, sec, "&lt;script&gt;")
+	})
+
 	t.Run("no attestation", func(t *testing.T) {
 		alice, err := client.New(url, testUserToken, nil)
 		require.NoError(t, err)
