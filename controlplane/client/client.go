@@ -1,7 +1,7 @@
 // Package client is the Go client of the control plane's user API
 // (docs/control-plane-api.md, "User API"): submit tasks, list and read runs,
-// read or follow a run's output, cancel a run. The worker side is
-// workerclient.
+// read or follow a run's output, read its attestation, cancel a run. The
+// worker side is workerclient.
 package client
 
 import (
