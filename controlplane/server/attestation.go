@@ -31,6 +31,9 @@ func (s *Server) handleAttestation(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, attest.ErrNoEnvelope):
 		writeError(w, http.StatusNotFound, "run "+run.ID+" has no attestation: it has not ended, ran before attestations, or never started a container")
 		return
+	case errors.Is(err, attest.ErrEnvelopeTooLarge):
+		writeError(w, http.StatusBadGateway, err.Error())
+		return
 	case err != nil:
 		if r.Context().Err() == nil {
 			s.cfg.Log.Error("read attestation", "run", run.ID, "err", err)
