@@ -16,11 +16,13 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/changeset"
 	"github.com/taskrun/taskrun/model"
@@ -75,6 +77,10 @@ type Options struct {
 	// that tenant's runs (another tenant's run is not found) and only that
 	// tenant's leases on the hosts page. ok false: the request sees no run.
 	Tenant func(r *http.Request) (tenant string, ok bool)
+	// AttestKeys are the public keys a run's attestation is checked with on
+	// its page, when the Source is a BlobSource. None: the page names the
+	// envelope's signer and says it is not checked.
+	AttestKeys []*attest.Verifier
 }
 
 // Handler serves the web interface over a Source.
@@ -91,6 +97,8 @@ type Handler struct {
 	live      map[string]int
 	// tenant scopes requests (Options.Tenant).
 	tenant func(*http.Request) (string, bool)
+	// attestKeys check attestations (Options.AttestKeys).
+	attestKeys []*attest.Verifier
 }
 
 // New returns a Handler reading src.
@@ -109,7 +117,7 @@ func New(src Source, opts Options) (*Handler, error) {
 		opts.MaxStreamsPerTenant = DefaultMaxStreamsPerTenant
 	}
 	h := &Handler{src: src, base: base, log: opts.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{}, slots: make(chan struct{}, opts.MaxStreams), tenant: opts.Tenant,
-		perTenant: opts.MaxStreamsPerTenant, live: map[string]int{}}
+		perTenant: opts.MaxStreamsPerTenant, live: map[string]int{}, attestKeys: slices.Clone(opts.AttestKeys)}
 	funcs := template.FuncMap{
 		"base": func() string { return base },
 		"t":    termsafe.String,
@@ -576,6 +584,7 @@ type runPage struct {
 	Egress         []egressRow
 	EgressOmitted  int
 	EgressRecord   *audit.EgressRecord
+	Attestation    *attestationView
 	Problems       []string
 }
 
@@ -636,6 +645,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
 	} else if rec != nil {
 		pg.EgressRecord = rec.Egress
 	}
+	pg.Attestation = h.attestation(ctx, run)
 	h.render(w, http.StatusOK, "run.html", pg)
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/controlplane/postgres"
 	"github.com/taskrun/taskrun/controlplane/server"
@@ -40,6 +41,12 @@ from --user-token-file (lines "USER TOKEN", or "TOKEN" for user local) or
 $TASKRUN_USER_TOKEN. A worker token is refused on the user API and a user
 token on the worker API. A lease is bound to the worker credential it was
 handed to: another worker's credential cannot report for it.
+
+--attest-pub FILE (repeatable) gives the public keys of the hosts that sign
+run attestations: a run's page in the web interface then shows whether its
+attestation verifies (signature, run, every attested object re-hashed from
+--store) and which key signed it. GET /v1/runs/{id}/attestation serves the
+envelope itself (docs/attestation.md).
 `
 
 // Environment variables serve reads tokens from when no file is given.
@@ -53,7 +60,8 @@ const defaultDB = "sqlite://./.taskrun/controlplane.db"
 // serveUI, when set (by the web UI's file, serveui.go), returns the handler
 // serve mounts under /ui/, reading runs through r and their records from
 // blobs, and the server's handler wrapped so that browsers can sign in to it.
-var serveUI func(r controlplane.RunReader, blobs *persist.Store, log *slog.Logger) (ui http.Handler, wrap func(http.Handler) http.Handler, err error)
+// Its run pages check each run's attestation with keys (serve --attest-pub).
+var serveUI func(r controlplane.RunReader, blobs *persist.Store, keys []*attest.Verifier, log *slog.Logger) (ui http.Handler, wrap func(http.Handler) http.Handler, err error)
 
 type serveOptions struct {
 	listen, db, store        string
@@ -62,6 +70,7 @@ type serveOptions struct {
 	maxWorkspace, maxOutput  int64
 	maxima                   runlimits.Maxima
 	runtimes                 []string
+	attestPubs               []string
 }
 
 func init() {
@@ -81,6 +90,7 @@ func init() {
 			addSizeFlag(fs, &o.maxOutput, "max-output", "largest output stream held per run")
 			addRunMaximaFlags(fs, &o.maxima)
 			fs.DurationVar(&o.queueTTL, "queue-ttl", o.queueTTL, "longest a run waits QUEUED before it ends FAILED, no worker having taken it (0: for ever)")
+			fs.StringArrayVar(&o.attestPubs, "attest-pub", nil, "PEM public key the web interface checks runs' attestations with, as taskrun verify --key (repeatable; none: the signer is shown, not checked)")
 			fs.StringSliceVar(&o.runtimes, "runtimes", o.runtimes, "OCI runtimes the workers offer; a task asking for another is refused (empty: any)")
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) > 0 {
@@ -147,6 +157,14 @@ func runServe(ctx context.Context, a *app, o serveOptions) int {
 		fmt.Fprintln(a.stderr, "taskrun serve:", err)
 		return exitUsage
 	}
+	var keys []*attest.Verifier
+	for _, f := range o.attestPubs {
+		v, err := attest.LoadVerifier(f)
+		if err != nil {
+			return a.usageError("serve", fmt.Errorf("--attest-pub: %w", err))
+		}
+		keys = append(keys, v)
+	}
 	store, err := openControlPlaneStore(ctx, o.db)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun serve:", err)
@@ -164,7 +182,7 @@ func runServe(ctx context.Context, a *app, o serveOptions) int {
 		Limits: server.Limits{MaxWorkspaceBytes: o.maxWorkspace, MaxOutputBytes: o.maxOutput}, RunMaxima: o.maxima}
 	wrap := func(h http.Handler) http.Handler { return h }
 	if serveUI != nil {
-		if cfg.UI, wrap, err = serveUI(store, blobs, a.log); err != nil {
+		if cfg.UI, wrap, err = serveUI(store, blobs, keys, a.log); err != nil {
 			fmt.Fprintln(a.stderr, "taskrun serve: web interface:", err)
 			return exitCannotRun
 		}

@@ -26,11 +26,14 @@ import (
 const (
 	testWorkerToken = "cli-worker-token-0123456789"
 	testUserToken   = "cli-user-token-0123456789"
+	// testOtherUserToken is user bob's: another tenant than alice.
+	testOtherUserToken = "cli-bob-token-0123456789"
 )
 
 // startServe runs `taskrun serve` in-process on a free loopback port with a
 // SQLite database and a file store, and returns its URL and the store URL.
-func startServe(t *testing.T) (string, string) {
+// Users alice and bob have tokens; extra are more serve arguments.
+func startServe(t *testing.T, extra ...string) (string, string) {
 	t.Helper()
 	dir := t.TempDir()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -39,13 +42,13 @@ func startServe(t *testing.T) (string, string) {
 	l.Close()
 	store := "file://" + filepath.Join(dir, "store")
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "w.tok"), []byte(testWorkerToken+"\n"), 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "u.tok"), []byte("alice "+testUserToken+"\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "u.tok"), []byte("alice "+testUserToken+"\nbob "+testOtherUserToken+"\n"), 0o600))
 	ctx, cancel := context.WithCancel(context.Background())
 	var stderr lockedbuf.Buffer
 	done := make(chan int)
 	go func() {
-		done <- dispatch(ctx, []string{"serve", "--log-format", "json", "--listen", addr, "--db", "sqlite://" + filepath.Join(dir, "cp.db"),
-			"--store", store, "--worker-token-file", filepath.Join(dir, "w.tok"), "--user-token-file", filepath.Join(dir, "u.tok")}, &lockedbuf.Buffer{}, &stderr)
+		done <- dispatch(ctx, append([]string{"serve", "--log-format", "json", "--listen", addr, "--db", "sqlite://" + filepath.Join(dir, "cp.db"),
+			"--store", store, "--worker-token-file", filepath.Join(dir, "w.tok"), "--user-token-file", filepath.Join(dir, "u.tok")}, extra...), &lockedbuf.Buffer{}, &stderr)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/controlplane/server"
 	"github.com/taskrun/taskrun/persist"
@@ -17,15 +18,16 @@ const uiPrefix = "/ui/"
 // behind the user API's authentication: each user sees their own runs. A
 // browser signs in with HTTP Basic, the user token as the password.
 func init() {
-	serveUI = func(r controlplane.RunReader, blobs *persist.Store, log *slog.Logger) (http.Handler, func(http.Handler) http.Handler, error) {
+	serveUI = func(r controlplane.RunReader, blobs *persist.Store, keys []*attest.Verifier, log *slog.Logger) (http.Handler, func(http.Handler) http.Handler, error) {
 		src := &webui.ControlPlaneSource{Control: r, Store: blobs}
 		if wr, ok := r.(controlplane.WorkerReader); ok {
 			src.Workers = wr // the hosts page shows the workers' heartbeats
 		}
 		ui, err := webui.New(src, webui.Options{
-			Base:   uiPrefix[:len(uiPrefix)-1],
-			Logger: log,
-			Tenant: func(r *http.Request) (string, bool) { return server.UserFromContext(r.Context()) },
+			Base:       uiPrefix[:len(uiPrefix)-1],
+			Logger:     log,
+			Tenant:     func(r *http.Request) (string, bool) { return server.UserFromContext(r.Context()) },
+			AttestKeys: keys,
 		})
 		if err != nil {
 			return nil, nil, err

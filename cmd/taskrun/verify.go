@@ -142,45 +142,19 @@ func payloadOf(envelope []byte) []byte {
 // verifyRun verifies envelope (the run's stored one when not fromFile)
 // against the run ref's stored objects.
 func verifyRun(ctx context.Context, st *persist.Store, ref persist.RunRef, envelope []byte, fromFile bool, v *attest.Verifier) (attest.Result, error) {
-	prefix, err := persist.RunPrefix(ref)
-	if err != nil {
-		return attest.Result{}, fmt.Errorf("the envelope names no valid run: %w", err)
-	}
-	tenant, err := persist.TenantPrefix(ref.UserID)
-	if err != nil {
-		return attest.Result{}, err
-	}
 	if !fromFile {
-		rc, err := st.OpenRunFile(ctx, ref, attest.ObjectName)
-		if errors.Is(err, persist.ErrNotFound) {
+		var err error
+		envelope, err = attest.ReadStored(ctx, st, ref)
+		if errors.Is(err, attest.ErrNoEnvelope) {
+			prefix, _ := persist.RunPrefix(ref)
 			return attest.Result{Problems: []attest.Problem{{Kind: attest.ProblemMissing, Object: prefix + attest.ObjectName,
 				Detail: "the run stored no attestation: it ran before attestations, or never started a container"}}}, nil
 		}
 		if err != nil {
 			return attest.Result{}, err
 		}
-		envelope, err = io.ReadAll(rc)
-		rc.Close()
-		if err != nil {
-			return attest.Result{}, err
-		}
 	}
-	listed, err := st.List(ctx, prefix)
-	if err != nil {
-		return attest.Result{}, err
-	}
-	want := attest.Expect{
-		Run:      attest.RunIdentity{UserID: ref.UserID, ConversationID: ref.ConversationID, TaskID: ref.TaskID, RunID: ref.RunID},
-		Prefixes: []string{prefix, tenant + "global/"},
-		Listed:   listed,
-	}
-	return attest.Verify(ctx, envelope, v, want, func(ctx context.Context, key string) (io.ReadCloser, error) {
-		rc, err := st.Open(ctx, key)
-		if errors.Is(err, persist.ErrNotFound) {
-			return nil, fmt.Errorf("%w: %w", attest.ErrMissing, err)
-		}
-		return rc, err
-	})
+	return attest.VerifyStored(ctx, st, ref, envelope, v)
 }
 
 // printVerdict writes the verdict for a person: one line, then every

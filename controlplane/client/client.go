@@ -1,7 +1,7 @@
 // Package client is the Go client of the control plane's user API
 // (docs/control-plane-api.md, "User API"): submit tasks, list and read runs,
-// read or follow a run's output, cancel a run. The worker side is
-// workerclient.
+// read or follow a run's output, read its attestation, cancel a run. The
+// worker side is workerclient.
 package client
 
 import (
@@ -43,6 +43,10 @@ func (e *HTTPError) Unwrap() error {
 	}
 	return nil
 }
+
+// maxEnvelopeBytes bounds an attestation read, as attest.MaxEnvelopeBytes
+// (not imported: it would bring the blob store's drivers into the client).
+const maxEnvelopeBytes = 4 << 20
 
 // Client talks to one control plane with one user token.
 type Client struct {
@@ -212,6 +216,31 @@ func (c *Client) Output(ctx context.Context, id string, offset int64, follow boo
 		return nil, decodeError(resp)
 	}
 	return resp.Body, nil
+}
+
+// Attestation returns the run's attestation: the DSSE envelope of its
+// signed in-toto statement, as stored (docs/attestation.md). A run without
+// one answers an *HTTPError with status 404.
+func (c *Client) Attestation(ctx context.Context, id string) ([]byte, error) {
+	if err := model.ValidateID("run", id); err != nil {
+		return nil, err
+	}
+	resp, err := c.do(ctx, http.MethodGet, "/v1/runs/"+id+"/attestation", nil, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, decodeError(resp)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxEnvelopeBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read run %s's attestation: %w", id, err)
+	}
+	if len(data) > maxEnvelopeBytes {
+		return nil, fmt.Errorf("run %s's attestation is over %d bytes", id, maxEnvelopeBytes)
+	}
+	return data, nil
 }
 
 // Wait polls the run every interval until it ends, and returns it.

@@ -167,6 +167,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /v1/runs", s.requireUser(http.HandlerFunc(s.handleListRuns)))
 	mux.Handle("GET /v1/runs/{id}", s.requireUser(http.HandlerFunc(s.handleGetRun)))
 	mux.Handle("GET /v1/runs/{id}/output", s.requireUser(http.HandlerFunc(s.handleOutput)))
+	mux.Handle("GET /v1/runs/{id}/attestation", s.requireUser(http.HandlerFunc(s.handleAttestation)))
 	mux.Handle("POST /v1/runs/{id}/cancel", s.requireUser(http.HandlerFunc(s.handleCancel)))
 	mux.Handle("GET /v1/workers", s.requireUser(http.HandlerFunc(s.handleWorkers)))
 	// Operations.
