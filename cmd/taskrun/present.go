@@ -14,7 +14,6 @@ import (
 	"github.com/taskrun/taskrun/workerclient"
 )
 
-// logUpdater is the TaskRunUpdater used without --server: it logs each status
 // change in one line. The output itself is already on the terminal.
 type logUpdater struct{ log *slog.Logger }
 
