@@ -9,10 +9,10 @@
 //	err = w.Run(ctx)            // until ctx ends, then drains
 //
 // Run first recovers what an earlier worker process on this host left
-// (Config.Recover: journaled runs of dead executors are stored and reported,
+// (executor.Host.Recover: journaled runs of dead executors are stored and reported,
 // their containers and mounts reaped), and only then becomes ready and leases.
 // It keeps retrying, in the background, runs whose persisting failed
-// (Config.RetryKept, driven by recovery.RetryLoop).
+// (executor.Host.RetryKept, driven by recovery.RetryLoop).
 //
 // The lease loop asks for a run (a long poll) only while it has a free slot
 // and room to place one: free disk under the runs root, memory not yet

@@ -136,12 +136,7 @@ func assignment(runID, agent string) workerclient.Assignment {
 // returns Run's error.
 func (f *fixture) start(t *testing.T) (*worker.Worker, func() error) {
 	t.Helper()
-	if f.cfg.Host == nil {
-		h, err := executor.New(context.Background(), f.host)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = h.Close(context.Background()) })
-		f.cfg.Host = h
-	}
+	f.buildHost(t)
 	w, err := worker.New(f.cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -171,6 +166,18 @@ func (f *fixture) start(t *testing.T) (*worker.Worker, func() error) {
 		_ = stop()
 	})
 	return w, stop
+}
+
+// buildHost builds cfg.Host from host, unless it is set.
+func (f *fixture) buildHost(t *testing.T) {
+	t.Helper()
+	if f.cfg.Host != nil {
+		return
+	}
+	h, err := executor.New(context.Background(), f.host)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close(context.Background()) })
+	f.cfg.Host = h
 }
 
 // final waits for runID's final status.
