@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/taskrun/taskrun"
@@ -124,10 +125,16 @@ type Host struct {
 	layout Layout
 	pool   *warmpool.Pool
 	log    *slog.Logger
+
+	journalOnce sync.Once
+	journal     *journal.Dir
+	journalErr  error
 }
 
-// New checks cfg and builds the host: it creates the runs root, opens its
-// journal and, with cfg.Warm, starts the warm pool. Close releases what New
+// New checks cfg and builds the host: it creates the runs root and, with
+// cfg.Warm, starts the warm pool. The journal (cfg.Journal, else the
+// layout's) is opened when first used, so a refused run writes nothing
+// under the root. Close releases what New
 // made; the backend, stores, uid pool and instance stay the caller's.
 func New(ctx context.Context, cfg Config) (*Host, error) {
 	if cfg.Root == "" {
@@ -163,11 +170,6 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	if err := layout.Create(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	if cfg.Journal == nil {
-		if cfg.Journal, err = layout.OpenJournal(); err != nil {
-			return nil, fmt.Errorf("executor: journal under %s: %w", layout.Root(), err)
-		}
 	}
 	h := &Host{cfg: cfg, layout: layout, log: cfg.Logger}
 	if cfg.Warm != nil {
@@ -213,8 +215,19 @@ func (h *Host) Close(ctx context.Context) error {
 // Layout is the host's runs root.
 func (h *Host) Layout() Layout { return h.layout }
 
-// Journal is the runs' crash journal; never nil.
-func (h *Host) Journal() *journal.Dir { return h.cfg.Journal }
+// Journal is the runs' crash journal: Config.Journal, else the layout's,
+// opened (and created) on first use. Every run on the host is journaled
+// there.
+func (h *Host) Journal() (*journal.Dir, error) {
+	h.journalOnce.Do(func() {
+		if h.journal = h.cfg.Journal; h.journal == nil {
+			if h.journal, h.journalErr = h.layout.OpenJournal(); h.journalErr != nil {
+				h.journalErr = fmt.Errorf("executor: journal under %s: %w", h.layout.Root(), h.journalErr)
+			}
+		}
+	})
+	return h.journal, h.journalErr
+}
 
 // Backend runs the containers; nil on a host that only recovers.
 func (h *Host) Backend() sandbox.Backend { return h.cfg.Backend }
@@ -298,6 +311,8 @@ func (h *Host) Input(spec Spec) taskrun.RunTaskInput {
 		Paths: h.layout.Paths(), Persist: c.Store, ArtifactStorage: c.Store,
 		Sandbox: c.Backend, Pull: c.Pull, AllowedImages: c.AllowedImages,
 		Helpers: c.Helpers, HelpersDir: c.HelpersDir, UIDs: c.UIDs, WarmPool: h.pool,
+		// Without Config.Journal the pipeline opens the layout's journal
+		// itself, once the run is admitted: Paths always has the root.
 		Logger: c.Logger, Journal: c.Journal, Executor: c.Executor,
 		AttestKey: c.AttestKey, Version: c.Version, StoreURL: c.StoreURL, ControlPlane: c.ControlPlane,
 		PersistTimeout: c.PersistTimeout, ReportTimeout: c.ReportTimeout, ShutdownGrace: c.ShutdownGrace,

@@ -132,17 +132,34 @@ func TestRecoveryHostDoesNotRun(t *testing.T) {
 	assert.ErrorContains(t, err, "set Config.Store")
 }
 
-// The layout always has a journal: New creates the root and opens it, and
-// every run's input carries it (no silent downgrade to an unjournaled run).
+// The layout always has a journal: New creates the root, the journal is
+// opened on first use (a refused run writes nothing), and every run's input
+// names the root, whose journal the pipeline opens (no silent downgrade to
+// an unjournaled run); a given journal is passed as is.
 func TestNewAlwaysJournals(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "new-root")
 	h, err := executor.New(context.Background(), executor.Config{Root: root, Backend: sandboxfake.New(), Store: memStore(t)})
 	require.NoError(t, err)
-	require.NotNil(t, h.Journal())
-	assert.DirExists(t, h.Layout().JournalDir())
+	entries, err := os.ReadDir(root)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing under the root before a run")
 	in := h.Input(executor.Spec{})
-	assert.Same(t, h.Journal(), in.Journal)
-	assert.Equal(t, root, h.Layout().Root())
+	assert.Equal(t, root, in.Paths.(interface{ Root() string }).Root(), "the pipeline journals under the root")
+	jd, err := h.Journal()
+	require.NoError(t, err)
+	require.NotNil(t, jd)
+	assert.DirExists(t, h.Layout().JournalDir())
+
+	given, err := executor.NewLayout(t.TempDir())
+	require.NoError(t, err)
+	gj, err := given.OpenJournal()
+	require.NoError(t, err)
+	h, err = executor.New(context.Background(), executor.Config{Root: root, Journal: gj})
+	require.NoError(t, err)
+	jd, err = h.Journal()
+	require.NoError(t, err)
+	assert.Same(t, gj, jd)
+	assert.Same(t, gj, h.Input(executor.Spec{}).Journal)
 }
 
 // Input is the host's machine and defaults under the spec's own fields;
@@ -267,7 +284,9 @@ func TestRunExecutesOnTheHost(t *testing.T) {
 	keys, err := store.List(ctx, "")
 	require.NoError(t, err)
 	assert.NotEmpty(t, keys, "the run's outputs are in the host's store")
-	recs, err := h.Journal().List()
+	jd, err := h.Journal()
+	require.NoError(t, err)
+	recs, err := jd.List()
 	require.NoError(t, err)
 	assert.Empty(t, recs, "a finished run leaves no journal record")
 

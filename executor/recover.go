@@ -109,6 +109,10 @@ func (h *Host) ExecutorProcessGone(id, process string) (bool, string) {
 // store and control plane opened from the record (a leased run's writes
 // and reports fenced with its journaled lease); closeFn releases them.
 func (h *Host) RecoveryInput(ctx context.Context, rec journal.Record) (in taskrun.RunTaskInput, closeFn func(), err error) {
+	jd, err := h.Journal()
+	if err != nil {
+		return in, nil, err
+	}
 	store, err := persist.Open(ctx, rec.Store)
 	if err != nil {
 		return in, nil, fmt.Errorf("run %s: store %s: %w", rec.RunID, rec.Store, err)
@@ -121,7 +125,7 @@ func (h *Host) RecoveryInput(ctx context.Context, rec journal.Record) (in taskru
 		Persist:         store,
 		ArtifactStorage: store,
 		Updater:         LogUpdater{Log: h.log},
-		Journal:         h.cfg.Journal,
+		Journal:         jd,
 		Logger:          h.log,
 		AttestKey:       h.cfg.AttestKey,
 		Version:         h.cfg.Version,
@@ -176,9 +180,9 @@ func (h *Host) tokenFor(cp *journal.ControlPlane) string {
 
 // recoverer recovers the root's runs whose executor is gone; containers
 // may be nil when no engine is reachable.
-func (h *Host) recoverer(containers recovery.Containers) *recovery.Recoverer {
+func (h *Host) recoverer(jd *journal.Dir, containers recovery.Containers) *recovery.Recoverer {
 	return &recovery.Recoverer{
-		Journal:    h.cfg.Journal,
+		Journal:    jd,
 		Log:        h.log,
 		Containers: containers,
 		Finish: func(ctx context.Context, rec journal.Record) error {
@@ -200,11 +204,15 @@ func (h *Host) recoverer(containers recovery.Containers) *recovery.Recoverer {
 // live. d may be nil when Docker is unreachable: runs that still have a
 // container then wait.
 func (h *Host) RecoverRuns(ctx context.Context, d *docker.Backend, dryRun bool, out io.Writer) ([]recovery.Result, error) {
+	jd, err := h.Journal()
+	if err != nil {
+		return nil, err
+	}
 	var containers recovery.Containers
 	if d != nil {
 		containers = d
 	}
-	results, err := h.recoverer(containers).Recover(ctx, dryRun)
+	results, err := h.recoverer(jd, containers).Recover(ctx, dryRun)
 	for _, res := range results {
 		if res.Action == recovery.ActionNone {
 			continue
@@ -221,7 +229,11 @@ func (h *Host) RecoverRuns(ctx context.Context, d *docker.Backend, dryRun bool, 
 // RetryKeptRuns retries every kept run of the root once, prints one line
 // per run to out, and returns how many are still kept.
 func (h *Host) RetryKeptRuns(ctx context.Context, out io.Writer) (int, error) {
-	kept, err := recovery.Kept(h.cfg.Journal)
+	jd, err := h.Journal()
+	if err != nil {
+		return 0, err
+	}
+	kept, err := recovery.Kept(jd)
 	errs := []error{err}
 	still := 0
 	for _, rec := range kept {
@@ -234,7 +246,7 @@ func (h *Host) RetryKeptRuns(ctx context.Context, out io.Writer) (int, error) {
 		res, err := taskrun.RetryPersist(ctx, in)
 		closeFn()
 		switch {
-		case err == nil || (errors.Is(err, taskrun.ErrRunFailed) && !h.stillKept(rec.RunID)):
+		case err == nil || (errors.Is(err, taskrun.ErrRunFailed) && !stillKept(jd, rec.RunID)):
 			status := model.StatusSucceeded
 			if res != nil {
 				status = res.Status
@@ -250,8 +262,8 @@ func (h *Host) RetryKeptRuns(ctx context.Context, out io.Writer) (int, error) {
 }
 
 // stillKept reports whether the run's record is still in the journal.
-func (h *Host) stillKept(runID string) bool {
-	_, err := h.cfg.Journal.Load(runID)
+func stillKept(jd *journal.Dir, runID string) bool {
+	_, err := jd.Load(runID)
 	return err == nil
 }
 
@@ -271,7 +283,11 @@ func (h *Host) ReapOptions(grace time.Duration, all, dryRun bool, results []reco
 // the root (their containers are reaped with the rest), sparing the
 // directories of journaled runs.
 func (h *Host) SweepPools() error {
-	recs, err := h.cfg.Journal.List()
+	jd, err := h.Journal()
+	if err != nil {
+		return err
+	}
+	recs, err := jd.List()
 	if err != nil {
 		return err
 	}
