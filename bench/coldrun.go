@@ -84,7 +84,7 @@ func coldRun(ctx context.Context, e *env) ([]row, error) {
 				return 0, err
 			}
 			start := time.Now()
-			err = runTask(ctx, e.input(root, fmt.Sprintf("cold-%d", i), &statusUpdater{}, "true"))
+			err = e.runOn(ctx, nil, root, e.spec(fmt.Sprintf("cold-%d", i), &statusUpdater{}, "true"))
 			return time.Since(start), err
 		},
 	)
@@ -177,9 +177,9 @@ func firstByteLatency(ctx context.Context, e *env) ([]row, error) {
 				return 0, err
 			}
 			f := &firstByte{start: time.Now()}
-			in := e.input(root, fmt.Sprintf("first-%d", i), &statusUpdater{}, "echo", "x")
-			in.Stdout = f
-			if err := runTask(ctx, in); err != nil {
+			spec := e.spec(fmt.Sprintf("first-%d", i), &statusUpdater{}, "echo", "x")
+			spec.Stdout = f
+			if err := e.runOn(ctx, nil, root, spec); err != nil {
 				return 0, err
 			}
 			return f.latency(), nil

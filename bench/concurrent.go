@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -37,6 +38,11 @@ func concurrent(ctx context.Context, e *env) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
+	h, err := e.host(ctx, root)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	start := time.Now()
@@ -44,7 +50,7 @@ func concurrent(ctx context.Context, e *env) ([]row, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = concurrentRun(ctx, e, root, fmt.Sprintf("conc-%d", i))
+			errs[i] = concurrentRun(ctx, e, h, fmt.Sprintf("conc-%d", i))
 		}()
 	}
 	wg.Wait()
@@ -76,12 +82,12 @@ func concurrent(ctx context.Context, e *env) ([]row, error) {
 }
 
 // concurrentRun is one run; its stream must be its own run ID.
-func concurrentRun(ctx context.Context, e *env, root, runID string) error {
+func concurrentRun(ctx context.Context, e *env, h *executor.Host, runID string) error {
 	upd := &statusUpdater{}
-	in := e.input(root, runID, upd, "sh", "-c", "echo $TASKRUN_RUN_ID")
+	spec := e.spec(runID, upd, "sh", "-c", "echo $TASKRUN_RUN_ID")
 	stream := &streamCheck{}
-	in.StreamSender = stream
-	if err := runTask(ctx, in); err != nil {
+	spec.StreamSender = stream
+	if err := e.runOn(ctx, h, "", spec); err != nil {
 		return err
 	}
 	if upd.last != model.StatusSucceeded {

@@ -14,9 +14,12 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -28,7 +31,10 @@ type env struct {
 	cli     *client.Client
 	backend *docker.Backend
 	store   *persist.Store
-	labels  map[string]string
+	// uids leases each run a uid of its own, as taskrun run's --uid-range
+	// default does.
+	uids   *uidpool.Pool
+	labels map[string]string
 	// breakdown is filled by the cold CLI comparison.
 	breakdown *breakdown
 }
@@ -55,6 +61,22 @@ func newEnv(ctx context.Context, c config) (*env, error) {
 	if e.backend, err = docker.New(ctx); err != nil {
 		e.close()
 		return nil, err
+	}
+	layout, err := executor.NewLayout(dir)
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	if e.uids, err = uidpool.New(layout.UIDLeaseDir(), uidpool.DefaultRange()); err != nil {
+		e.close()
+		return nil, err
+	}
+	if c.helpersDir != "" {
+		if c.helpersDir, err = filepath.Abs(c.helpersDir); err != nil {
+			e.close()
+			return nil, err
+		}
+		e.c.helpersDir = c.helpersDir
 	}
 	if e.store, err = persist.Open(ctx, "file://"+filepath.Join(dir, "store")); err != nil {
 		e.close()
@@ -105,23 +127,54 @@ func (e *env) tempDir(prefix string) (string, error) {
 	return dir, os.Chmod(dir, 0o777)
 }
 
-// input is a RunTask of cmd in the bench image, on the file:// store, with
-// an updater that keeps only the final status.
-func (e *env) input(root, runID string, upd taskrun.TaskRunUpdater, cmd ...string) taskrun.RunTaskInput {
-	return taskrun.RunTaskInput{
-		Task:            &model.Task{ID: "bench", UserID: "bench", ConversationID: "bench"},
-		Run:             &model.TaskRun{ID: runID, TaskID: "bench"},
-		SessionID:       "bench",
-		Paths:           taskrun.NewRuntimePathsFromRoot(root),
-		Persist:         e.store,
-		ArtifactStorage: e.store,
-		Updater:         upd,
-		Sandbox:         e.backend,
-		Image:           e.c.image,
-		Command:         cmd,
-		Labels:          e.labels,
-		Timeout:         5 * time.Minute,
+// hostConfig is the host `taskrun run` builds, on the bench's backend and
+// store with its runs under root: a uid of its own for every run (the
+// default --uid-range) and the in-sandbox self-check (-helpers-dir, the
+// helpers `make build` installs beside taskrun).
+func (e *env) hostConfig(root string) executor.Config {
+	return executor.Config{
+		Root: root, Backend: e.backend, Store: e.store, UIDs: e.uids, HelpersDir: e.c.helpersDir,
+		Defaults: executor.Defaults{Image: e.c.image, Timeout: 5 * time.Minute},
+		Pull:     sandbox.PullNever,
 	}
+}
+
+// host builds the host of runs under root (hostConfig).
+func (e *env) host(ctx context.Context, root string) (*executor.Host, error) {
+	return executor.New(ctx, e.hostConfig(root))
+}
+
+// spec is a run of cmd in the bench image with the bench labels and an
+// updater that keeps only the final status.
+func (e *env) spec(runID string, upd taskrun.TaskRunUpdater, cmd ...string) executor.Spec {
+	return executor.Spec{
+		Task:      &model.Task{ID: "bench", UserID: "bench", ConversationID: "bench"},
+		Run:       &model.TaskRun{ID: runID, TaskID: "bench"},
+		SessionID: "bench",
+		Updater:   upd,
+		Command:   cmd,
+		Labels:    e.labels,
+	}
+}
+
+// runOn runs spec on h (a host of its own under root when h is nil) and
+// requires it to succeed.
+func (e *env) runOn(ctx context.Context, h *executor.Host, root string, spec executor.Spec) error {
+	if h == nil {
+		var err error
+		if h, err = e.host(ctx, root); err != nil {
+			return err
+		}
+		defer h.Close(context.WithoutCancel(ctx))
+	}
+	out, err := h.Run(ctx, spec)
+	if err != nil {
+		return err
+	}
+	if out.Status != model.StatusSucceeded {
+		return errors.New("run " + spec.Run.ID + " ended " + string(out.Status))
+	}
+	return nil
 }
 
 // statusUpdater is a TaskRunUpdater that keeps the last status.
@@ -129,17 +182,5 @@ type statusUpdater struct{ last model.RunStatus }
 
 func (u *statusUpdater) UpdateRunStatus(_ context.Context, _ string, req *workerclient.PatchTaskRunRequest) error {
 	u.last = req.Status
-	return nil
-}
-
-// runTask executes in and requires it to succeed.
-func runTask(ctx context.Context, in taskrun.RunTaskInput) error {
-	out, err := taskrun.Execute(ctx, in)
-	if err != nil {
-		return err
-	}
-	if out.Status != model.StatusSucceeded {
-		return errors.New("run " + in.Run.ID + " ended " + string(out.Status))
-	}
 	return nil
 }

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
@@ -313,21 +313,23 @@ func childRunTask(ctx context.Context, o childOptions) error {
 		return err
 	}
 	defer store.Close()
+	host, err := executor.New(ctx, executor.Config{
+		Root: filepath.Join(o.dir, "runtime"), Backend: backend, Store: store,
+		Defaults: executor.Defaults{Image: o.image, Timeout: 5 * time.Minute},
+	})
+	if err != nil {
+		return err
+	}
+	defer host.Close(context.WithoutCancel(ctx))
 	client := workerclient.New(o.server, bearer)
-	_, err = taskrun.Execute(ctx, taskrun.RunTaskInput{
-		Task:            &model.Task{ID: "bench", UserID: "bench", ConversationID: "bench"},
-		Run:             &model.TaskRun{ID: "throughput", TaskID: "bench"},
-		SessionID:       "bench",
-		Paths:           taskrun.NewRuntimePathsFromRoot(filepath.Join(o.dir, "runtime")),
-		Persist:         store,
-		ArtifactStorage: store,
-		Updater:         client,
-		StreamSender:    client.Stream(),
-		Sandbox:         backend,
-		Image:           o.image,
-		Command:         ddCommand(o.sizeMiB),
-		Labels:          map[string]string{labelBench: o.benchID},
-		Timeout:         5 * time.Minute,
+	_, err = host.Run(ctx, executor.Spec{
+		Task:         &model.Task{ID: "bench", UserID: "bench", ConversationID: "bench"},
+		Run:          &model.TaskRun{ID: "throughput", TaskID: "bench"},
+		SessionID:    "bench",
+		Updater:      client,
+		StreamSender: client.Stream(),
+		Command:      ddCommand(o.sizeMiB),
+		Labels:       map[string]string{labelBench: o.benchID},
 	})
 	return err
 }

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox/docker"
@@ -21,13 +21,14 @@ import (
 // warmTargetMedian is the warm pool's first-byte target.
 const warmTargetMedian = 30 * time.Millisecond
 
-// warmEnv is a pool on a backend of its own (labelled with an instance ID,
-// as an executor's is) and runs with the self-check, cold or warm.
+// warmEnv is two hosts on one backend of their own (labelled with an
+// instance ID, as an executor's is) and one runs root, both configured as
+// taskrun run's: warm with a pool, cold without.
 type warmEnv struct {
 	*env
-	backend *docker.Backend
-	pool    *warmpool.Pool
-	root    string
+	backend    *docker.Backend
+	warm, cold *executor.Host
+	pool       *warmpool.Pool
 }
 
 func newWarmEnv(ctx context.Context, e *env, perKey int) (*warmEnv, error) {
@@ -39,42 +40,49 @@ func newWarmEnv(ctx context.Context, e *env, perKey int) (*warmEnv, error) {
 	if err != nil {
 		return nil, err
 	}
+	w := &warmEnv{env: e, backend: backend}
 	root, err := e.tempDir("warm-")
 	if err != nil {
-		backend.Close()
+		w.close()
 		return nil, err
 	}
-	pool, err := warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), DiskCapTemplates: taskrun.DiskCapTemplatesDir(root), Instance: inst,
-		PerKey: perKey, MaxSlots: perKey, FillConcurrency: 4})
-	if err != nil {
-		backend.Close()
+	cfg := e.hostConfig(root)
+	cfg.Backend, cfg.Executor = backend, instance.Info{ID: inst}
+	if w.cold, err = executor.New(ctx, cfg); err != nil {
+		w.close()
 		return nil, err
 	}
-	return &warmEnv{env: e, backend: backend, pool: pool, root: root}, nil
+	cfg.Warm = &executor.Warm{PerKey: perKey, MaxSlots: perKey, FillConcurrency: 4}
+	if w.warm, err = executor.New(ctx, cfg); err != nil {
+		w.close()
+		return nil, err
+	}
+	w.pool = w.warm.WarmPool()
+	return w, nil
 }
 
 func (w *warmEnv) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_ = w.pool.Close(ctx)
+	for _, h := range []*executor.Host{w.warm, w.cold} {
+		if h != nil {
+			_ = h.Close(ctx)
+		}
+	}
 	w.backend.Close()
 }
 
-// input is a run of cmd with the self-check, on the pool's backend; warm
-// sets the pool.
-func (w *warmEnv) input(runID string, warm bool, cmd ...string) taskrun.RunTaskInput {
-	in := w.env.input(w.root, runID, &statusUpdater{}, cmd...)
-	in.Sandbox = w.backend
-	in.HelpersDir = w.c.helpersDir
+// host is the warm host, or the cold one.
+func (w *warmEnv) host(warm bool) *executor.Host {
 	if warm {
-		in.WarmPool = w.pool
+		return w.warm
 	}
-	return in
+	return w.cold
 }
 
-// waitReady waits for n parked containers of in's key.
-func (w *warmEnv) waitReady(ctx context.Context, in taskrun.RunTaskInput, n int) error {
-	tmpl, err := taskrun.WarmTemplate(ctx, in)
+// waitReady waits for n parked containers of spec's key.
+func (w *warmEnv) waitReady(ctx context.Context, spec executor.Spec, n int) error {
+	tmpl, err := w.warm.WarmTemplate(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -112,17 +120,17 @@ func warmFirstByte(ctx context.Context, e *env) ([]row, error) {
 			if warm {
 				name = "warm"
 			}
-			in := w.input(fmt.Sprintf("%s-first-%d", name, i), warm, "echo", "x")
+			spec := w.spec(fmt.Sprintf("%s-first-%d", name, i), &statusUpdater{}, "echo", "x")
 			if warm {
-				if err := w.waitReady(ctx, in, 1); err != nil {
+				if err := w.waitReady(ctx, spec, 1); err != nil {
 					return 0, err
 				}
 			}
 			f := &firstByte{start: time.Now()}
-			in.Stdout = f
-			out, err := taskrun.Execute(ctx, in)
+			spec.Stdout = f
+			out, err := w.host(warm).Run(ctx, spec)
 			if err == nil && out.Status != model.StatusSucceeded {
-				err = errors.New("run " + in.Run.ID + " ended " + string(out.Status))
+				err = errors.New("run " + spec.Run.ID + " ended " + string(out.Status))
 			}
 			if err != nil {
 				return 0, err
@@ -207,8 +215,8 @@ func warmThroughput(ctx context.Context, e *env) ([]row, error) {
 					if warm {
 						name = "warm"
 					}
-					in := w.input(fmt.Sprintf("%s-tp-%d", name, i), warm, "sh", "-c", "echo $TASKRUN_RUN_ID")
-					if err := runTask(ctx, in); err != nil && errs[g] == nil {
+					spec := w.spec(fmt.Sprintf("%s-tp-%d", name, i), &statusUpdater{}, "sh", "-c", "echo $TASKRUN_RUN_ID")
+					if err := w.runOn(ctx, w.host(warm), "", spec); err != nil && errs[g] == nil {
 						errs[g] = err
 					}
 				}
@@ -217,7 +225,7 @@ func warmThroughput(ctx context.Context, e *env) ([]row, error) {
 		wg.Wait()
 		return time.Since(start), errors.Join(errs...)
 	}
-	if err := w.waitReady(ctx, w.input("probe", true, "sh", "-c", "echo $TASKRUN_RUN_ID"), concurrency); err != nil {
+	if err := w.waitReady(ctx, w.spec("probe", &statusUpdater{}, "sh", "-c", "echo $TASKRUN_RUN_ID"), concurrency); err != nil {
 		return nil, err
 	}
 	before := w.pool.Stats()

@@ -14,6 +14,7 @@ import (
 	"github.com/taskrun/taskrun/controlplane/client"
 	"github.com/taskrun/taskrun/controlplane/server"
 	"github.com/taskrun/taskrun/controlplane/sqlite"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/worker"
 	"github.com/taskrun/taskrun/workerclient"
@@ -33,6 +34,11 @@ func workerThroughput(ctx context.Context, e *env) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
+	host, err := e.host(ctx, root)
+	if err != nil {
+		return nil, err
+	}
+	defer host.Close(context.WithoutCancel(ctx))
 	sem := make(chan struct{}, workerSlots)
 	var wg sync.WaitGroup
 	errs := make([]error, n)
@@ -43,7 +49,7 @@ func workerThroughput(ctx context.Context, e *env) ([]row, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			errs[i] = concurrentRun(ctx, e, root, fmt.Sprintf("direct-%d", i))
+			errs[i] = concurrentRun(ctx, e, host, fmt.Sprintf("direct-%d", i))
 		}()
 	}
 	wg.Wait()
@@ -111,14 +117,16 @@ func throughWorker(ctx context.Context, e *env, n int) (time.Duration, error) {
 		ids[i] = resp.RunID
 	}
 
-	tmpl := e.input(root, "unused", nil)
-	tmpl.Task, tmpl.Run, tmpl.Updater = nil, nil, nil
+	host, err := executor.New(ctx, e.hostConfig(root))
+	if err != nil {
+		return 0, err
+	}
+	defer host.Close(context.WithoutCancel(ctx))
 	w, err := worker.New(worker.Config{
 		Client:      workerclient.New(hs.URL, workerToken),
 		WorkerID:    "bench",
 		Slots:       workerSlots,
-		Root:        root,
-		Template:    tmpl,
+		Host:        host,
 		Labels:      workerclient.WorkerLabels{Runtimes: []string{"runc"}, Backend: "docker"},
 		MemoryBytes: 64 << 30,
 		LeaseWait:   time.Second,

@@ -86,14 +86,24 @@ func LoadPolicy(path string) (Policy, error) {
 	if err != nil {
 		return Policy{}, fmt.Errorf("%w: read %s: %w", ErrBadPolicy, path, err)
 	}
+	p, err := ParsePolicy(data)
+	if err != nil {
+		return Policy{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return p, nil
+}
+
+// ParsePolicy decodes a JSON policy (the format LoadPolicy reads; unknown
+// fields are refused) and validates it.
+func ParsePolicy(data []byte) (Policy, error) {
 	var p Policy
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
-		return Policy{}, fmt.Errorf("%w: %s: %w (see the egress policy format in README.md)", ErrBadPolicy, path, err)
+		return Policy{}, fmt.Errorf("%w: %w (see the egress policy format in README.md)", ErrBadPolicy, err)
 	}
 	if err := p.Validate(); err != nil {
-		return Policy{}, fmt.Errorf("%s: %w", path, err)
+		return Policy{}, err
 	}
 	return p, nil
 }

@@ -98,6 +98,22 @@ func TestLoadPolicy(t *testing.T) {
 	}
 }
 
+func TestParsePolicy(t *testing.T) {
+	p, err := ParsePolicy([]byte(`{"rules": [{"host": "proxy.golang.org", "port": 443}], "max_connections": 3}`))
+	require.NoError(t, err)
+	assert.Equal(t, []Rule{{Host: "proxy.golang.org", Port: 443}}, p.Rules)
+	assert.Equal(t, 3, p.MaxConnections)
+
+	for name, body := range map[string]string{
+		"not json": `{"rules": [`,
+		"unknown":  `{"rulez": []}`,
+		"invalid":  `{"rules": [{"host": "a.test", "methods": ["get"]}]}`,
+	} {
+		_, err := ParsePolicy([]byte(body))
+		require.ErrorIs(t, err, ErrBadPolicy, name)
+	}
+}
+
 func TestBuildPolicy(t *testing.T) {
 	p, err := BuildPolicy("", nil, nil)
 	require.NoError(t, err)

@@ -41,9 +41,9 @@ func (w *Worker) capacity(ctx context.Context) (workerclient.Capacity, string) {
 	if c.FreeMemoryBytes < w.runMemory(0) && ready == 0 {
 		return c, skipMemory
 	}
-	free, err := w.cfg.FreeDisk(w.cfg.Root)
+	free, err := w.cfg.FreeDisk(w.cfg.Host.Layout().Root())
 	if err != nil {
-		w.log.Warn("measure free disk", "root", w.cfg.Root, "err", err)
+		w.log.Warn("measure free disk", "root", w.cfg.Host.Layout().Root(), "err", err)
 		return c, skipDisk
 	}
 	// The runs held may still grow to their caps.
@@ -57,24 +57,24 @@ func (w *Worker) capacity(ctx context.Context) (workerclient.Capacity, string) {
 	return c, ""
 }
 
-// runMemory is a run's memory limit: limit, or the template's.
+// runMemory is a run's memory limit: limit, or the host's default.
 func (w *Worker) runMemory(limit int64) int64 {
 	if limit > 0 {
 		return limit
 	}
-	return w.cfg.Template.Policy.MemoryBytes
+	return w.cfg.Host.Defaults().Policy.MemoryBytes
 }
 
 // runDisk is the disk a run may take: its disk cap and output spools.
 func (w *Worker) runDisk(diskLimit, maxOutput int64) int64 {
 	if diskLimit == 0 {
-		diskLimit = w.cfg.Template.DiskLimitBytes
+		diskLimit = w.cfg.Host.Defaults().DiskLimitBytes
 	}
 	if diskLimit == 0 {
 		diskLimit = taskrun.DefaultDiskLimitBytes
 	}
 	if maxOutput == 0 {
-		maxOutput = w.cfg.Template.MaxOutputBytes
+		maxOutput = w.cfg.Host.Defaults().MaxOutputBytes
 	}
 	if maxOutput == 0 {
 		maxOutput = taskrun.DefaultMaxOutputBytes
@@ -91,7 +91,7 @@ func (w *Worker) labels(ctx context.Context) workerclient.WorkerLabels {
 
 // presentImages are the offered images the engine has locally.
 func (w *Worker) presentImages(ctx context.Context) []string {
-	ic, ok := w.cfg.Template.Sandbox.(sandbox.ImageChecker)
+	ic, ok := w.cfg.Host.Backend().(sandbox.ImageChecker)
 	if !ok {
 		return w.cfg.Images
 	}

@@ -13,8 +13,8 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/fencedstore"
-	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
@@ -86,7 +86,7 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 	}()
 
 	log.Info("run leased", "task", a.Task.ID, "image", a.Image)
-	in, cleanup, err := w.input(ctx, a, g)
+	spec, cleanup, err := w.spec(ctx, a, g)
 	defer cleanup()
 	if err == nil {
 		err = misfit
@@ -97,7 +97,7 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 		w.refuse(ctx, g, a, err)
 		return
 	}
-	out, err := taskrun.Execute(ctx, in)
+	out, err := w.cfg.Host.Run(ctx, spec)
 	status := model.StatusFailed
 	if out != nil {
 		status = out.Status
@@ -133,7 +133,7 @@ func (w *Worker) lose(log *slog.Logger, cancel context.CancelCauseFunc, err erro
 func (w *Worker) refuse(ctx context.Context, g *gate, a *workerclient.Assignment, cause error) {
 	msg := "worker cannot place the run: " + cause.Error()
 	now := time.Now().UnixMilli()
-	hard, stop := graceContext(ctx, w.cfg.Template.ShutdownGrace)
+	hard, stop := graceContext(ctx, w.cfg.Host.ShutdownGrace())
 	defer stop()
 	rctx, cancel := context.WithTimeout(hard, taskrun.DefaultReportTimeout)
 	defer cancel()
@@ -222,102 +222,85 @@ func (w *Worker) renew(ctx context.Context, log *slog.Logger, l workerclient.Lea
 	}
 }
 
-// input builds the run's RunTaskInput from the template and the assignment.
-// cleanup removes what it created (the downloaded workspace).
-func (w *Worker) input(ctx context.Context, a *workerclient.Assignment, g *gate) (taskrun.RunTaskInput, func(), error) {
-	in := w.cfg.Template
+// spec is the run's executor.Spec: the assignment's task and requests on
+// top of the host's defaults, fenced with the lease. cleanup removes what
+// it created (the downloaded workspace).
+func (w *Worker) spec(ctx context.Context, a *workerclient.Assignment, g *gate) (executor.Spec, func(), error) {
 	task, run := a.Task, a.Run
 	run.Status = model.StatusRunning
-	in.Task, in.Run, in.SessionID = &task, &run, a.SessionID
-	in.Updater, in.StreamSender = g, g
-	if in.Persist != nil && in.ArtifactStorage != nil {
+	spec := executor.Spec{
+		Task: &task, Run: &run, SessionID: a.SessionID,
+		Updater: g, StreamSender: g,
 		// Every write of the run's objects confirms its lease first; once
 		// the lease is lost, nothing more is stored.
-		fenced := fencedstore.New(in.Persist, in.ArtifactStorage, g.confirm, w.log.With("run", a.Lease.RunID, "epoch", a.Lease.Epoch))
-		in.Persist, in.ArtifactStorage = fenced, fenced
-	}
-	if in.ControlPlane != nil {
-		cp := *in.ControlPlane
-		cp.Fence, cp.LeaseToken = a.Lease.Epoch, a.Lease.Token
-		in.ControlPlane = &cp
-	} else {
-		in.ControlPlane = &journal.ControlPlane{Fence: a.Lease.Epoch, LeaseToken: a.Lease.Token}
+		Lease:   &executor.Lease{Epoch: a.Lease.Epoch, Token: a.Lease.Token, Confirm: g.confirm},
+		Image:   a.Image,
+		Command: a.Command,
 	}
 	dir := w.workspaceDir(a.Lease.RunID, a.Lease.Epoch)
 	cleanup := func() { w.removeAll(dir) }
-	if a.Image != "" {
-		in.Image = a.Image
-	}
+	policy := w.cfg.Host.Defaults().Policy
 	if a.Runtime != "" {
 		if len(w.cfg.Labels.Runtimes) > 0 && !slices.Contains(w.cfg.Labels.Runtimes, a.Runtime) {
-			return in, cleanup, fmt.Errorf("runtime %q is not one of this worker's (%v)", a.Runtime, w.cfg.Labels.Runtimes)
+			return spec, cleanup, fmt.Errorf("runtime %q is not one of this worker's (%v)", a.Runtime, w.cfg.Labels.Runtimes)
 		}
-		in.Policy.Runtime = a.Runtime
-	}
-	if len(a.Command) > 0 {
-		in.Command = a.Command
+		policy.Runtime = a.Runtime
 	}
 	if len(a.Env) > 0 {
 		if err := config.CheckEnv(a.Env); err != nil {
-			return in, cleanup, err
+			return spec, cleanup, err
 		}
-		in.Env = append(slices.Clone(in.Env), a.Env...)
+		spec.Env = slices.Clone(a.Env)
 	}
 	// The assignment is a tenant's request: its limits within the
 	// operator's maxima, its egress granted by the operator's policy.
 	lim := a.Limits
 	if err := w.cfg.RunMaxima.Check(lim); err != nil {
-		return in, cleanup, err
+		return spec, cleanup, err
 	}
 	if lim.TimeoutMillis > 0 {
-		in.Timeout = time.Duration(lim.TimeoutMillis) * time.Millisecond
+		spec.Timeout = time.Duration(lim.TimeoutMillis) * time.Millisecond
 	}
 	if lim.MemoryBytes > 0 {
-		in.Policy.MemoryBytes = lim.MemoryBytes
+		policy.MemoryBytes = lim.MemoryBytes
 	}
 	if lim.CPUs > 0 {
-		in.Policy.NanoCPUs = int64(lim.CPUs * 1e9)
+		policy.NanoCPUs = int64(lim.CPUs * 1e9)
 	}
 	if lim.PIDs > 0 {
-		in.Policy.PidsLimit = lim.PIDs
+		policy.PidsLimit = lim.PIDs
 	}
-	if lim.DiskBytes > 0 {
-		in.DiskLimitBytes = lim.DiskBytes
-	}
-	if lim.MaxOutputBytes > 0 {
-		in.MaxOutputBytes = lim.MaxOutputBytes
-	}
-	in.Model = config.ModelEntry{}
+	spec.Policy = &policy
+	spec.DiskLimitBytes, spec.MaxOutputBytes = lim.DiskBytes, lim.MaxOutputBytes
 	if a.Model != "" {
 		if w.cfg.Models == nil {
-			return in, cleanup, fmt.Errorf("model %q: this worker has no models configured", a.Model)
+			return spec, cleanup, fmt.Errorf("model %q: this worker has no models configured", a.Model)
 		}
 		m, err := w.cfg.Models(a.Model)
 		if err != nil {
-			return in, cleanup, fmt.Errorf("model %q: %w", a.Model, err)
+			return spec, cleanup, fmt.Errorf("model %q: %w", a.Model, err)
 		}
-		in.Model = m
+		spec.Model = m
 	}
 	if lim.MaxTokens > 0 {
-		in.Model.MaxTokens = int(lim.MaxTokens)
+		spec.Model.MaxTokens = int(lim.MaxTokens)
 	}
 	req, err := egress.ParseTenantRequest(a.Egress)
 	if err != nil {
-		return in, cleanup, err
+		return spec, cleanup, err
 	}
-	if in.Egress, err = w.cfg.Egress.Grant(a.Task.UserID, req); err != nil {
-		return in, cleanup, err
+	if spec.Egress, err = w.cfg.Egress.Grant(a.Task.UserID, req); err != nil {
+		return spec, cleanup, err
 	}
+	task.WorkspaceDir = ""
 	if a.Workspace != nil {
 		home, err := w.fetchWorkspace(ctx, a.Workspace, dir)
 		if err != nil {
-			return in, cleanup, fmt.Errorf("workspace %s: %w", a.Workspace.Key, err)
+			return spec, cleanup, fmt.Errorf("workspace %s: %w", a.Workspace.Key, err)
 		}
 		task.WorkspaceDir = home
-	} else {
-		task.WorkspaceDir = ""
 	}
-	return in, cleanup, nil
+	return spec, cleanup, nil
 }
 
 // gate is a leased run's updater and stream sender: a client fenced with

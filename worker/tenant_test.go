@@ -97,6 +97,7 @@ func TestWorkerRunsWhatIsWithinItsMaxima(t *testing.T) {
 
 func TestWorkerNewRefusesADefaultOverItsMaximum(t *testing.T) {
 	f := newFixture(t)
+	f.buildHost(t)
 	f.cfg.RunMaxima = runlimits.Maxima{PIDs: 100}
 	_, err := worker.New(f.cfg)
 	require.ErrorIs(t, err, runlimits.ErrOverMaximum)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
@@ -20,36 +20,38 @@ const warmCloseTimeout = 2 * time.Minute
 const warmID = "warm"
 
 // warmTemplate is the pool key of a run that takes every default of the
-// worker's template (its image, runtime and policy): the key Config.WarmPool
-// keeps ready.
+// worker's host (its image, runtime and policy): the key the host's warm
+// pool keeps ready.
 func (w *Worker) warmTemplate(ctx context.Context) (warmpool.Template, error) {
-	in := w.cfg.Template
-	in.Task = &model.Task{ID: warmID, UserID: warmID, ConversationID: warmID}
-	in.Run = &model.TaskRun{ID: warmID, TaskID: warmID}
-	in.SessionID = warmID
-	in.Updater = nopUpdater{}
-	return taskrun.WarmTemplate(ctx, in)
+	return w.cfg.Host.WarmTemplate(ctx, executor.Spec{
+		Task:      &model.Task{ID: warmID, UserID: warmID, ConversationID: warmID},
+		Run:       &model.TaskRun{ID: warmID, TaskID: warmID},
+		SessionID: warmID,
+		Updater:   nopUpdater{},
+	})
 }
 
 // keepWarm asks the pool to keep tmpl's slots ready (it forgets a key no
 // run claimed for its MaxIdle otherwise).
 func (w *Worker) keepWarm(tmpl *warmpool.Template) {
-	if w.cfg.WarmPool == nil || tmpl == nil {
+	pool := w.cfg.Host.WarmPool()
+	if pool == nil || tmpl == nil {
 		return
 	}
-	if err := w.cfg.WarmPool.Warm(*tmpl); err != nil {
+	if err := pool.Warm(*tmpl); err != nil {
 		w.log.Warn("keep warm containers", "err", err)
 	}
 }
 
 // closeWarm removes the pool's parked containers once the runs drained.
 func (w *Worker) closeWarm() {
-	if w.cfg.WarmPool == nil {
+	pool := w.cfg.Host.WarmPool()
+	if pool == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), warmCloseTimeout)
 	defer cancel()
-	if err := w.cfg.WarmPool.Close(ctx); err != nil {
+	if err := pool.Close(ctx); err != nil {
 		w.log.Warn("close the warm pool", "err", err)
 	}
 }
@@ -57,10 +59,10 @@ func (w *Worker) closeWarm() {
 // warmReserved is the memory the pool's parked and filling containers may
 // take: each holds a run's memory limit until a run claims it.
 func (w *Worker) warmReserved() (reserved int64, ready int) {
-	if w.cfg.WarmPool == nil {
+	if w.cfg.Host.WarmPool() == nil {
 		return 0, 0
 	}
-	s := w.cfg.WarmPool.Stats()
+	s := w.cfg.Host.WarmPool().Stats()
 	return int64(s.Ready+s.Filling) * w.runMemory(0), s.Ready
 }
 

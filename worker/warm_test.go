@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/internal/testbin"
@@ -41,26 +41,22 @@ func TestWorkerRunsTakeWarmContainers(t *testing.T) {
 	t.Cleanup(func() { _ = backend.Close() })
 	uids, err := uidpool.New(filepath.Join(t.TempDir(), "uids"), uidpool.Range{First: 293000, Last: 293099})
 	require.NoError(t, err)
-	pool, err := warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(f.cfg.Root), Instance: inst,
-		UIDs: uids, PerKey: 1, MaxSlots: 1, Logger: f.cfg.Logger})
-	require.NoError(t, err)
 	mine := map[string]string{sandbox.LabelInstance: inst}
-	t.Cleanup(func() {
-		_ = pool.Close(context.Background()) // no-op once the worker closed it
-		_ = runtest.RemoveContainers(context.Background(), mine)
-	})
+	t.Cleanup(func() { _ = runtest.RemoveContainers(context.Background(), mine) })
 
-	f.cfg.Template.Sandbox = backend
-	f.cfg.Template.Image = testImage
-	f.cfg.Template.Pull = sandbox.PullNever
-	f.cfg.Template.HelpersDir = testbin.Dir(t)
-	f.cfg.Template.UIDs = uids
-	f.cfg.Template.DiskLimitBytes = 0 // the default loop-mounted cap, as in production
+	f.host.Backend = backend
+	f.host.Executor = instance.Info{ID: inst}
+	f.host.Defaults.Image = testImage
+	f.host.Pull = sandbox.PullNever
+	f.host.HelpersDir = testbin.Dir(t)
+	f.host.UIDs = uids
+	f.host.Defaults.DiskLimitBytes = 0 // the default loop-mounted cap, as in production
+	f.host.Warm = &executor.Warm{PerKey: 1, MaxSlots: 1}
 	f.cfg.Images = nil
 	f.cfg.Slots = 1
 	f.cfg.MemoryBytes = 8 << 30
-	f.cfg.WarmPool = pool
 	_, stop := f.start(t)
+	pool := f.cfg.Host.WarmPool()
 
 	// The worker warms its default key before any run is leased.
 	var parked []string
@@ -93,7 +89,7 @@ func TestWorkerRunsTakeWarmContainers(t *testing.T) {
 
 	// A parked container holds a run's memory limit back from the capacity
 	// the worker reports.
-	mem := f.cfg.Template.Policy.MemoryBytes
+	mem := f.cfg.Host.Defaults().Policy.MemoryBytes
 	require.Eventually(t, func() bool { return pool.Stats().Ready == 1 }, 2*time.Minute, 50*time.Millisecond, "the pool refilled")
 	before := len(f.cp.LeaseRequests())
 	require.Eventually(t, func() bool { return len(f.cp.LeaseRequests()) > before }, 30*time.Second, 20*time.Millisecond)

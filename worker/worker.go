@@ -1,6 +1,6 @@
 // Package worker is the long-lived host executor: it leases runs from a
 // control plane (docs/control-plane-api.md, "Leasing") and executes each
-// through taskrun.Execute, up to Config.Slots at once.
+// on its executor.Host, up to Config.Slots at once.
 //
 // # Lifecycle
 //
@@ -9,10 +9,10 @@
 //	err = w.Run(ctx)            // until ctx ends, then drains
 //
 // Run first recovers what an earlier worker process on this host left
-// (Config.Recover: journaled runs of dead executors are stored and reported,
+// (executor.Host.Recover: journaled runs of dead executors are stored and reported,
 // their containers and mounts reaped), and only then becomes ready and leases.
 // It keeps retrying, in the background, runs whose persisting failed
-// (Config.RetryKept, driven by recovery.RetryLoop).
+// (executor.Host.RetryKept, driven by recovery.RetryLoop).
 //
 // The lease loop asks for a run (a long poll) only while it has a free slot
 // and room to place one: free disk under the runs root, memory not yet
@@ -37,7 +37,7 @@
 // abandoned), lets the live runs finish within Config.DrainGrace, then
 // cancels those still running with the cause ErrShuttingDown: they report
 // CANCELLED with the reason "run cancelled: worker shutting down". Run returns
-// nil once every run has reported (each bounded by the template's
+// nil once every run has reported (each bounded by the host's
 // ShutdownGrace).
 package worker
 
@@ -57,13 +57,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/internal/backoff"
 	"github.com/taskrun/taskrun/recovery"
 	"github.com/taskrun/taskrun/runlimits"
-	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -93,8 +92,8 @@ type WorkspaceStore interface {
 	Open(ctx context.Context, key string) (io.ReadCloser, error)
 }
 
-// Config is a worker's setup. Client, WorkerID, Slots, Root and
-// Template.Sandbox are required.
+// Config is a worker's setup. Client, WorkerID, Slots and Host are
+// required.
 type Config struct {
 	// Client speaks to the control plane with the worker token.
 	Client *workerclient.Client
@@ -102,19 +101,17 @@ type Config struct {
 	WorkerID string
 	// Slots is how many runs may execute at once.
 	Slots int
-	// Root is the runs root: free disk is measured there, and downloaded
-	// workspaces are unpacked under it.
-	Root string
-	// Template is the RunTaskInput every run starts from: Paths, Persist,
-	// ArtifactStorage, Sandbox, Policy, Helpers, UIDs, Executor, StoreURL,
-	// ControlPlane, ShutdownGrace, Logger and the default Image, Timeout,
-	// DiskLimitBytes and MaxOutputBytes. The worker fills in the task, run,
-	// session, updater, stream sender and whatever the assignment sets.
-	Template taskrun.RunTaskInput
+	// Host is the machine the runs execute on (package executor): its
+	// backend, store, runs root (free disk is measured there, downloaded
+	// workspaces are unpacked under it), warm pool, and the defaults every
+	// run starts from (image, policy, limits). The worker fills in each
+	// run's task, session, lease and whatever the assignment sets.
+	Host *executor.Host
 	// Labels are sent with every lease request. Images is replaced by those
 	// of Images that are present locally at the time of the request.
 	Labels workerclient.WorkerLabels
-	// Images are the images the worker offers; Template.Image when empty.
+	// Images are the images the worker offers; the host's default image
+	// when empty.
 	Images []string
 	// MemoryBytes is the memory the worker may grant runs in all (the sum of
 	// their limits); the host's MemTotal when zero.
@@ -129,34 +126,27 @@ type Config struct {
 	Models func(name string) (config.ModelEntry, error)
 	// Egress is the operator's egress configuration. A run's egress policy
 	// is what it grants the run's tenant for the assignment's request
-	// (egress.Operator.Grant); Template.Egress is not used. The zero value
+	// (egress.Operator.Grant). The zero value
 	// gives every run no network and refuses a run asking for any.
 	Egress egress.Operator
 	// RunMaxima are the largest limits an assignment may ask for (zero
 	// fields: runlimits.Default); an assignment over one is refused. The
-	// Template's defaults must be within them.
+	// host's defaults must be within them.
 	RunMaxima runlimits.Maxima
 	// LeaseWait is how long one lease call may be held: DefaultLeaseWait.
 	LeaseWait time.Duration
 	// DrainGrace is how long live runs may go on once Run's ctx ended:
 	// DefaultDrainGrace when zero.
 	DrainGrace time.Duration
-	// Recover, when set, is called once before the first lease: it finishes
-	// what earlier executors on this host left. Its error is logged.
-	Recover func(ctx context.Context) error
-	// RetryKept, when set, retries every kept run once and returns how many
-	// are still kept; Run calls it in the background (recovery.RetryLoop).
+	// Recover is called once before the first lease: it finishes what
+	// earlier executors on this host left; Host.Recover when nil.
+	Recover func(ctx context.Context)
+	// RetryKept retries every kept run once and returns how many are still
+	// kept; Run calls it in the background (recovery.RetryLoop);
+	// Host.RetryKept when nil.
 	RetryKept func(ctx context.Context) int
 	// RetryBackoff spaces RetryKept; recovery.DefaultBackoff when zero.
 	RetryBackoff recovery.Backoff
-	// WarmPool, when set, is the warm pool (package warmpool) every run
-	// claims its container from: it must run on Template.Sandbox, lease
-	// uids from Template.UIDs and live under taskrun.PoolDir(Root). The
-	// worker keeps its template's key warm (its default image, runtime
-	// and policy), counts the parked containers' memory limits against
-	// MemoryBytes, exports the pool's state as metrics, and closes the
-	// pool when Run returns.
-	WarmPool *warmpool.Pool
 	// Registry receives the worker's metrics; a new registry when nil.
 	Registry *prometheus.Registry
 	// FreeDisk measures the free bytes of a directory; statfs when nil.
@@ -192,27 +182,21 @@ func New(cfg Config) (*Worker, error) {
 		return nil, errors.New("worker: Config.WorkerID is required")
 	case cfg.Slots <= 0:
 		return nil, fmt.Errorf("worker: %d slots: give at least 1", cfg.Slots)
-	case cfg.Root == "":
-		return nil, errors.New("worker: Config.Root is required")
-	case cfg.Template.Sandbox == nil:
-		return nil, errors.New("worker: Config.Template.Sandbox is required")
+	case cfg.Host == nil:
+		return nil, errors.New("worker: Config.Host is required: build it with executor.New")
+	case cfg.Host.Backend() == nil:
+		return nil, errors.New("worker: the host has no backend: set executor.Config.Backend")
 	}
-	if cfg.Template.Image == "" {
-		cfg.Template.Image = taskrun.DefaultImage
-	}
+	def := cfg.Host.Defaults()
 	if len(cfg.Images) == 0 {
-		cfg.Images = []string{cfg.Template.Image}
-	}
-	if cfg.Template.Policy.MemoryBytes == 0 {
-		cfg.Template.Policy = sandbox.DefaultPolicy()
+		cfg.Images = []string{def.Image}
 	}
 	if err := cfg.Egress.Validate(); err != nil {
 		return nil, fmt.Errorf("worker: the operator's egress: %w", err)
 	}
 	cfg.RunMaxima = cfg.RunMaxima.WithDefaults()
-	tp := cfg.Template
-	if err := cfg.RunMaxima.CheckDefaults(runlimits.Maxima{Timeout: tp.Timeout, MemoryBytes: tp.Policy.MemoryBytes,
-		CPUs: float64(tp.Policy.NanoCPUs) / 1e9, PIDs: tp.Policy.PidsLimit, DiskBytes: tp.DiskLimitBytes, MaxOutputBytes: tp.MaxOutputBytes}); err != nil {
+	if err := cfg.RunMaxima.CheckDefaults(runlimits.Maxima{Timeout: def.Timeout, MemoryBytes: def.Policy.MemoryBytes,
+		CPUs: float64(def.Policy.NanoCPUs) / 1e9, PIDs: def.Policy.PidsLimit, DiskBytes: def.DiskLimitBytes, MaxOutputBytes: def.MaxOutputBytes}); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	if cfg.LeaseWait <= 0 {
@@ -244,18 +228,20 @@ func New(cfg Config) (*Worker, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	if cfg.Template.Logger == nil {
-		cfg.Template.Logger = log
+	if cfg.Recover == nil {
+		cfg.Recover = cfg.Host.Recover
 	}
-	cfg.Template.WarmPool = cfg.WarmPool
+	if cfg.RetryKept == nil {
+		cfg.RetryKept = cfg.Host.RetryKept
+	}
 	w := &Worker{cfg: cfg, log: log, reg: cfg.Registry, live: map[string]*liveRun{}, freed: make(chan struct{})}
 	m, err := newMetrics(cfg.Registry, cfg.Slots)
 	if err != nil {
 		return nil, err
 	}
 	w.metrics = m
-	if cfg.WarmPool != nil {
-		if err := registerWarm(cfg.Registry, cfg.WarmPool); err != nil {
+	if pool := cfg.Host.WarmPool(); pool != nil {
+		if err := registerWarm(cfg.Registry, pool); err != nil {
 			return nil, err
 		}
 	}
@@ -303,13 +289,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	// The parked containers go once the runs that may claim them drained.
 	defer w.closeWarm()
 
-	if w.cfg.Recover != nil {
-		if err := w.cfg.Recover(ctx); err != nil {
-			w.log.Warn("start-up recovery", "err", err)
-		}
-	}
+	w.cfg.Recover(ctx)
 	var warm *warmpool.Template
-	if w.cfg.WarmPool != nil {
+	if w.cfg.Host.WarmPool() != nil {
 		t, err := w.warmTemplate(ctx)
 		if err != nil {
 			w.log.Warn("no warm containers for the default runs: runs start cold", "err", err)
@@ -324,9 +306,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	retryDone := make(chan struct{})
 	go func() {
 		defer close(retryDone)
-		if w.cfg.RetryKept != nil {
-			recovery.RetryLoop(retryCtx, w.cfg.RetryBackoff, w.cfg.RetryKept, nil)
-		}
+		recovery.RetryLoop(retryCtx, w.cfg.RetryBackoff, w.cfg.RetryKept, nil)
 	}()
 
 	w.leaseLoop(ctx, runsCtx, warm)
@@ -434,7 +414,7 @@ func sleep(ctx context.Context, d time.Duration) {
 
 // workspaceDir is where a run's downloaded workspace is unpacked.
 func (w *Worker) workspaceDir(runID string, epoch int64) string {
-	return filepath.Join(w.cfg.Root, "worker-workspaces", fmt.Sprintf("%s.%d", runID, epoch))
+	return filepath.Join(w.cfg.Host.Layout().WorkerWorkspacesDir(), fmt.Sprintf("%s.%d", runID, epoch))
 }
 
 // removeAll removes dir, logging a failure.

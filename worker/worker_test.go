@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/recovery"
@@ -47,6 +47,9 @@ type fixture struct {
 	store *persist.Store
 	reg   *prometheus.Registry
 	cfg   worker.Config
+	// host configures the worker's host, built by start unless cfg.Host
+	// is set.
+	host executor.Config
 	// release ends every "/agent/wait" container.
 	release chan struct{}
 	// terminated counts the "/agent/wait" containers asked to stop
@@ -94,21 +97,8 @@ func newFixture(t *testing.T, opts ...sandboxfake.Option) *fixture {
 	f.cfg = worker.Config{
 		Client: workerclient.New(f.cp.URL(), token, workerclient.WithAttemptTimeout(2*time.Second),
 			workerclient.WithRetryPolicy(workerclient.RetryPolicy{MaxAttempts: 3, MaxElapsed: 2 * time.Second, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})),
-		WorkerID: "test-worker",
-		Slots:    2,
-		Root:     root,
-		Template: taskrun.RunTaskInput{
-			Paths:           taskrun.NewRuntimePathsFromRoot(root),
-			Persist:         store,
-			ArtifactStorage: store,
-			Sandbox:         f.b,
-			Image:           "fake/agent",
-			Timeout:         time.Minute,
-			DiskLimitBytes:  -1, // the loop-mounted cap is tested with Docker
-			MaxOutputBytes:  1 << 20,
-			Policy:          sandbox.DefaultPolicy(),
-			ShutdownGrace:   10 * time.Second,
-		},
+		WorkerID:    "test-worker",
+		Slots:       2,
 		Labels:      workerclient.WorkerLabels{Runtimes: []string{"runc"}, Backend: "fake"},
 		MemoryBytes: 8 << 30,
 		Workspaces:  store,
@@ -117,6 +107,20 @@ func newFixture(t *testing.T, opts ...sandboxfake.Option) *fixture {
 		Registry:    f.reg,
 		FreeDisk:    func(string) (int64, error) { return 100 << 30, nil },
 		Logger:      slog.New(slog.DiscardHandler),
+	}
+	f.host = executor.Config{
+		Root:    root,
+		Store:   store,
+		Backend: f.b,
+		Defaults: executor.Defaults{
+			Image:          "fake/agent",
+			Timeout:        time.Minute,
+			DiskLimitBytes: -1, // the loop-mounted cap is tested with Docker
+			MaxOutputBytes: 1 << 20,
+			Policy:         sandbox.DefaultPolicy(),
+		},
+		ShutdownGrace: 10 * time.Second,
+		Logger:        slog.New(slog.DiscardHandler),
 	}
 	return f
 }
@@ -134,6 +138,7 @@ func assignment(runID, agent string) workerclient.Assignment {
 // returns Run's error.
 func (f *fixture) start(t *testing.T) (*worker.Worker, func() error) {
 	t.Helper()
+	f.buildHost(t)
 	w, err := worker.New(f.cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -163,6 +168,18 @@ func (f *fixture) start(t *testing.T) (*worker.Worker, func() error) {
 		_ = stop()
 	})
 	return w, stop
+}
+
+// buildHost builds cfg.Host from host, unless it is set.
+func (f *fixture) buildHost(t *testing.T) {
+	t.Helper()
+	if f.cfg.Host != nil {
+		return
+	}
+	h, err := executor.New(context.Background(), f.host)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close(context.Background()) })
+	f.cfg.Host = h
 }
 
 // final waits for runID's final status.
@@ -426,7 +443,7 @@ func TestWorkspaceIsDownloadedCheckedAndUnpacked(t *testing.T) {
 	for _, s := range f.b.Started() {
 		assert.NotEqual(t, "tampered", s.Run.RunID, "a run with a tampered workspace never starts")
 	}
-	entries, err := os.ReadDir(filepath.Join(f.cfg.Root, "worker-workspaces"))
+	entries, err := os.ReadDir(f.cfg.Host.Layout().WorkerWorkspacesDir())
 	if err == nil {
 		assert.Empty(t, entries, "downloaded workspaces are removed")
 	}
@@ -440,10 +457,9 @@ func TestRecoveryComesBeforeLeasingAndKeptRunsAreRetried(t *testing.T) {
 	proceed := make(chan struct{})
 	var w *worker.Worker
 	readyDuringRecovery := atomic.Bool{}
-	f.cfg.Recover = func(context.Context) error {
+	f.cfg.Recover = func(context.Context) {
 		leasesAtRecovery.Store(int64(len(f.cp.LeaseRequests())))
 		<-proceed
-		return nil
 	}
 	var retries atomic.Int64
 	f.cfg.RetryKept = func(context.Context) int { retries.Add(1); return 1 }
@@ -547,7 +563,7 @@ func TestShutdownIsBoundedWhenTheControlPlaneHangs(t *testing.T) {
 	// is retried for up to 2 minutes.
 	f.cfg.Client = workerclient.New(f.cp.URL(), token, workerclient.WithLogger(slog.New(slog.DiscardHandler)))
 	f.cfg.DrainGrace = 100 * time.Millisecond
-	f.cfg.Template.ShutdownGrace = time.Second
+	f.host.ShutdownGrace = time.Second
 	f.b.Install("/agent/chatty", func(ctx context.Context, p *sandboxfake.Process) int {
 		for i := 0; ; i++ {
 			fmt.Fprintf(p.Stdout, "line %d\n", i)
@@ -579,7 +595,7 @@ func TestShutdownIsBoundedWhenTheControlPlaneHangs(t *testing.T) {
 
 	// SIGTERM: the lost run's stream POSTs must not outlast the shutdown
 	// bound (the drain grace, then the run's shutdown grace).
-	bound := f.cfg.DrainGrace + f.cfg.Template.ShutdownGrace
+	bound := f.cfg.DrainGrace + f.host.ShutdownGrace
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
 	select {
@@ -595,7 +611,7 @@ func TestShutdownIsBoundedWhenARefusalHangs(t *testing.T) {
 	f := newFixture(t)
 	f.cfg.Client = workerclient.New(f.cp.URL(), token, workerclient.WithLogger(slog.New(slog.DiscardHandler)))
 	f.cfg.DrainGrace = 100 * time.Millisecond
-	f.cfg.Template.ShutdownGrace = time.Second
+	f.host.ShutdownGrace = time.Second
 	// The control plane hands out a run the worker cannot place (a model it
 	// lacks), then hangs on its PATCH and renewals.
 	hang := make(chan struct{})
@@ -614,7 +630,7 @@ func TestShutdownIsBoundedWhenARefusalHangs(t *testing.T) {
 		return patched && testutil.ToFloat64(counter(t, f.reg, "taskrun_worker_leases_lost_total", "")) == 1
 	}, 30*time.Second, 10*time.Millisecond, "the refusal is held and the lease lost")
 
-	bound := f.cfg.DrainGrace + f.cfg.Template.ShutdownGrace
+	bound := f.cfg.DrainGrace + f.host.ShutdownGrace
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
 	select {

@@ -82,15 +82,4 @@ func (f *backendFlags) kubernetesBackend(ctx context.Context, log *slog.Logger, 
 	return kubernetes.New(ctx, cfg, f.namespace, opts...)
 }
 
-// reapKubernetes removes the Pods of this namespace whose executor is gone,
-// as the start of every Docker run reaps containers.
-func reapKubernetes(ctx context.Context, host *hostState, b *kubernetes.Backend, log *slog.Logger) {
-	rep, err := b.Reap(ctx, kubernetes.ReapOptions{ExecutorGone: host.executorGone})
-	if err != nil {
-		log.Warn("reap leftover pods", "err", err)
-	} else if len(rep.Removed) > 0 {
-		log.Info("removed leftover pods", "count", len(rep.Removed))
-	}
-}
-
 var _ sandbox.Backend = (*kubernetes.Backend)(nil)

@@ -35,11 +35,11 @@ func TestBackendFlagsCheck(t *testing.T) {
 }
 
 func TestRunOnKubernetesNamesTheAgentCommand(t *testing.T) {
-	o := runOptions{backendFlags: backendFlags{backend: backendKubernetes, namespace: "runs"}, image: taskrun.DefaultImage, cpus: 1, timeout: 1, shutdownGrace: 1}
+	o := runOptions{executorFlags: executorFlags{backendFlags: backendFlags{backend: backendKubernetes, namespace: "runs"}, image: taskrun.DefaultImage, cpus: 1, timeout: 1, shutdownGrace: 1}}
 	require.NoError(t, o.finish(nil))
 	assert.Equal(t, []string{agentCommand}, o.command)
 
-	o = runOptions{backendFlags: backendFlags{backend: backendDocker}, image: taskrun.DefaultImage, cpus: 1, timeout: 1, shutdownGrace: 1}
+	o = runOptions{executorFlags: executorFlags{backendFlags: backendFlags{backend: backendDocker}, image: taskrun.DefaultImage, cpus: 1, timeout: 1, shutdownGrace: 1}}
 	require.NoError(t, o.finish(nil))
 	assert.Empty(t, o.command, "Docker runs the image's own command")
 }

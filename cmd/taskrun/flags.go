@@ -41,6 +41,11 @@ func addRootFlag(fs *pflag.FlagSet, p *string, def string) {
 	fs.StringVar(p, "root", def, "host directory holding the run directories")
 }
 
+// envToken is the environment variable --token falls back to. A run
+// journals its name (never the token), so `taskrun gc` and `taskrun persist
+// --all` can report to the run's control plane with the same variable set.
+const envToken = "TASKRUN_TOKEN"
+
 // serverFlags are --server and --token, the control plane a command reports to.
 type serverFlags struct {
 	server, token string

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/attest"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/recovery"
 	"github.com/taskrun/taskrun/sandbox/docker"
 )
@@ -69,12 +70,11 @@ type gcReport struct {
 // runGC recovers the root's runs whose executor is gone, then removes
 // managed containers that no live run owns.
 func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, grace time.Duration, all, dryRun, jsonOut bool) int {
-	host, err := openHostState(root, token, a.log)
+	host, err := recoveryHost(ctx, a, root, token, key)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun gc:", err)
 		return exitUsage
 	}
-	host.attestKey = key
 	backend, err := docker.New(ctx, docker.WithLogger(a.log))
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun gc:", err)
@@ -87,11 +87,11 @@ func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, 
 	}
 	var rep gcReport
 	var recoverErr error
-	rep.Runs, recoverErr = host.recoverRuns(ctx, backend, dryRun, lines)
-	rep.Containers, err = backend.Reap(ctx, host.reapOptions(grace, all, dryRun, rep.Runs))
+	rep.Runs, recoverErr = host.RecoverRuns(ctx, backend, dryRun, lines)
+	rep.Containers, err = backend.Reap(ctx, host.ReapOptions(grace, all, dryRun, rep.Runs))
 	if !dryRun {
-		err = errors.Join(err, host.sweepPools(), host.sweepImages())
-		host.removeGoneExecutors()
+		err = errors.Join(err, host.SweepPools(), host.SweepImages())
+		host.RemoveGoneExecutors()
 	}
 	if jsonOut {
 		enc := json.NewEncoder(a.stdout)
@@ -112,6 +112,14 @@ func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, 
 		return exitFailure
 	}
 	return exitOK
+}
+
+// recoveryHost is the host of the runs under root for gc and persist: no
+// backend or store of its own, each recovered run's store and control plane
+// come from its journal record; token is the control plane token for
+// records that name none, key signs the recovered runs' attestations.
+func recoveryHost(ctx context.Context, a *app, root, token string, key *attest.Signer) (*executor.Host, error) {
+	return executor.New(ctx, executor.Config{Root: root, Token: token, AttestKey: key, Version: version, Logger: a.log})
 }
 
 // tokenOrEnv is token, or $TASKRUN_TOKEN when it is empty.

@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 
 	"github.com/spf13/pflag"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/attest"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox/docker"
@@ -77,33 +76,27 @@ func init() {
 
 // runPersist uploads the local copy a run kept because its store was down.
 func runPersist(ctx context.Context, a *app, ref runRefFlags, srv serverFlags, root, store string, key *attest.Signer) int {
-	rootAbs, err := filepath.Abs(root)
-	if err != nil {
-		fmt.Fprintln(a.stderr, "taskrun persist: --root:", err)
-		return exitUsage
-	}
 	st, err := persist.Open(ctx, store)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun persist: --store:", err)
 		return exitCannotRun
 	}
 	defer st.Close()
-	in := taskrun.RunTaskInput{
-		Task:            &model.Task{ID: ref.task, UserID: ref.user, ConversationID: ref.conversation},
-		Run:             &model.TaskRun{ID: ref.runID, TaskID: ref.task},
-		SessionID:       ref.session,
-		Paths:           taskrun.NewRuntimePathsFromRoot(rootAbs),
-		Persist:         st,
-		ArtifactStorage: st,
-		Updater:         logUpdater{log: a.log},
-		Logger:          a.log,
-		AttestKey:       key,
-		Version:         version,
+	host, err := executor.New(ctx, executor.Config{Root: root, Store: st, AttestKey: key, Version: version, Logger: a.log})
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun persist: --root:", err)
+		return exitUsage
+	}
+	spec := executor.Spec{
+		Task:      &model.Task{ID: ref.task, UserID: ref.user, ConversationID: ref.conversation},
+		Run:       &model.TaskRun{ID: ref.runID, TaskID: ref.task},
+		SessionID: ref.session,
+		Updater:   executor.LogUpdater{Log: a.log},
 	}
 	if srv.server != "" {
-		in.Updater = workerclient.New(srv.server, srv.token)
+		spec.Updater = workerclient.New(srv.server, srv.token)
 	}
-	out, err := taskrun.RetryPersist(ctx, in)
+	out, err := host.RetryPersist(ctx, spec)
 	code := exitOK
 	if err != nil {
 		code = exitFailure
@@ -123,12 +116,11 @@ func runPersist(ctx context.Context, a *app, ref runRefFlags, srv serverFlags, r
 // persistAll recovers the runs whose executor is gone, then retries every
 // kept run under root once.
 func persistAll(ctx context.Context, a *app, root, token string, key *attest.Signer) int {
-	host, err := openHostState(root, token, a.log)
+	host, err := recoveryHost(ctx, a, root, token, key)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun persist:", err)
 		return exitUsage
 	}
-	host.attestKey = key
 	// Without Docker, runs that still have a container wait for taskrun gc.
 	backend, berr := docker.New(ctx, docker.WithLogger(a.log))
 	if berr == nil {
@@ -137,8 +129,8 @@ func persistAll(ctx context.Context, a *app, root, token string, key *attest.Sig
 		backend = nil
 		a.log.Warn("no container engine; runs whose container is left wait for taskrun gc", "err", berr)
 	}
-	_, recoverErr := host.recoverRuns(ctx, backend, false, a.stdout)
-	still, err := host.retryKept(ctx, a.stdout)
+	_, recoverErr := host.RecoverRuns(ctx, backend, false, a.stdout)
+	still, err := host.RetryKeptRuns(ctx, a.stdout)
 	fmt.Fprintf(a.stdout, "%d run(s) still kept\n", still)
 	if err = errors.Join(recoverErr, err); err != nil {
 		fmt.Fprintln(a.stderr, "taskrun persist:", termsafe.String(oneLine(err)))

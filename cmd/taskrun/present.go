@@ -1,44 +1,15 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/termsafe"
-	"github.com/taskrun/taskrun/workerclient"
 )
-
-// logUpdater is the TaskRunUpdater used without --server: it logs each status
-// change in one line. The output itself is already on the terminal.
-type logUpdater struct{ log *slog.Logger }
-
-func (u logUpdater) UpdateRunStatus(_ context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
-	attrs := []any{"run", runID, "status", req.Status}
-	if req.Container != nil {
-		attrs = append(attrs, "container", shortID(req.Container.ID))
-	}
-	if req.ExitCode != nil {
-		attrs = append(attrs, "exit_code", *req.ExitCode)
-	}
-	if req.Error != nil {
-		attrs = append(attrs, "reason", *req.Error)
-	}
-	u.log.Info("run status", attrs...)
-	return nil
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
-}
 
 // writeSummary prints where a finished run's results are. code is the
 // process's exit status, which the summary repeats. Everything that came

@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -20,54 +18,33 @@ import (
 	"github.com/taskrun/taskrun/changeset"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/gateway"
-	"github.com/taskrun/taskrun/helpers"
-	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
-	"github.com/taskrun/taskrun/recovery"
-	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/termsafe"
 	"github.com/taskrun/taskrun/timings"
-	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workerclient"
-	"github.com/taskrun/taskrun/workspace"
 )
 
 // runOptions are the parsed flags of `taskrun run`.
 type runOptions struct {
 	runRefFlags
 	serverFlags
-	backendFlags
-	attestKey  attestKeyFlag
+	executorFlags
 	workspace  string
 	prompt     string
-	image      string
-	store      string
-	root       string
 	resumeFrom string
-	timeout    time.Duration
-	disk       int64
-	maxOutput  int64
-	helpersDir string
-	uidRange   string
-	uids       uidpool.Range
 	reap       bool
 	keep       bool
 	raw        bool
-	policy     sandbox.Policy
 	jsonOut    bool
-	model      config.ModelEntry
-	excludes   []string
 	egress     egress.Policy
 	command    []string
 	entrypoint string
 	env        []string
-	pull       sandbox.PullPolicy
-	// allowedImages are the --allowed-images patterns.
-	allowedImages []string
 	// changeExcludes are the --change-exclude patterns, added to
 	// changeset.DefaultExcludes.
 	changeExcludes []string
@@ -75,13 +52,8 @@ type runOptions struct {
 	// Raw --env and --env-file values, read by finish.
 	envVars  []string
 	envFiles []string
-	// shutdownGrace bounds the run's wind-down after SIGTERM or SIGINT.
-	shutdownGrace time.Duration
 
 	// Raw flag values, checked by finish.
-	modelSpec   string
-	pullSpec    string
-	cpus        float64
 	allows      []string
 	egressFile  string
 	credentials []string
@@ -125,41 +97,18 @@ func init() {
 
 // define adds the flags of `taskrun run` to fs.
 func (o *runOptions) define(fs *pflag.FlagSet) {
-	o.policy = sandbox.DefaultPolicy()
 	o.runRefFlags.define(fs, "run ID (default: generated)")
 	o.serverFlags.define(fs)
-	o.backendFlags.define(fs)
-	o.attestKey.define(fs)
-	addStoreFlag(fs, &o.store)
-	addRootFlag(fs, &o.root, defaultRoot)
+	o.executorFlags.define(fs, flagRole{})
 	fs.StringVar(&o.workspace, "workspace", "", "host directory copied into the run's home")
 	fs.StringVar(&o.prompt, "prompt", "", "the task's instruction to the agent")
-	fs.StringVar(&o.image, "image", taskrun.DefaultImage, "run image: NAME[:TAG] or NAME@sha256:DIGEST (taskrun images build makes the default)")
-	fs.StringVar(&o.pullSpec, "pull", string(sandbox.DefaultPullPolicy), "pull the image from its registry: missing (when not present locally), always or never; credentials come from the docker config (DOCKER_CONFIG, ~/.docker/config.json) and its credential helpers")
-	fs.StringArrayVar(&o.allowedImages, "allowed-images", nil, "allow only images matching PATTERN (NAME, NAME:TAG or NAME@sha256:HEX, * globs; see README); any other is refused before it is pulled; repeatable")
 	fs.StringVar(&o.entrypoint, "entrypoint", "", "program to run instead of the image's entrypoint, as docker run --entrypoint: CMD after it are its arguments, and the image's own command is dropped")
 	fs.StringVar(&o.resumeFrom, "resume-from", "", "run ID whose session state this run resumes")
-	fs.DurationVar(&o.timeout, "timeout", taskrun.DefaultTimeout, "stop the run after this long")
-	o.maxOutput, o.disk = taskrun.DefaultMaxOutputBytes, taskrun.DefaultDiskLimitBytes
-	addSizeFlag(fs, &o.policy.MemoryBytes, "memory", "memory limit, e.g. 512m or 2g (no swap)")
-	fs.Float64Var(&o.cpus, "cpus", float64(o.policy.NanoCPUs)/1e9, "CPU limit")
-	fs.Int64Var(&o.policy.PidsLimit, "pids", o.policy.PidsLimit, "process limit")
-	addSizeFlag(fs, &o.maxOutput, "max-output", "cap on the stdout (and the stderr) kept from the run; the rest is dropped")
-	addSizeFlag(fs, &o.disk, "disk", "cap on what the run may store under /taskrun")
-	fs.StringVar(&o.helpersDir, "helpers-dir", helpersSelf, `in-sandbox helpers: "self" (the static taskrun-probe and taskrun-relay of the same build beside this taskrun binary, as make build installs them, else this binary itself, which must be static), a directory of static taskrun-probe and taskrun-relay, or "" for no self-check`)
-	fs.StringVar(&o.uidRange, "uid-range", uidpool.DefaultRange().String(), `host uids for runs, FIRST-LAST: each live run gets one of its own; "" runs every run as uid 10001`)
-	fs.StringVar(&o.policy.Runtime, "runtime", "", "OCI runtime, e.g. runsc for gVisor")
-	fs.StringArrayVar(&o.excludes, "session-exclude", nil, "glob pattern (relative to home) left out of the session state; repeatable (default: "+strings.Join(workspace.DefaultExcludes, ", ")+")")
 	fs.StringArrayVar(&o.changeExcludes, "change-exclude", nil, "glob pattern (relative to home, as --session-exclude) left out of the change set, so diff and apply never carry it; repeatable; always excluded: "+strings.Join(changeset.DefaultExcludes, ", ")+" (the reference agent's state)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directory on the host after a successful run")
 	fs.BoolVar(&o.reap, "gc", true, "first recover runs whose executor is gone and remove leftover containers, as taskrun gc does (--gc=false skips it)")
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, stop the container, store and report within this long; what is left waits in the journal for taskrun gc (a second signal exits at once)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result on stdout; the run's stdout goes to stderr")
 	fs.BoolVar(&o.raw, "raw", false, "copy the run's output to the terminal verbatim, escape sequences included")
-	fs.StringVar(&o.modelSpec, "model", "", "model for the agent: scripted (the built-in demo script), scripted:FILE, openai:NAME or anthropic:NAME; empty runs the agent offline")
-	fs.StringVar(&o.model.BaseURL, "model-base-url", "", "upstream API root, e.g. https://api.openai.com/v1 (required for openai:NAME; anthropic:NAME defaults to "+gateway.DefaultAnthropicBaseURL+")")
-	fs.StringVar(&o.model.APIKeyEnv, "model-api-key-env", "", "host environment variable holding the API key (it never enters the sandbox)")
-	fs.StringVar(&o.model.APIKeyFile, "model-api-key-file", "", "host file holding the API key (it never enters the sandbox)")
 	fs.IntVar(&o.model.MaxTokens, "max-tokens", 0, "fail the run once it has used this many tokens (0: no cap)")
 	fs.IntVar(&o.model.MaxRequests, "max-requests", 0, "fail the run once it has made this many model requests (0: no cap)")
 	fs.StringArrayVar(&o.allows, "allow", nil, "let the run reach HOST[:PORT] through its egress proxy (no port: 80 and 443; *.suffix for every name below suffix); repeatable")
@@ -172,7 +121,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 // finish checks the parsed flags and takes args as the command to run.
 func (o *runOptions) finish(args []string) error {
 	o.command = args
-	if err := o.backendFlags.check(); err != nil {
+	if err := o.executorFlags.finish(flagRole{}); err != nil {
 		return err
 	}
 	if o.backend == backendKubernetes && len(o.command) == 0 && o.entrypoint == "" && o.image == taskrun.DefaultImage {
@@ -180,16 +129,7 @@ func (o *runOptions) finish(args []string) error {
 		// reference agent's command (its image's CMD) explicitly.
 		o.command = []string{agentCommand}
 	}
-	if err := parseModel(o.modelSpec, &o.model); err != nil {
-		return err
-	}
-	if err := o.attestKey.load(); err != nil {
-		return err
-	}
 	var err error
-	if o.pull, err = sandbox.ParsePullPolicy(o.pullSpec); err != nil {
-		return fmt.Errorf("--pull: %w", err)
-	}
 	if o.egress, err = egress.BuildPolicy(o.egressFile, o.allows, o.credentials); err != nil {
 		return err
 	}
@@ -198,25 +138,8 @@ func (o *runOptions) finish(args []string) error {
 		return err
 	}
 	o.env = env
-	if o.cpus <= 0 {
-		return fmt.Errorf("--cpus %v: give a positive number such as 1 or 0.5", o.cpus)
-	}
-	o.policy.NanoCPUs = int64(o.cpus * 1e9)
-	if o.timeout <= 0 {
-		return fmt.Errorf("--timeout %v: give a positive duration such as 10m", o.timeout)
-	}
-	if o.shutdownGrace <= 0 {
-		return fmt.Errorf("--shutdown-grace %v: give a positive duration such as 30s", o.shutdownGrace)
-	}
 	if o.runID == "" {
 		o.runID = newRunID()
-	}
-	if o.uidRange != "" {
-		r, err := uidpool.ParseRange(o.uidRange)
-		if err != nil {
-			return fmt.Errorf("--uid-range: %w", err)
-		}
-		o.uids = r
 	}
 	return o.serverFlags.check()
 }
@@ -271,15 +194,6 @@ func parseModel(spec string, m *config.ModelEntry) error {
 // helpersSelf is the --helpers-dir value naming the helpers installed with
 // the taskrun binary (helpers.FromExecutable).
 const helpersSelf = "self"
-
-// uidLeaseDir is where uid leases live: shared by every executor of the host
-// when run as root, else beside the run directories.
-func uidLeaseDir(root string) string {
-	if os.Geteuid() == 0 {
-		return uidpool.DefaultDir
-	}
-	return filepath.Join(root, "uids")
-}
 
 // readEnv reads the --env-file files in order, then the --env values, a
 // later value of a name replacing an earlier one (as docker run does), and
@@ -374,77 +288,32 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 	// part of what a cold run costs.
 	rec := timings.New(nil)
 	stopSetup := rec.Start(timings.Setup)
-	root, err := filepath.Abs(o.root)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --root: %w", errCannotRun, err)
+	ho := hostOptions{
+		token: o.token,
+		// The run winds down a little before the backstop ends the process.
+		shutdownGrace: o.shutdownGrace - min(o.shutdownGrace/5, 5*time.Second),
 	}
-	var helperFiles helpers.Files
-	var helpersDir string
-	switch o.helpersDir {
-	case "":
-	case helpersSelf:
-		if helperFiles, err = helpers.FromExecutable(filepath.Join(root, "helpers")); err != nil {
-			return nil, fmt.Errorf("%w: --helpers-dir %s: %w", errCannotRun, helpersSelf, err)
-		}
-	default:
-		if helpersDir, err = filepath.Abs(o.helpersDir); err != nil {
-			return nil, fmt.Errorf("%w: --helpers-dir: %w", errCannotRun, err)
+	if o.server != "" {
+		ho.controlPlane = &journal.ControlPlane{URL: journal.RedactURL(o.server)}
+		if o.tokenFromEnv {
+			ho.controlPlane.TokenEnv = envToken
 		}
 	}
-	var uids *uidpool.Pool
-	if o.uidRange != "" {
-		if uids, err = uidpool.New(uidLeaseDir(root), o.uids); err != nil {
-			return nil, fmt.Errorf("%w: --uid-range: %w", errCannotRun, err)
-		}
+	if f, ok := a.stderr.(*os.File); ok && !a.quiet {
+		// Pulls show docker's progress bars on a terminal, else a summary
+		// on the log.
+		ho.dockerOpts = append(ho.dockerOpts, docker.WithPullProgress(f, f.Fd(), a.isTerminal(f)))
 	}
-	store, err := persist.Open(ctx, o.store)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --store: %w", errCannotRun, err)
-	}
-	defer store.Close()
-	log := a.log
-	host, err := openHostState(root, o.token, log)
+	host, err := o.openHost(ctx, a, ho)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
-	host.attestKey = o.attestKey.signer
-	inst, err := instance.Start(host.executorsDir())
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
-	}
-	defer inst.Close()
-	var runBackend sandbox.Backend
-	if o.backend == backendKubernetes {
-		kb, err := o.kubernetesBackend(ctx, log, inst.ID())
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
-		}
-		stopSetup()
-		if o.reap {
-			stopGC := rec.Start(timings.GC)
-			reapKubernetes(ctx, host, kb, log)
-			stopGC()
-		}
-		runBackend = kb
-	} else {
-		backendOpts := []docker.Option{docker.WithLogger(log), docker.WithInstance(inst.ID()), docker.WithInstanceProcess(inst.Info().Process())}
-		if f, ok := a.stderr.(*os.File); ok && !a.quiet {
-			// Pulls show docker's progress bars on a terminal, else a summary
-			// on the log.
-			backendOpts = append(backendOpts, docker.WithPullProgress(f, f.Fd(), a.isTerminal(f)))
-		}
-		backend, err := docker.New(ctx, backendOpts...)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", errCannotRun, err)
-		}
-		defer backend.Close()
-		stopSetup()
-		if o.reap {
-			stopGC := rec.Start(timings.GC)
-			collectGarbage(ctx, host, backend, log)
-			stopGC()
-		}
-		runBackend = backend
+	defer host.close()
+	stopSetup()
+	if o.reap {
+		stopGC := rec.Start(timings.GC)
+		host.Recover(ctx)
+		stopGC()
 	}
 
 	// The live copies of the run's output are the agent's bytes: on a
@@ -459,59 +328,33 @@ func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, er
 	defer flushErr()
 	defer flushOut()
 
-	in := taskrun.RunTaskInput{
+	spec := executor.Spec{
 		Task: &model.Task{
 			ID: o.task, UserID: o.user, ConversationID: o.conversation,
 			Prompt: o.prompt, WorkspaceDir: o.workspace,
 		},
-		Run:             &model.TaskRun{ID: o.runID, TaskID: o.task, PreviousRunID: o.resumeFrom, Status: model.StatusRunning},
-		SessionID:       o.session,
-		Paths:           taskrun.NewRuntimePathsFromRoot(root),
-		Persist:         store,
-		ArtifactStorage: store,
-		Model:           o.model,
-		Egress:          o.egress,
-		Sandbox:         runBackend,
-		Image:           o.image,
-		Pull:            o.pull,
-		AllowedImages:   o.allowedImages,
-		Command:         o.command,
-		Entrypoint:      entrypoint(o.entrypoint),
-		Env:             o.env,
-		Policy:          o.policy,
-		Timeout:         o.timeout,
-		DiskLimitBytes:  o.disk,
-		KeepRunDir:      o.keep,
-		SessionExcludes: o.excludes,
-		ChangeExcludes:  changeExcludes(o.changeExcludes),
-		MaxOutputBytes:  o.maxOutput,
-		Helpers:         helperFiles,
-		HelpersDir:      helpersDir,
-		UIDs:            uids,
-		Stderr:          liveErr,
-		Logger:          log,
-		Timings:         rec,
-		Executor:        inst.Info(),
-		AttestKey:       o.attestKey.signer,
-		Version:         version,
-		StoreURL:        o.store,
-		// The run winds down a little before the backstop ends the process.
-		ShutdownGrace: o.shutdownGrace - min(o.shutdownGrace/5, 5*time.Second),
+		Run:            &model.TaskRun{ID: o.runID, TaskID: o.task, PreviousRunID: o.resumeFrom, Status: model.StatusRunning},
+		SessionID:      o.session,
+		Model:          o.model,
+		Egress:         o.egress,
+		Command:        o.command,
+		Entrypoint:     entrypoint(o.entrypoint),
+		Env:            o.env,
+		KeepRunDir:     o.keep,
+		ChangeExcludes: changeExcludes(o.changeExcludes),
+		Stderr:         liveErr,
+		Timings:        rec,
 	}
 	if o.server != "" {
-		in.ControlPlane = &journal.ControlPlane{URL: journal.RedactURL(o.server)}
-		if o.tokenFromEnv {
-			in.ControlPlane.TokenEnv = envToken
-		}
 		client := workerclient.New(o.server, o.token)
-		in.Updater = client
-		in.StreamSender = client.Stream()
-		in.Stdout = liveOut
+		spec.Updater = client
+		spec.StreamSender = client.Stream()
+		spec.Stdout = liveOut
 	} else {
-		in.Updater = logUpdater{log: log}
-		in.StreamSender = workerclient.NewWriterStreamSender(liveOut)
+		spec.Updater = executor.LogUpdater{Log: a.log}
+		spec.StreamSender = workerclient.NewWriterStreamSender(liveOut)
 	}
-	out, err := taskrun.Execute(ctx, in)
+	out, err := host.Run(ctx, spec)
 	if err != nil && out != nil && out.ContainerID == "" && out.Status == model.StatusFailed {
 		// Nothing ran: the container could not be started.
 		return out, fmt.Errorf("%w: %w", errCannotRun, err)
@@ -632,38 +475,9 @@ func oneLine(err error) string {
 // defaultShutdownGrace is the default of --shutdown-grace.
 const defaultShutdownGrace = 30 * time.Second
 
-// startupRecoveryBudget bounds the recovery a run does at its start.
-const startupRecoveryBudget = 30 * time.Second
-
 // shutdownBackstop, set by main, ends the process grace after a signal if
 // the run has not finished by then; the journal keeps what is left.
 var shutdownBackstop func(grace time.Duration, stderr io.Writer)
-
-// collectGarbage is the gc at every run's start: it recovers the runs whose
-// executor is gone and removes their and this host's dead executors'
-// containers. Failures are logged: they never stop the new run.
-func collectGarbage(ctx context.Context, host *hostState, backend *docker.Backend, log *slog.Logger) {
-	// A hung store must not hold the new run: what recovery cannot store
-	// within the budget is kept for taskrun persist --all.
-	recoverCtx, cancel := context.WithTimeout(ctx, startupRecoveryBudget)
-	results, err := host.recoverRuns(recoverCtx, backend, false, io.Discard)
-	cancel()
-	for _, res := range results {
-		if res.Action == recovery.ActionRecovered || res.Action == recovery.ActionFailed {
-			log.Info("recovered a run whose executor is gone", "run", res.RunID, "action", res.Action, "why", res.Why)
-		}
-	}
-	if err != nil {
-		log.Warn("recover runs of gone executors", "err", err)
-	}
-	rep, err := backend.Reap(ctx, host.reapOptions(docker.DefaultReapGrace, false, false, results))
-	if err != nil {
-		log.Warn("reap leftover containers", "err", err)
-	} else if len(rep.Removed) > 0 {
-		log.Info("removed leftover containers", "count", len(rep.Removed))
-	}
-	host.removeGoneExecutors()
-}
 
 // entrypoint is the --entrypoint flag as RunTaskInput.Entrypoint: none when
 // empty.

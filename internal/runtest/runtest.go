@@ -1,8 +1,8 @@
 // Package runtest is the one end-to-end harness of taskrun's tests: the root
 // package's, abuse/ and integration/ use it, and integration/taskruntest is
 // built on it. An Env holds the real parts runs need -- a Docker backend, a
-// blob store and a run root -- for one tenant of its own, builds the
-// RunTaskInput of a run, reads back what runs stored, and tells which of the
+// blob store and a run root, made one executor.Host -- for one tenant of its
+// own, builds the RunTaskInput of a run on that host, reads back what runs stored, and tells which of the
 // tenant's containers are still there, so each test can prove it left none.
 package runtest
 
@@ -26,7 +26,9 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/instance"
+	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
@@ -63,8 +65,12 @@ type Options struct {
 	// Logger receives the backend's log; discarded when nil.
 	Logger *slog.Logger
 	// Warm gives the Env a warm pool (Env.Pool): Input sets it, and Execute
-	// runs each run in a container parked ahead of it.
+	// runs each run in a container parked ahead of it. It needs HelpersDir
+	// (New defaults it to testbin.Dir).
 	Warm bool
+	// HelpersDir, when set, gives every run the in-sandbox self-check with
+	// the static helpers there (executor.Config.HelpersDir).
+	HelpersDir string
 }
 
 // Env is a place for runs of one tenant. It is safe for concurrent runs.
@@ -78,6 +84,9 @@ type Env struct {
 	Tenant, ConversationID, TaskID, SessionID string
 	// Labels are on every run's container.
 	Labels map[string]string
+	// Host is the executor host the runs execute on, built with
+	// executor.New from the Env's backend, store and root.
+	Host *executor.Host
 	// Pool is the Env's warm pool with Options.Warm, else nil.
 	Pool *warmpool.Pool
 	// Instance is the executor instance ID the backend labels containers
@@ -117,17 +126,25 @@ func Open(ctx context.Context, opts Options) (*Env, error) {
 		_ = store.Close()
 		return nil, err
 	}
-	var pool *warmpool.Pool
+	cfg := executor.Config{
+		Root: root, Backend: backend, Store: store, StoreURL: storeURL, Executor: instance.Info{ID: inst},
+		HelpersDir: opts.HelpersDir,
+		// Tests reach no registry unless they ask for a pull.
+		Pull:     sandbox.PullNever,
+		Defaults: executor.Defaults{Timeout: DefaultTimeout},
+	}
 	if opts.Warm {
-		pool, err = warmpool.New(warmpool.Config{Backend: backend, Dir: taskrun.PoolDir(root), DiskCapTemplates: taskrun.DiskCapTemplatesDir(root), Instance: inst, PerKey: 1, MaxSlots: 2, Logger: log})
-		if err != nil {
-			_ = backend.Close()
-			_ = store.Close()
-			return nil, err
-		}
+		cfg.Warm = &executor.Warm{PerKey: 1, MaxSlots: 2}
+	}
+	host, err := executor.New(ctx, cfg)
+	if err != nil {
+		_ = backend.Close()
+		_ = store.Close()
+		return nil, fmt.Errorf("runtest: %w", err)
 	}
 	return &Env{
-		Pool:           pool,
+		Host:           host,
+		Pool:           host.WarmPool(),
 		Instance:       inst,
 		Backend:        backend,
 		Store:          store,
@@ -150,6 +167,9 @@ func New(tb testing.TB, opts Options) *Env {
 	}
 	if opts.Dir == "" {
 		opts.Dir = tb.TempDir()
+	}
+	if opts.Warm && opts.HelpersDir == "" {
+		opts.HelpersDir = testbin.Dir(tb)
 	}
 	e, err := Open(tb.Context(), opts)
 	if err != nil {
@@ -183,11 +203,7 @@ func New(tb testing.TB, opts Options) *Env {
 // Close releases the backend and the store; the directories are left to
 // their owner.
 func (e *Env) Close() error {
-	var poolErr error
-	if e.Pool != nil {
-		poolErr = e.Pool.Close(context.Background())
-	}
-	return errors.Join(poolErr, e.Backend.Close(), e.Store.Close())
+	return errors.Join(e.Host.Close(context.Background()), e.Backend.Close(), e.Store.Close())
 }
 
 // Execute runs in through taskrun.Execute. With a warm pool it first waits
@@ -215,28 +231,20 @@ func (e *Env) Execute(ctx context.Context, in taskrun.RunTaskInput) (*taskrun.Ou
 }
 
 // Paths is the layout of the Env's run directories.
-func (e *Env) Paths() taskrun.RuntimePaths { return taskrun.NewRuntimePathsFromRoot(e.Root) }
+func (e *Env) Paths() taskrun.RuntimePaths { return e.Host.Layout().Paths() }
 
-// Input is a run of cmd in image, stored in the Env and placed by its IDs,
-// with DefaultTimeout. The caller sets the Updater (and whatever else the
-// test needs).
+// Input is a run of cmd in image on the Env's host, stored in the Env and
+// placed by its IDs, with DefaultTimeout. The caller sets the Updater (and
+// whatever else the test needs).
 func (e *Env) Input(runID, image string, cmd ...string) taskrun.RunTaskInput {
-	return taskrun.RunTaskInput{
-		Task:            &model.Task{ID: e.TaskID, UserID: e.Tenant, ConversationID: e.ConversationID},
-		Run:             &model.TaskRun{ID: runID, TaskID: e.TaskID},
-		SessionID:       e.SessionID,
-		Paths:           e.Paths(),
-		Persist:         e.Store,
-		ArtifactStorage: e.Store,
-		Sandbox:         e.Backend,
-		Image:           image,
-		// Tests reach no registry unless they ask for a pull.
-		Pull:     sandbox.PullNever,
-		Command:  cmd,
-		Labels:   maps.Clone(e.Labels),
-		Timeout:  DefaultTimeout,
-		WarmPool: e.Pool,
-	}
+	return e.Host.Input(executor.Spec{
+		Task:      &model.Task{ID: e.TaskID, UserID: e.Tenant, ConversationID: e.ConversationID},
+		Run:       &model.TaskRun{ID: runID, TaskID: e.TaskID},
+		SessionID: e.SessionID,
+		Image:     image,
+		Command:   cmd,
+		Labels:    maps.Clone(e.Labels),
+	})
 }
 
 // Ref names one of the Env's runs.

@@ -1,4 +1,4 @@
-package main
+package executor_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/controlplane/servertest"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -72,10 +73,10 @@ func TestRecoveredAttemptNeverWritesOverAnEndedRun(t *testing.T) {
 			// this host when its executor died.
 			root := t.TempDir()
 			storeURL := "file://" + filepath.Join(t.TempDir(), "store")
-			h, err := openHostState(root, servertest.WorkerToken, slog.New(slog.DiscardHandler))
+			h, err := executor.New(ctx, executor.Config{Root: root, Token: servertest.WorkerToken, Logger: slog.New(slog.DiscardHandler)})
 			require.NoError(t, err)
 			task := a.Task
-			paths := taskrun.NewRuntimePathsFromRoot(h.root)
+			paths := h.Layout().Paths()
 			runDir := paths.RuntimeTaskRunDir(task.UserID, task.ConversationID, task.ID, a.Run.ID)
 			for _, dir := range []string{
 				paths.RuntimeTaskRunHomeDir(task.UserID, task.ConversationID, task.ID, a.Run.ID),
@@ -94,7 +95,7 @@ func TestRecoveredAttemptNeverWritesOverAnEndedRun(t *testing.T) {
 				StartedAt:    time.Now().Add(-time.Minute), UpdatedAt: time.Now(),
 			}
 
-			in, closeFn, err := h.input(ctx, rec)
+			in, closeFn, err := h.RecoveryInput(ctx, rec)
 			require.NoError(t, err)
 			_, err = taskrun.RecoverRun(ctx, in, rec)
 			closeFn()

@@ -1,0 +1,351 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/attest"
+	"github.com/taskrun/taskrun/fencedstore"
+	"github.com/taskrun/taskrun/helpers"
+	"github.com/taskrun/taskrun/instance"
+	"github.com/taskrun/taskrun/journal"
+	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/uidpool"
+	"github.com/taskrun/taskrun/warmpool"
+)
+
+// ErrConfig is wrapped by every error New returns about its Config.
+var ErrConfig = errors.New("executor: bad host configuration")
+
+// Store keeps the runs' files and artifacts (persist.Store is one).
+type Store interface {
+	persist.PersistStorage
+	persist.ArtifactStorage
+}
+
+// Defaults are what a Spec gets for each field it leaves zero.
+type Defaults struct {
+	// Image is the run image; taskrun.DefaultImage when empty.
+	Image string
+	// Command is the command of a run that names neither a command nor an
+	// entrypoint (the image's own when empty).
+	Command []string
+	// Policy confines the container; sandbox.DefaultPolicy() when its
+	// MemoryBytes is zero.
+	Policy sandbox.Policy
+	// Timeout bounds a run's container; taskrun.DefaultTimeout when zero.
+	Timeout time.Duration
+	// MaxOutputBytes and DiskLimitBytes: see taskrun.RunTaskInput (zero:
+	// the taskrun defaults).
+	MaxOutputBytes int64
+	DiskLimitBytes int64
+	// SessionExcludes: see taskrun.RunTaskInput.SessionExcludes.
+	SessionExcludes []string
+}
+
+// Warm asks New for a warm pool (package warmpool) on the host's backend,
+// leasing from its uid pool, under its layout's pool directory.
+type Warm struct {
+	// PerKey is how many ready slots each key keeps, MaxSlots caps them
+	// all, FillConcurrency caps the slots filled at once (warmpool.Config;
+	// zero: its defaults).
+	PerKey, MaxSlots, FillConcurrency int
+}
+
+// Config is one executor process's machine: what every run on the host
+// shares. New checks it once.
+type Config struct {
+	// Root is the runs root (see Layout). Required: it holds the journal,
+	// so no run on the host goes unjournaled.
+	Root string
+	// Journal is the runs' crash journal; Layout.OpenJournal when nil.
+	Journal *journal.Dir
+	// Backend runs the containers. A host without one only recovers and
+	// retries (taskrun gc, persist); Run refuses.
+	Backend sandbox.Backend
+	// Store keeps the runs' files and the files the agents deliver (a
+	// *persist.Store). Run refuses without it.
+	Store Store
+	// StoreURL is Store's URL, journaled (without credentials) so that
+	// recovery can reopen it.
+	StoreURL string
+	// Executor identifies this process (Layout.StartInstance); required
+	// with Warm.
+	Executor instance.Info
+	// UIDs, when set, leases each run a host uid of its own.
+	UIDs *uidpool.Pool
+	// Warm, when set, makes the host a warm pool (see Host.WarmPool); it
+	// needs a backend that parks containers, the self-check (Helpers or
+	// HelpersDir) and Executor.
+	Warm *Warm
+	// Helpers or HelpersDir (at most one) are the in-sandbox helpers: with
+	// either every run starts with the self-check.
+	Helpers    helpers.Files
+	HelpersDir string
+	// Defaults fill a Spec's zero fields.
+	Defaults Defaults
+	// Pull and AllowedImages are the operator's image rules for every run
+	// (taskrun.RunTaskInput).
+	Pull          sandbox.PullPolicy
+	AllowedImages []string
+	// PersistTimeout, ReportTimeout and ShutdownGrace bound a run's
+	// wind-down (taskrun.RunTaskInput; zero: the taskrun defaults).
+	PersistTimeout time.Duration
+	ReportTimeout  time.Duration
+	ShutdownGrace  time.Duration
+	// AttestKey signs the attestations of the runs (and recovered runs);
+	// nil leaves them unsigned.
+	AttestKey *attest.Signer
+	// Version is the executor's version, recorded in attestations.
+	Version string
+	// ControlPlane is journaled with every run (without credentials), so
+	// recovery can report to it; a run's lease adds its fence.
+	ControlPlane *journal.ControlPlane
+	// Reaper, on a backend other than Docker, removes the sandboxes of gone
+	// executors at Recover.
+	Reaper Reaper
+	// Token is the control plane token recovery uses for a journaled run
+	// whose token was not journaled by variable or file name.
+	Token string
+	// Logger receives the executor's log; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Host is one executor process's machine, built once by New and shared by
+// every run: Run executes a Spec on it, Recover and RetryKept finish what
+// earlier executors of the runs root left.
+type Host struct {
+	cfg    Config
+	layout Layout
+	pool   *warmpool.Pool
+	log    *slog.Logger
+
+	journalOnce sync.Once
+	journal     *journal.Dir
+	journalErr  error
+}
+
+// New checks cfg and builds the host: it creates the runs root and, with
+// cfg.Warm, starts the warm pool. The journal (cfg.Journal, else the
+// layout's) is opened when first used, so a refused run writes nothing
+// under the root. Close releases what New
+// made; the backend, stores, uid pool and instance stay the caller's.
+func New(ctx context.Context, cfg Config) (*Host, error) {
+	if cfg.Root == "" {
+		return nil, fmt.Errorf("%w: Config.Root is required: the runs root holds the journal, pool and run directories (taskrun run's --root)", ErrConfig)
+	}
+	layout, err := NewLayout(cfg.Root)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	cfg.Root = layout.Root()
+	if len(cfg.Helpers) > 0 && cfg.HelpersDir != "" {
+		return nil, fmt.Errorf("%w: set at most one of Config.Helpers and Config.HelpersDir", ErrConfig)
+	}
+	if cfg.Defaults.Image == "" {
+		cfg.Defaults.Image = taskrun.DefaultImage
+	}
+	if cfg.Defaults.Policy.MemoryBytes == 0 {
+		cfg.Defaults.Policy = sandbox.DefaultPolicy()
+	}
+	if cfg.Defaults.Timeout == 0 {
+		cfg.Defaults.Timeout = taskrun.DefaultTimeout
+	}
+	if cfg.Defaults.Timeout < 0 {
+		return nil, fmt.Errorf("%w: Defaults.Timeout %v: give a positive duration such as 30m", ErrConfig, cfg.Defaults.Timeout)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Warm != nil {
+		if err := checkWarm(cfg); err != nil {
+			return nil, err
+		}
+	}
+	if err := layout.Create(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	h := &Host{cfg: cfg, layout: layout, log: cfg.Logger}
+	if cfg.Warm != nil {
+		h.pool, err = warmpool.New(warmpool.Config{
+			Backend: cfg.Backend, Dir: layout.PoolDir(), DiskCapTemplates: layout.DiskCapTemplatesDir(),
+			Instance: cfg.Executor.ID, UIDs: cfg.UIDs, PerKey: cfg.Warm.PerKey, MaxSlots: cfg.Warm.MaxSlots, FillConcurrency: cfg.Warm.FillConcurrency, Logger: cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: warm pool: %w", ErrConfig, err)
+		}
+	}
+	_ = ctx
+	return h, nil
+}
+
+// checkWarm refuses a warm pool that could never serve a run.
+func checkWarm(cfg Config) error {
+	switch {
+	case cfg.Backend == nil:
+		return fmt.Errorf("%w: a warm pool parks containers on the host's backend: set Config.Backend", ErrConfig)
+	case len(cfg.Helpers) == 0 && cfg.HelpersDir == "":
+		return fmt.Errorf("%w: a warm container waits at the self-check: set Config.Helpers or Config.HelpersDir, or drop Config.Warm", ErrConfig)
+	case cfg.Executor.ID == "":
+		return fmt.Errorf("%w: a warm pool's slots belong to the executor instance: set Config.Executor (Layout.StartInstance)", ErrConfig)
+	case cfg.Warm.PerKey < 0 || cfg.Warm.MaxSlots < 0 || cfg.Warm.FillConcurrency < 0:
+		return fmt.Errorf("%w: Warm %+v: give 0 (the default) or more", ErrConfig, *cfg.Warm)
+	}
+	if _, ok := cfg.Backend.(sandbox.Parker); !ok {
+		return fmt.Errorf("%w: backend %T cannot park containers: a warm pool needs the Docker backend", ErrConfig, cfg.Backend)
+	}
+	return nil
+}
+
+// Close removes the warm pool's parked containers. The host is not used
+// after.
+func (h *Host) Close(ctx context.Context) error {
+	if h.pool == nil {
+		return nil
+	}
+	return h.pool.Close(ctx)
+}
+
+// Layout is the host's runs root.
+func (h *Host) Layout() Layout { return h.layout }
+
+// Journal is the runs' crash journal: Config.Journal, else the layout's,
+// opened (and created) on first use. Every run on the host is journaled
+// there.
+func (h *Host) Journal() (*journal.Dir, error) {
+	h.journalOnce.Do(func() {
+		if h.journal = h.cfg.Journal; h.journal == nil {
+			if h.journal, h.journalErr = h.layout.OpenJournal(); h.journalErr != nil {
+				h.journalErr = fmt.Errorf("executor: journal under %s: %w", h.layout.Root(), h.journalErr)
+			}
+		}
+	})
+	return h.journal, h.journalErr
+}
+
+// Backend runs the containers; nil on a host that only recovers.
+func (h *Host) Backend() sandbox.Backend { return h.cfg.Backend }
+
+// Store keeps the runs' files and artifacts; nil on a host that only
+// recovers (each recovered run's store comes from its journal record).
+func (h *Host) Store() Store { return h.cfg.Store }
+
+// WarmPool is the warm pool New started, or nil.
+func (h *Host) WarmPool() *warmpool.Pool { return h.pool }
+
+// Defaults are the host's defaults, resolved.
+func (h *Host) Defaults() Defaults { return h.cfg.Defaults }
+
+// Executor identifies the executor process.
+func (h *Host) Executor() instance.Info { return h.cfg.Executor }
+
+// ShutdownGrace bounds a run's wind-down once it is cancelled.
+func (h *Host) ShutdownGrace() time.Duration { return h.cfg.ShutdownGrace }
+
+// Logger is the host's log.
+func (h *Host) Logger() *slog.Logger { return h.cfg.Logger }
+
+// Run executes one run on the host, end to end, as taskrun.Execute does:
+// its outcome is reported through spec.Updater, and the error is nil only
+// for a run that SUCCEEDED (errors.Is taskrun.ErrRunFailed otherwise).
+func (h *Host) Run(ctx context.Context, spec Spec) (*taskrun.Outcome, error) {
+	if err := h.canRun(); err != nil {
+		return nil, err
+	}
+	return taskrun.Execute(ctx, h.Input(spec))
+}
+
+// canRun refuses to run on a host built only to recover.
+func (h *Host) canRun() error {
+	switch {
+	case h.cfg.Backend == nil:
+		return fmt.Errorf("%w: this host has no backend to run on: set Config.Backend", ErrConfig)
+	case h.cfg.Store == nil:
+		return fmt.Errorf("%w: this host has no store for the runs' outputs: set Config.Store", ErrConfig)
+	}
+	return nil
+}
+
+// RetryPersist finishes the run spec names whose storing failed, from
+// what it kept on the host (see taskrun.RetryPersist).
+func (h *Host) RetryPersist(ctx context.Context, spec Spec) (*taskrun.Outcome, error) {
+	if h.cfg.Store == nil {
+		return nil, fmt.Errorf("%w: this host has no store to persist to: set Config.Store", ErrConfig)
+	}
+	return taskrun.RetryPersist(ctx, h.Input(spec))
+}
+
+// WarmTemplate is the warm pool key of runs shaped like spec (see
+// taskrun.WarmTemplate): give it to WarmPool().Warm or WaitReady.
+func (h *Host) WarmTemplate(ctx context.Context, spec Spec) (warmpool.Template, error) {
+	return taskrun.WarmTemplate(ctx, h.Input(spec))
+}
+
+// Input is the taskrun.RunTaskInput of spec on this host: the spec's
+// per-run fields, the host's machine and the defaults for what spec leaves
+// zero. Run executes it; it is exported for callers still built on
+// RunTaskInput.
+func (h *Host) Input(spec Spec) taskrun.RunTaskInput {
+	c, d := h.cfg, h.cfg.Defaults
+	in := taskrun.RunTaskInput{
+		Task: spec.Task, Run: spec.Run, SessionID: spec.SessionID,
+		Updater: spec.Updater, StreamSender: spec.StreamSender,
+		Model: spec.Model, Egress: spec.Egress,
+		Image: cmpOr(spec.Image, d.Image), Command: spec.Command, Entrypoint: spec.Entrypoint, Env: spec.Env,
+		Policy:          d.Policy,
+		Timeout:         cmpOr(spec.Timeout, d.Timeout),
+		MaxOutputBytes:  cmpOr(spec.MaxOutputBytes, d.MaxOutputBytes),
+		DiskLimitBytes:  cmpOr(spec.DiskLimitBytes, d.DiskLimitBytes),
+		SessionExcludes: spec.SessionExcludes,
+		ChangeExcludes:  spec.ChangeExcludes,
+		KeepRunDir:      spec.KeepRunDir,
+		Labels:          spec.Labels,
+		Stdout:          spec.Stdout, Stderr: spec.Stderr, Timings: spec.Timings,
+
+		Paths: h.layout.Paths(), Persist: c.Store, ArtifactStorage: c.Store,
+		Sandbox: c.Backend, Pull: c.Pull, AllowedImages: c.AllowedImages,
+		Helpers: c.Helpers, HelpersDir: c.HelpersDir, UIDs: c.UIDs, WarmPool: h.pool,
+		// Without Config.Journal the pipeline opens the layout's journal
+		// itself, once the run is admitted: Paths always has the root.
+		Logger: c.Logger, Journal: c.Journal, Executor: c.Executor,
+		AttestKey: c.AttestKey, Version: c.Version, StoreURL: c.StoreURL, ControlPlane: c.ControlPlane,
+		PersistTimeout: c.PersistTimeout, ReportTimeout: c.ReportTimeout, ShutdownGrace: c.ShutdownGrace,
+	}
+	if spec.Policy != nil {
+		in.Policy = *spec.Policy
+	}
+	if len(spec.Command) == 0 && len(spec.Entrypoint) == 0 {
+		in.Command = d.Command
+	}
+	if spec.SessionExcludes == nil {
+		in.SessionExcludes = d.SessionExcludes
+	}
+	if l := spec.Lease; l != nil {
+		cp := journal.ControlPlane{}
+		if c.ControlPlane != nil {
+			cp = *c.ControlPlane
+		}
+		cp.Fence, cp.LeaseToken = l.Epoch, l.Token
+		in.ControlPlane = &cp
+		if l.Confirm != nil && in.Persist != nil {
+			fenced := fencedstore.New(in.Persist, in.ArtifactStorage, l.Confirm, h.log.With("run", runID(spec), "epoch", l.Epoch))
+			in.Persist, in.ArtifactStorage = fenced, fenced
+		}
+	}
+	return in
+}
+
+// cmpOr is v, or def when v is zero.
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
