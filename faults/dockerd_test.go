@@ -22,8 +22,9 @@ import (
 )
 
 // privateDockerd is a Docker engine of the test's own: its data root, exec
-// root, pid file and socket are under dir, it has no bridge and touches no
-// iptables, so pausing or killing it harms nothing else on the machine.
+// root, pid file and socket are under dir, it runs in a network namespace of
+// its own with no bridge and touches no iptables, so pausing or killing it
+// harms nothing else on the machine.
 type privateDockerd struct {
 	dir  string
 	sock string
@@ -76,6 +77,10 @@ func (d *privateDockerd) start(t *testing.T, bin string) {
 		"--pidfile", filepath.Join(d.dir, "dockerd.pid"), "-H", d.host(),
 		"--bridge=none", "--iptables=false", "--ip-masq=false", "--storage-driver=vfs")
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	// A network namespace of its own: a dockerd started with --bridge=none
+	// deletes the docker0 interface it finds, which would cut the main
+	// engine's default bridge. Its socket is a file, reached from here.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 	require.NoError(t, d.cmd.Start())
 	d.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) {
