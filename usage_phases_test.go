@@ -25,8 +25,8 @@ func TestPhasesUsageIsInTheRunsRecords(t *testing.T) {
 	in := u.input("use1", func(ctx context.Context, p *sandboxfake.Process) int {
 		p.SetStats(stats)
 		// Held until the runner sampled the figures above.
-		from := u.b.StatsReads()
-		for u.b.StatsReads() == from {
+		from := p.StatsReads()
+		for p.StatsReads() == from {
 			select {
 			case <-ctx.Done():
 				return 1

@@ -42,6 +42,7 @@ type handle struct {
 	code     int
 	oom      bool
 	stats    sandbox.Stats
+	reads    int64 // calls of Stats
 	started  time.Time
 	finished time.Time
 
@@ -106,6 +107,9 @@ func (h *handle) Stats(ctx context.Context) (sandbox.Stats, error) {
 		return sandbox.Stats{}, err
 	}
 	h.b.statsReads.Add(1)
+	h.mu.Lock()
+	h.reads++
+	h.mu.Unlock()
 	select {
 	case <-h.ended:
 		return sandbox.Stats{}, fmt.Errorf("%w: %s", sandbox.ErrNotRunning, h.id)

@@ -455,6 +455,13 @@ func (p *Process) SetStats(s sandbox.Stats) {
 	p.h.mu.Unlock()
 }
 
+// StatsReads counts the calls of the container's Stats so far.
+func (p *Process) StatsReads() int64 {
+	p.h.mu.Lock()
+	defer p.h.mu.Unlock()
+	return p.h.reads
+}
+
 // StatsReads counts the calls of Stats on every container of b so far.
 func (b *Backend) StatsReads() int64 { return b.statsReads.Load() }
 
