@@ -45,7 +45,8 @@ type StatsReader interface {
 type Usage struct {
 	// CPUSeconds is the CPU time used, at the last sample.
 	CPUSeconds float64 `json:"cpu_seconds"`
-	// PeakMemoryBytes is the most memory the container was charged.
+	// PeakMemoryBytes is the most memory the container was charged, as
+	// its cgroup counts it: page cache and tmpfs included.
 	PeakMemoryBytes int64 `json:"peak_memory_bytes"`
 	// ReadBytes and WriteBytes are the block I/O bytes, at the last sample.
 	ReadBytes  int64 `json:"read_bytes"`
