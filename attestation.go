@@ -59,6 +59,9 @@ func predicate(p *plan, wd *workdir, ex execution, v verdict) attest.Predicate {
 	if ex.PromptTokens != nil || ex.CompletionTokens != nil {
 		pred.Model = &attest.ModelUsage{PromptTokens: ex.PromptTokens, CompletionTokens: ex.CompletionTokens}
 	}
+	if ex.Usage != nil {
+		pred.Usage, _ = json.Marshal(ex.Usage)
+	}
 	pred.Executor.Hostname, _ = os.Hostname()
 	pred.Policy, _ = json.Marshal(p.policy)
 	if spans := p.timings.Spans(); len(spans) > 0 {

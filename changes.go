@@ -102,6 +102,7 @@ func indexRecord(p *plan, wd *workdir, ex execution, out *Outcome, st stored) *r
 		PromptTokens:     ex.PromptTokens,
 		CompletionTokens: ex.CompletionTokens,
 		Isolation:        isolationVerdict(ex.record),
+		Usage:            ex.Usage,
 	}
 	rec.Timings = p.timings.Spans()
 	if out == nil {

@@ -84,6 +84,9 @@ type poststartRequest struct {
 	// Hard is the run's shutdown context: what must outlive the run's
 	// cancellation (the output's consumers) runs on it.
 	Hard context.Context
+	// Handle is the live container; only its Posture and optional
+	// StatsReader may be called, concurrently with the runner's Wait.
+	Handle sandbox.Handle
 }
 
 // poststartHook starts what runs beside the live container.
@@ -112,6 +115,9 @@ type exitedResponse struct {
 	ReadOnlyRootWrite  bool
 	StreamEnded        bool
 	DroppedOutputBytes int64
+	// Usage is what the container used (metricsHook); nil when it was
+	// not sampled.
+	Usage *sandbox.Usage
 }
 
 // exitedHook ends what served the container once it is over (or never

@@ -51,6 +51,10 @@ type Outcome struct {
 	// DroppedRecordBytes counts bytes of the host-side records (spools,
 	// trace lines, gateway record) refused by the run's record budget.
 	DroppedRecordBytes int64 `json:"dropped_record_bytes,omitempty"`
+	// Usage is what the container used (CPU time, peak memory, block I/O,
+	// peak pids), sampled from its cgroup while it ran; nil when no
+	// container ran or its backend samples none (Capabilities.Stats).
+	Usage *sandbox.Usage `json:"usage,omitempty"`
 	// Timings are the run's phases and how long each took, in order of
 	// their start; overlapping phases ran concurrently.
 	Timings []timings.Span `json:"timings,omitempty"`
@@ -169,6 +173,7 @@ func outcome(p *plan, ex execution, v verdict, st stored, persistErr error) *Out
 		Skipped:            st.skipped,
 		DroppedSkips:       st.droppedSkips,
 		DroppedRecordBytes: ex.DroppedRecordBytes,
+		Usage:              ex.Usage,
 		Result: RunResult{
 			EndTime:          v.ended.UnixMilli(),
 			Output:           st.output,

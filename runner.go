@@ -60,6 +60,9 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	if p.limits.disk > 0 {
 		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
 	}
+	if p.caps.Stats {
+		hooks = append(hooks, &metricsHook{p: p, interval: usageInterval})
+	}
 	if !p.in.Egress.IsZero() {
 		// The container's routing names the CA the proxy makes at start.
 		hooks, createAt = append(hooks, &egressHook{p: p}), -1

@@ -41,6 +41,9 @@ type execution struct {
 	// StreamEnded is set once the control plane acknowledged the whole
 	// stdout stream and its end; finishStream delivers it otherwise.
 	StreamEnded bool `json:"stream_ended,omitempty"`
+	// Usage is what the container used, as its backend sampled it; nil
+	// when it was not sampled.
+	Usage *sandbox.Usage `json:"usage,omitempty"`
 	// record is the isolation record (audit.json); nil when no container
 	// was inspected.
 	record []byte
@@ -69,6 +72,7 @@ type lifecycle interface {
 func (ex *execution) apply(resp *exitedResponse) {
 	ex.PromptTokens, ex.CompletionTokens, ex.ModelUpstream = resp.PromptTokens, resp.CompletionTokens, resp.ModelUpstream
 	ex.ReadOnlyRootWrite, ex.StreamEnded, ex.DroppedOutputBytes = resp.ReadOnlyRootWrite, resp.StreamEnded, resp.DroppedOutputBytes
+	ex.Usage = resp.Usage
 }
 
 // supervise runs the container l, its output going to stdout and stderr:
@@ -133,7 +137,7 @@ func supervise(ctx, hard context.Context, tr *tracer, l *launch, hooks lifecycle
 		audited <- err
 	}()
 	tr.trace(ctx, transition{state: stateStarted, containerID: h.ID()})
-	hooks.poststart(ctx, &poststartRequest{Stop: stop, Hard: hard})
+	hooks.poststart(ctx, &poststartRequest{Stop: stop, Hard: hard, Handle: h})
 
 	stopWait := p.timings.Start(timings.Wait)
 	res := h.Wait(waitCtx)

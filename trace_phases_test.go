@@ -78,8 +78,8 @@ func TestTracedOrderOfARun(t *testing.T) {
 	// before the journal record goes.
 	started := []string{
 		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
-		"started", "poststart:output",
-		"exited:output", "exited:gateway", "judged", "removed", "collected",
+		"started", "poststart:output", "poststart:metrics",
+		"exited:output", "exited:gateway", "exited:metrics", "judged", "removed", "collected",
 		"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 	}
 	t.Run("cold", func(t *testing.T) {
@@ -130,7 +130,7 @@ func TestTracedOrderOfARun(t *testing.T) {
 		require.ErrorIs(t, err, sandboxfake.ErrStart)
 		assert.Equal(t, []string{
 			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
-			"exited:output", "exited:gateway", "judged", "collected",
+			"exited:output", "exited:gateway", "exited:metrics", "judged", "collected",
 			"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 		}, steps.take())
 	})

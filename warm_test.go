@@ -162,8 +162,8 @@ func TestTracedOrderOfAWarmRun(t *testing.T) {
 	got := slices.DeleteFunc(steps.take(), func(s string) bool { return s == "running" || s == "prepared" })
 	assert.Equal(t, []string{
 		"prestart:warm", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
-		"started", "poststart:output", "poststart:diskwatch",
-		"exited:output", "exited:gateway", "exited:diskwatch", "judged", "removed", "collected",
+		"started", "poststart:output", "poststart:diskwatch", "poststart:metrics",
+		"exited:output", "exited:gateway", "exited:diskwatch", "exited:metrics", "judged", "removed", "collected",
 		"stop:gateway", "stop:output", "stop:warm", "reported", "ended",
 	}, got)
 }

@@ -66,6 +66,10 @@ type Predicate struct {
 	Egress json.RawMessage `json:"egress,omitempty"`
 	// Model is the gateway's metering; nil when the run used no model.
 	Model *ModelUsage `json:"model,omitempty"`
+	// Usage is what the run's container used (CPU time, peak memory,
+	// block I/O, peak pids), as its backend sampled it; absent when it was
+	// not sampled.
+	Usage json.RawMessage `json:"usage,omitempty"`
 	// Outcome is how the run ended, as judged before its objects were
 	// stored.
 	Outcome Outcome `json:"outcome"`

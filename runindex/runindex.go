@@ -20,6 +20,7 @@ import (
 	"github.com/taskrun/taskrun/changeset"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/timings"
 )
 
@@ -99,6 +100,11 @@ type Record struct {
 	// their start (package timings); the last ones (the index write itself
 	// and the journal's end) come after the record was written.
 	Timings []timings.Span `json:"timings,omitempty"`
+	// Usage is what the run's container used, as its backend sampled it
+	// (added in version 1 as an optional field: a record without it reads
+	// as nil, and readers that predate it ignore it); nil while the run
+	// is live, and for a backend that samples none.
+	Usage *sandbox.Usage `json:"usage,omitempty"`
 }
 
 // Ref returns the record's run reference.

@@ -31,6 +31,9 @@ type Capabilities struct {
 	// NoServiceAccount says the platform mounts no service account token
 	// into the container, which the self-check verifies.
 	NoServiceAccount bool
+	// Stats says the backend's handles implement StatsReader: the run's
+	// resource usage is sampled while its container lives.
+	Stats bool
 }
 
 // Capable is implemented by a Backend that states its Capabilities.

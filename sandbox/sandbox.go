@@ -8,7 +8,8 @@
 //     left behind. A Creator splits it: Create, then Created.Start (or
 //     Created.Discard), so the caller can prepare what the container needs
 //     only once it runs while the engine creates it.
-//  2. Handle.Posture may be called any number of times while the run is live.
+//  2. Handle.Posture, and Stats of a handle that is a StatsReader, may be
+//     called any number of times while the run is live.
 //  3. Handle.Wait blocks until the container exits, the Spec's timeout passes or
 //     ctx is cancelled. On timeout or cancellation it stops the container (SIGTERM,
 //     then SIGKILL after the grace period). It returns only after both output
@@ -18,7 +19,7 @@
 //
 // A Backend is safe for concurrent use by many runs; a Handle belongs to one run
 // and its methods must not be called concurrently with each other, except
-// Posture, which may race with Wait.
+// Posture and Stats, which may race with Wait.
 package sandbox
 
 import (

@@ -128,6 +128,7 @@ func (s *ControlPlaneSource) Run(ctx context.Context, id string) (Run, error) {
 	rec.Keys, rec.Stored, rec.Changes, rec.Execs = idx.Keys, idx.Stored, idx.Changes, idx.Execs
 	rec.Isolation, rec.Limits, rec.Host, rec.ContainerName = idx.Isolation, idx.Limits, idx.Host, idx.ContainerName
 	rec.Timings, run.Phases = idx.Timings, phasesOf(idx.Timings)
+	rec.Usage = idx.Usage
 	if rec.Image == "" {
 		rec.Image = idx.Image
 	}

@@ -2,6 +2,8 @@ package worker
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // metrics are the worker's Prometheus series (names in docs and README).
@@ -18,6 +20,14 @@ type metrics struct {
 	duration      prometheus.Histogram
 	tokens        *prometheus.CounterVec
 	streamBytes   prometheus.Counter
+	// The runs' resource usage, as their backend sampled it: one
+	// observation per run, with no run label (a run's own figures are in
+	// its record).
+	runCPU        prometheus.Histogram
+	runMemory     prometheus.Histogram
+	runPids       prometheus.Histogram
+	runBlockBytes *prometheus.CounterVec
+	runCPUTotal   prometheus.Counter
 }
 
 // newMetrics registers the worker's series on reg.
@@ -41,14 +51,38 @@ func newMetrics(reg prometheus.Registerer, slots int) (*metrics, error) {
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "taskrun_worker_tokens_total",
 			Help: "Model tokens metered by the runs' gateways, by kind (prompt, completion)."}, []string{"kind"}),
 		streamBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_worker_stream_bytes_total", Help: "Run output bytes acknowledged by the control plane."}),
+		runCPU: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "taskrun_worker_run_cpu_seconds",
+			Help: "CPU time a run's container used.", Buckets: []float64{.1, .5, 1, 5, 10, 30, 60, 300, 900, 3600}}),
+		runMemory: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "taskrun_worker_run_peak_memory_bytes",
+			Help: "Peak memory a run's container was charged.", Buckets: prometheus.ExponentialBuckets(16<<20, 2, 10)}),
+		runPids: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "taskrun_worker_run_peak_pids",
+			Help: "Most processes and threads a run's container had at once.", Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}}),
+		runBlockBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "taskrun_worker_run_block_io_bytes_total",
+			Help: "Block device bytes the runs' containers read and wrote, by op (read, write)."}, []string{"op"}),
+		runCPUTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_worker_run_cpu_seconds_total", Help: "CPU time the runs' containers used."}),
 	}
 	total := prometheus.NewGauge(prometheus.GaugeOpts{Name: "taskrun_worker_slots_total", Help: "Runs the worker may hold at once."})
 	total.Set(float64(slots))
 	for _, c := range []prometheus.Collector{total, m.busy, m.runs, m.leases, m.leaseErrors, m.leaseSkipped, m.renewals,
-		m.renewFailures, m.leasesLost, m.coldStart, m.duration, m.tokens, m.streamBytes} {
+		m.renewFailures, m.leasesLost, m.coldStart, m.duration, m.tokens, m.streamBytes,
+		m.runCPU, m.runMemory, m.runPids, m.runBlockBytes, m.runCPUTotal} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// observeUsage adds one run's resource usage; nil (not sampled) adds
+// nothing.
+func (m *metrics) observeUsage(u *sandbox.Usage) {
+	if u == nil {
+		return
+	}
+	m.runCPU.Observe(u.CPUSeconds)
+	m.runCPUTotal.Add(u.CPUSeconds)
+	m.runMemory.Observe(float64(u.PeakMemoryBytes))
+	m.runPids.Observe(float64(u.PeakPids))
+	m.runBlockBytes.WithLabelValues("read").Add(float64(u.ReadBytes))
+	m.runBlockBytes.WithLabelValues("write").Add(float64(u.WriteBytes))
 }

@@ -107,6 +107,7 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 		if t := out.Result.CompletionTokens; t != nil {
 			w.metrics.tokens.WithLabelValues("completion").Add(float64(*t))
 		}
+		w.metrics.observeUsage(out.Usage)
 	}
 	if g.isLost() {
 		w.metrics.runs.WithLabelValues("LOST").Inc()

@@ -23,6 +23,7 @@ import (
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/termsafe"
 	"github.com/taskrun/taskrun/timings"
@@ -419,6 +420,9 @@ type jsonResult struct {
 	Changes *workerclient.ChangeSet `json:"changes,omitempty"`
 	// Skipped lists the agent's files that were not stored, with why.
 	Skipped []taskrun.SkippedFile `json:"skipped,omitempty"`
+	// Usage is what the run's container used (CPU time, peak memory,
+	// block I/O, peak pids); absent when its backend samples none.
+	Usage *sandbox.Usage `json:"usage,omitempty"`
 	// Timings are the run's phases, each with its start (from the
 	// command's start) and duration in milliseconds.
 	Timings []timings.Span `json:"timings,omitempty"`
@@ -449,6 +453,7 @@ func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err err
 		res.TraceKey = traceKey(out, ref.user)
 		res.Changes = out.Changes
 		res.Skipped = out.Skipped
+		res.Usage = out.Usage
 		res.Timings = out.Timings
 	}
 	if err != nil {

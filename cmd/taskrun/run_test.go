@@ -194,7 +194,8 @@ func TestRunStreamsStdoutVerbatimAndExitsWithTheContainersCode(t *testing.T) {
 }
 
 func TestRunJSONResult(t *testing.T) {
-	stdout, stderr, code := cli(t, "--image", testImage, "--json", "--", "sh", "-c", "echo to-stderr")
+	// The run lasts a second, so its usage is sampled while it lives.
+	stdout, stderr, code := cli(t, "--image", testImage, "--json", "--", "sh", "-c", "echo to-stderr; sleep 1")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stderr, "to-stderr\n", "with --json the run's stdout goes to stderr")
 	var res struct {
@@ -206,8 +207,13 @@ func TestRunJSONResult(t *testing.T) {
 		Error     string               `json:"error"`
 		Result    map[string]any       `json:"result"`
 		Stored    []persist.ObjectInfo `json:"stored"`
+		Usage     *sandbox.Usage       `json:"usage"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+	require.NotNil(t, res.Usage, "the Docker backend samples the run's usage: %s", stdout)
+	assert.Positive(t, res.Usage.Samples)
+	assert.Positive(t, res.Usage.PeakMemoryBytes)
+	assert.Positive(t, res.Usage.PeakPids)
 	assert.NotEmpty(t, res.RunID)
 	assert.Equal(t, model.StatusSucceeded, res.Status)
 	for _, key := range []string{"end_time", "output_str", "prompt_tokens", "completion_tokens", "trace_path"} {

@@ -37,6 +37,7 @@ type dockerAPI interface {
 	ContainerRemove(ctx context.Context, id string, options container.RemoveOptions) error
 	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
 	ContainerLogs(ctx context.Context, id string, options container.LogsOptions) (io.ReadCloser, error)
+	ContainerStatsOneShot(ctx context.Context, id string) (container.StatsResponseReader, error)
 	NetworkList(ctx context.Context, options network.ListOptions) ([]network.Summary, error)
 	NetworkRemove(ctx context.Context, id string) error
 	Close() error

@@ -364,7 +364,8 @@ var (
 
 // Capabilities states what the Docker backend does beyond sandbox.Backend
 // (sandbox.Capable): it creates ahead, bind-mounts the run directory,
-// describes its engine, resolves images and limits pids per container.
+// describes its engine, resolves images, limits pids per container and
+// samples a container's cgroup counters through the engine's stats.
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
 		Kind:           sandbox.BackendDocker,
@@ -374,5 +375,6 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		ResolvesImages: true,
 		ChecksImages:   true,
 		LimitsPids:     true,
+		Stats:          true,
 	}
 }

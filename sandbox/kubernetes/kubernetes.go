@@ -366,6 +366,10 @@ var (
 // design, which its NetworkPolicy confines (the self-check neither expects
 // none nor dials out); no per-Pod pids limit exists (a declared gap); and
 // it mounts no service account token, which the self-check verifies.
+// It samples no resource usage (Stats false): a Pod's cgroup figures are
+// only on its node, through the kubelet's stats summary or a metrics
+// server, which the backend does not reach; a run's record then has no
+// usage.
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
 		Kind:             sandbox.BackendKubernetes,

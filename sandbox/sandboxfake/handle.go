@@ -41,6 +41,8 @@ type handle struct {
 	mu       sync.Mutex
 	code     int
 	oom      bool
+	stats    sandbox.Stats
+	reads    int64 // calls of Stats
 	started  time.Time
 	finished time.Time
 
@@ -95,6 +97,29 @@ func (h *handle) Posture(ctx context.Context) (sandbox.Posture, error) {
 	default:
 	}
 	return h.b.posture(h), nil
+}
+
+// Stats implements sandbox.StatsReader: the figures the Program last set
+// (Process.SetStats), while it runs; sandbox.ErrNotRunning once it
+// returned, was killed or the container was removed.
+func (h *handle) Stats(ctx context.Context) (sandbox.Stats, error) {
+	if err := ctx.Err(); err != nil {
+		return sandbox.Stats{}, err
+	}
+	h.b.statsReads.Add(1)
+	h.mu.Lock()
+	h.reads++
+	h.mu.Unlock()
+	select {
+	case <-h.ended:
+		return sandbox.Stats{}, fmt.Errorf("%w: %s", sandbox.ErrNotRunning, h.id)
+	case <-h.ctx.Done():
+		return sandbox.Stats{}, fmt.Errorf("%w: %s", sandbox.ErrNotRunning, h.id)
+	default:
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.stats, nil
 }
 
 // Wait implements sandbox.Handle: it returns when the Program returns or the
@@ -195,3 +220,5 @@ func (g *gate) close() {
 	g.closed = true
 	g.mu.Unlock()
 }
+
+var _ sandbox.StatsReader = (*handle)(nil)

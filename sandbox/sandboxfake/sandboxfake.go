@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/taskrun/taskrun/sandbox"
@@ -62,6 +63,8 @@ type Backend struct {
 	pending  map[string]*created
 	started  []sandbox.Spec
 	resolved []string
+	// statsReads counts the calls of every handle's Stats.
+	statsReads atomic.Int64
 }
 
 // Option configures a Backend.
@@ -444,6 +447,24 @@ func (p *Process) OOMKill() int {
 	return KilledExitCode
 }
 
+// SetStats sets the figures the container's Stats reports from now on, as
+// its cgroup would count them.
+func (p *Process) SetStats(s sandbox.Stats) {
+	p.h.mu.Lock()
+	p.h.stats = s
+	p.h.mu.Unlock()
+}
+
+// StatsReads counts the calls of the container's Stats so far.
+func (p *Process) StatsReads() int64 {
+	p.h.mu.Lock()
+	defer p.h.mu.Unlock()
+	return p.h.reads
+}
+
+// StatsReads counts the calls of Stats on every container of b so far.
+func (b *Backend) StatsReads() int64 { return b.statsReads.Load() }
+
 // TimeOut ends the container as if its Spec's timeout had passed now: it
 // is asked to stop and reported TimedOut.
 func (p *Process) TimeOut() {
@@ -508,5 +529,6 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		ResolvesImages: true,
 		ChecksImages:   true,
 		LimitsPids:     true,
+		Stats:          true,
 	}
 }
