@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
@@ -71,9 +72,11 @@ func (b *Builder) Build(ctx context.Context, def Definition) error {
 	if err := jsonmessage.DisplayJSONMessagesStream(resp.Body, b.out, fd, isTerm, nil); err != nil {
 		return fmt.Errorf("build %s: %w", def.Ref, err)
 	}
-	// A rebuild leaves the previous image untagged; drop those of ours.
+	// A rebuild leaves the previous image untagged; drop those of ours. The
+	// engine runs one prune at a time and refuses another (a conflict): the
+	// one running, or the next build's, removes these too.
 	if _, err := b.api.ImagesPrune(ctx, filters.NewArgs(
-		filters.Arg("dangling", "true"), filters.Arg("label", LabelBuiltBy+"=taskrun"))); err != nil {
+		filters.Arg("dangling", "true"), filters.Arg("label", LabelBuiltBy+"=taskrun"))); err != nil && !cerrdefs.IsConflict(err) {
 		return fmt.Errorf("prune replaced images: %w", err)
 	}
 	return nil

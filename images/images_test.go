@@ -4,12 +4,16 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"testing"
 
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/client"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -88,4 +92,38 @@ func TestBuildTestboxWithRealDocker(t *testing.T) {
 	insp, err := cli.ImageInspect(context.Background(), def.Ref)
 	require.NoError(t, err)
 	assert.Equal(t, "testbox", insp.Config.Labels["dev.taskrun.image"])
+}
+
+// busyPruner is the engine while another prune runs: it refuses the
+// builder's prune as the daemon does, with a conflict.
+type busyPruner struct {
+	*client.Client
+	prunes int
+}
+
+func (b *busyPruner) ImagesPrune(context.Context, filters.Args) (image.PruneReport, error) {
+	b.prunes++
+	return image.PruneReport{}, fmt.Errorf("error response from daemon: a prune operation is already running: %w", cerrdefs.ErrConflict)
+}
+
+// Builds that run side by side (two `make images`) each prune what they
+// replaced; the engine refuses the second prune, and the build still
+// succeeds: its image is built and tagged.
+func TestBuildSucceedsWhileAnotherPruneRuns(t *testing.T) {
+	def, err := Testbox()
+	if err != nil {
+		t.Skipf("no static busybox on this host: %v", err)
+	}
+	cli, err := NewDockerClient()
+	require.NoError(t, err)
+	defer cli.Close()
+	def.Ref = "taskrun/testbox:images-prune-test"
+	api := &busyPruner{Client: cli}
+	require.NoError(t, NewBuilder(api, io.Discard).Build(context.Background(), def))
+	t.Cleanup(func() {
+		_, _ = cli.ImageRemove(context.Background(), def.Ref, image.RemoveOptions{PruneChildren: true})
+	})
+	assert.Equal(t, 1, api.prunes)
+	_, err = cli.ImageInspect(context.Background(), def.Ref)
+	require.NoError(t, err)
 }
