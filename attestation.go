@@ -64,21 +64,33 @@ func predicate(p *plan, wd *workdir, ex execution, v verdict) attest.Predicate {
 	if spans := p.timings.Spans(); len(spans) > 0 {
 		pred.Timings.Phases, _ = json.Marshal(spans)
 	}
-	record := ex.record
-	if record == nil {
-		// A persist retry: the isolation record is the kept copy.
-		record, _ = os.ReadFile(filepath.Join(p.hostDir, AuditRecordName))
-	}
-	var rec audit.Record
-	if record != nil && json.Unmarshal(record, &rec) == nil && rec.Version != 0 {
+	rec := keptIsolation(p, ex)
+	if rec != nil && rec.Version != 0 {
 		pred.Backend = rec.Backend
-		pred.Isolation = isolationSummary(rec)
+		pred.Isolation = isolationSummary(*rec)
 		pred.Host, _ = json.Marshal(rec.Host)
 		if rec.Egress != nil {
 			pred.Egress, _ = json.Marshal(rec.Egress)
 		}
 	}
 	return pred
+}
+
+// keptIsolation is the run's isolation record: the one the run made, or
+// for a persist retry, its kept copy; nil when there is none.
+func keptIsolation(p *plan, ex execution) *audit.Record {
+	if ex.isolation != nil {
+		return ex.isolation
+	}
+	data, err := os.ReadFile(filepath.Join(p.hostDir, AuditRecordName))
+	if err != nil {
+		return nil
+	}
+	var rec audit.Record
+	if json.Unmarshal(data, &rec) != nil {
+		return nil
+	}
+	return &rec
 }
 
 // isolationSummary is the verdicts of an isolation record.

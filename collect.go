@@ -117,8 +117,8 @@ type stored struct {
 // the isolation record. First it keeps a local copy of the execution and
 // verdict, so that a failed upload can be retried by RetryPersist. Each step
 // runs regardless of the others; their errors are joined.
-// hooks store their own records (collectHook), after the output logs and
-// before the isolation record.
+// hooks store their own records (collectHook), the isolation record among
+// them, beside the agent's files.
 func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, hooks []hook) (stored, error) {
 	if ex.ContainerID == "" {
 		return stored{}, nil // the agent never ran: there is nothing of it to keep
@@ -140,7 +140,6 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict,
 		var resp collectResponse
 		collectAll(ctx, hooks, &collectRequest{Kept: c.kept, Global: c.global, Put: c.put}, &resp, records.do)
 		c.out.changes, c.out.output = resp.Changes, resp.Output
-		records.do(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
 	})
 	files.do(c.trace(ctx), "trace")
 	files.do(c.artifacts(ctx), "artifacts")

@@ -60,6 +60,9 @@ type prestartResponse struct {
 	// Stdout and Stderr are where the container's output goes, when the
 	// hook made them.
 	Stdout, Stderr io.Writer
+	// StderrFilter, when set, wraps the container's stderr once every
+	// Prestart hook ran: the self-check's report is read off it first.
+	StderrFilter func(io.Writer) io.Writer
 }
 
 // prestartHook makes something the container needs before it starts. A
@@ -92,6 +95,35 @@ type poststartHook interface {
 	poststart(ctx context.Context, req *poststartRequest)
 }
 
+// gateRequest is what a gate may use of the started container.
+type gateRequest struct {
+	// Run is the run's context (the gate's own ends once the container
+	// exited).
+	Run context.Context
+	// Handle is the started container.
+	Handle sandbox.Handle
+	// HostFacts yields the engine's host facts once (prefetchHostFacts).
+	HostFacts <-chan hostFactsResult
+}
+
+// gateResponse is what a gate found of the started container.
+type gateResponse struct {
+	// GoAhead says the agent was let go.
+	GoAhead bool
+	// ImageDigest and Runtime are the container's as inspected; empty
+	// when it was not.
+	ImageDigest, Runtime string
+}
+
+// gateHook is a Poststart hook that decides whether the agent may run:
+// the runner runs it beside the container, from its start, with a
+// context that ends once the container exited, and reports RUNNING once
+// it gave the go-ahead. Its error stops the container and fails the run.
+type gateHook interface {
+	hook
+	gate(ctx context.Context, req *gateRequest, resp *gateResponse) error
+}
+
 // exitedRequest says how the container ended; zero when it never started.
 type exitedRequest struct {
 	Result sandbox.Result
@@ -107,6 +139,9 @@ type exitedResponse struct {
 	ModelUpstream    string
 	// Egress is the egress part of the isolation record.
 	Egress *audit.EgressRecord
+	// Isolation is the isolation record, but for its egress part; nil
+	// when no container was inspected.
+	Isolation *audit.Record
 	// ReadOnlyRootWrite, StreamEnded and DroppedOutputBytes are the
 	// output's: see execution.
 	ReadOnlyRootWrite  bool
@@ -115,7 +150,8 @@ type exitedResponse struct {
 }
 
 // exitedHook ends what served the container once it is over (or never
-// started after the hook's Prestart); its error fails the run.
+// started after the hook's Prestart); its error fails the run. Exited
+// hooks run in the list's order, after the gate returned.
 type exitedHook interface {
 	hook
 	exited(ctx context.Context, req *exitedRequest, resp *exitedResponse) error

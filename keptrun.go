@@ -51,8 +51,11 @@ func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
 	if err := journal.WriteFileAtomic(filepath.Join(p.hostDir, keptRunName), data, 0o600); err != nil {
 		return err
 	}
-	if ex.record != nil {
-		rec := ex.record
+	if ex.isolation != nil {
+		rec, err := json.MarshalIndent(ex.isolation, "", "  ")
+		if err != nil {
+			return err
+		}
 		if int64(len(rec)) > wd.isolationRoom && wd.records != nil {
 			rec = fmt.Appendf(nil, "{\"error\":\"the isolation record of %d bytes is over its %d-byte room in the run's record budget\"}\n", len(rec), wd.isolationRoom)
 		}
@@ -173,7 +176,7 @@ func loadKept(p *plan) (keptRun, error) {
 // keptHooks are the hooks that store records of a kept run (RetryPersist,
 // RecoverRun) from its local copy; each stores only what exists.
 func keptHooks(p *plan) []hook {
-	return []hook{&changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}}
+	return []hook{&selfCheckHook{p: p}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}}
 }
 
 // keptPhases is the plan, workdir and verdict a kept run is finished with:

@@ -7,14 +7,13 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 )
 
-// launch is the run's container before it starts: its spec and policy, the
-// self-check and audit that go with it and, where the backend can create a
+// launch is the run's container before it starts: its spec and policy
+// and, where the backend can create a
 // container ahead of starting it (sandbox.Creator), the container the engine
 // creates while prepare fills the run directory.
 type launch struct {
 	spec   sandbox.Spec
 	policy sandbox.Policy
-	iso    *isolation
 	// created is closed once the early create returned, with container or
 	// err; nil when the container is created at start.
 	created   chan struct{}
@@ -26,20 +25,14 @@ type launch struct {
 	startWith func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error)
 }
 
-// newLaunch builds the container of a run of p in wd: the planned spec,
-// the self-check and the relay, then what each Configure hook adds.
-func newLaunch(p *plan, wd *workdir, hooks []hook) (*launch, error) {
+// newLaunch builds the container of a run of p in wd: the planned spec
+// and the relay, then what each Configure hook adds (the self-check's
+// wrapper goes in front of every other).
+func newLaunch(p *plan, wd *workdir, hooks []hook) *launch {
 	spec := p.containerSpec()
-	policy := wd.policy(p)
-	iso := newIsolation(p, policy, p.caps)
-	if len(p.helpers) > 0 {
-		if err := iso.wrap(&spec, p.helpers); err != nil {
-			return nil, err
-		}
-	}
 	wrapRelay(p, &spec)
 	configureAll(hooks, &spec)
-	return &launch{spec: spec, policy: policy, iso: iso, startWith: starterOf(hooks, p.in.Sandbox)}, nil
+	return &launch{spec: spec, policy: wd.policy(p), startWith: starterOf(hooks, p.in.Sandbox)}
 }
 
 // wrapRelay runs the command behind the relay (after the self-check, which

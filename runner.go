@@ -3,7 +3,6 @@ package taskrun
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"time"
 
@@ -25,8 +24,10 @@ type runner struct {
 	// createAt is the create point: the index of the first hook the engine
 	// need not wait for (-1: none, the container is created at start).
 	createAt int
-	// stdout and stderr are where the container's output goes (Prestart).
+	// stdout and stderr are where the container's output goes (Prestart);
+	// selfCheck says stderr is filtered for the self-check's report.
 	stdout, stderr io.Writer
+	selfCheck      bool
 	// exitedDone is set once the Exited hooks ran; resp is what they said.
 	exitedDone bool
 	resp       exitedResponse
@@ -56,7 +57,7 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	}
 	// The gateway hook is inert without a model, but times its (empty)
 	// start for every run, so every run lists the same phases.
-	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p})
+	hooks = append(hooks, &selfCheckHook{p: p, wd: wd}, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p})
 	if p.limits.disk > 0 {
 		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
 	}
@@ -79,7 +80,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	l, runErr := r.prestart(ctx)
 	var ex execution
 	if runErr == nil {
-		ex, runErr = supervise(ctx, hard, r.tr, l, r, r.stdout, r.stderr)
+		ex, runErr = r.supervise(ctx, hard, l)
 	}
 	if !r.exitedDone { // the container never ran
 		resp, err := r.exited(ctx, sandbox.Result{})
@@ -126,6 +127,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 func (r *runner) prestart(ctx context.Context) (*launch, error) {
 	defer r.p.timings.Start(timings.Prepare)()
 	var l *launch
+	var filter func(io.Writer) io.Writer
 	for i, h := range r.hooks {
 		if i == r.createAt {
 			l = r.createAhead(ctx)
@@ -140,34 +142,32 @@ func (r *runner) prestart(ctx context.Context) (*launch, error) {
 			if resp.Stdout != nil {
 				r.stdout, r.stderr = resp.Stdout, resp.Stderr
 			}
+			if resp.StderrFilter != nil {
+				filter = resp.StderrFilter
+			}
 			if err != nil {
 				return l, err
 			}
 		}
 	}
-	if l != nil {
-		return l, nil
+	if filter != nil {
+		r.stderr, r.selfCheck = filter(r.stderr), true
 	}
-	l, err := newLaunch(r.p, r.wd, r.hooks)
-	if err != nil {
-		return nil, fmt.Errorf("self-check: %w", err)
+	if l == nil {
+		l = newLaunch(r.p, r.wd, r.hooks)
 	}
 	return l, nil
 }
 
 // createAhead plans the container and has the engine create it in the
-// background, when the backend can (CreatesAhead); nil otherwise, or when
-// planning failed (prestart plans it again and reports the error).
+// background, when the backend can (CreatesAhead); nil otherwise.
 func (r *runner) createAhead(ctx context.Context) *launch {
 	p := r.p
 	if !p.caps.CreatesAhead {
 		return nil
 	}
 	c := p.in.Sandbox.(sandbox.Creator) // the method of caps.CreatesAhead
-	l, err := newLaunch(p, r.wd, r.hooks)
-	if err != nil {
-		return nil
-	}
+	l := newLaunch(p, r.wd, r.hooks)
 	l.created = make(chan struct{})
 	r.tr.step("create")
 	go func() {

@@ -76,10 +76,13 @@ func TestTracedOrderOfARun(t *testing.T) {
 	// stored, the container's removal awaited before the journal lets go of
 	// it and before the uid and run dir are released, and the final report
 	// before the journal record goes.
+	// The live audit (poststart:isolation) is started beside the
+	// container before the start is journaled; the self-check's report is
+	// read (exited:isolation) before the output's spools close.
 	started := []string{
-		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
-		"started", "poststart:output",
-		"exited:output", "exited:gateway", "judged", "removed", "collected",
+		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+		"poststart:isolation", "started", "poststart:output",
+		"exited:isolation", "exited:output", "exited:gateway", "judged", "removed", "collected",
 		"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 	}
 	t.Run("cold", func(t *testing.T) {
@@ -129,8 +132,8 @@ func TestTracedOrderOfARun(t *testing.T) {
 		_, err := taskrun.Execute(context.Background(), in)
 		require.ErrorIs(t, err, sandboxfake.ErrStart)
 		assert.Equal(t, []string{
-			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
-			"exited:output", "exited:gateway", "judged", "collected",
+			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+			"exited:isolation", "exited:output", "exited:gateway", "judged", "collected",
 			"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 		}, steps.take())
 	})
