@@ -114,21 +114,12 @@ type stored struct {
 
 // collect stores whatever the run produced, even after a failure: the
 // output logs, the trace, artifacts, the final answer, the session state and
-// the isolation record. First it keeps a local copy of the execution and
-// verdict, so that a failed upload can be retried by RetryPersist. Each step
-// runs regardless of the others; their errors are joined.
+// the isolation record. Each step runs regardless of the others; their
+// errors are joined.
 // hooks store their own records (collectHook), the isolation record among
 // them, beside the agent's files.
 func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, hooks []hook) (stored, error) {
-	if ex.ContainerID == "" {
-		return stored{}, nil // the agent never ran: there is nothing of it to keep
-	}
 	c := &collector{p: p, ledger: workspace.NewLedger(p.limits.collect)}
-	// The local copy matters only if an upload fails: a full host disk
-	// that refuses it fails the persist only together with an upload.
-	stopLocal := p.timings.Start(timings.KeepLocal)
-	localErr := keepLocalState(p, wd, ex, v)
-	stopLocal()
 	stopPersist := p.timings.Start(timings.Persist)
 	// The executor's own records and the agent's files are stored side by
 	// side. The agent's files are walked one root after another, always in
@@ -152,17 +143,7 @@ func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict,
 	files.do(c.attestation(ctx, wd, ex, v), "attestation")
 	stopPersist()
 	slices.SortFunc(c.out.objects, func(a, b persist.ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
-	errs := append(records.errs, files.errs...)
-	if localErr != nil && len(errs) == 0 {
-		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
-	} else if localErr != nil {
-		errs = append(errs, fmt.Errorf("persist local copy: %w", localErr))
-	}
-	if err := errors.Join(errs...); err != nil {
-		p.log.Error("persist failed; the run directory is kept for a retry", "dir", p.dirs.Dir, "err", err)
-		return c.out, err
-	}
-	return c.out, nil
+	return c.out, errors.Join(append(records.errs, files.errs...)...)
 }
 
 // persistSteps gathers the errors of a sequence of collect steps.

@@ -212,7 +212,7 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 	// first SIGINT or SIGTERM of `taskrun persist`), collect returns and
 	// release unmounts the image before anything else.
 	collectCtx, cancelCollect := context.WithTimeout(ctx, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
-	st, persistErr := collect(collectCtx, retry, wd, kept.Execution, v, keptHooks(retry))
+	st, persistErr := keepAndCollect(collectCtx, retry, wd, kept.Execution, v, keptHooks(retry))
 	cancelCollect()
 	tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
 	finishStream(ctx, retry, wd, kept.Execution)

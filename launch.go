@@ -3,6 +3,8 @@ package taskrun
 import (
 	"context"
 
+	"github.com/taskrun/taskrun/timings"
+
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -81,4 +83,35 @@ func (l *launch) discardUnstarted(ctx context.Context, p *plan) {
 	if err := l.container.Discard(ctx); err != nil {
 		p.log.Warn("remove the container created for the run", "container", l.container.ID(), "err", err)
 	}
+}
+
+// createAhead plans the container and has the engine create it in the
+// background, when the backend can (CreatesAhead); nil otherwise.
+func (r *runner) createAhead(ctx context.Context) *launch {
+	p := r.p
+	if !p.caps.CreatesAhead {
+		return nil
+	}
+	c := p.in.Sandbox.(sandbox.Creator) // the method of caps.CreatesAhead
+	l := newLaunch(p, r.wd, r.hooks)
+	l.created = make(chan struct{})
+	r.tr.step("create")
+	go func() {
+		defer close(l.created)
+		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
+	}()
+	return l
+}
+
+// starterOf is what starts the run's container: a hook that starts it
+// itself (starterHook), or else the backend.
+func starterOf(hooks []hook, b sandbox.Backend) func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error) {
+	for _, h := range hooks {
+		if s, ok := h.(starterHook); ok {
+			return func(ctx context.Context, spec sandbox.Spec, _ sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
+				return s.start(ctx, spec, streams)
+			}
+		}
+	}
+	return b.Start
 }

@@ -3,6 +3,7 @@ package taskrun
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 
@@ -79,8 +80,13 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 
 	l, runErr := r.prestart(ctx)
 	var ex execution
+	var removed <-chan struct{}
 	if runErr == nil {
-		ex, runErr = r.supervise(ctx, hard, l)
+		var h sandbox.Handle
+		h, ex, runErr = r.supervise(ctx, hard, l)
+		// The container is removed in the background once it exited,
+		// while the run's outputs are collected.
+		removed = removeContainer(ctx, p, h)
 	}
 	if !r.exitedDone { // the container never ran
 		resp, err := r.exited(ctx, sandbox.Result{})
@@ -98,14 +104,14 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	// a deadline of its own, so a slow store cannot starve the final report.
 	collectCtx, cancelCollect := context.WithTimeout(hard, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
 	stopCollect := p.timings.Start(timings.Collect)
-	st, persistErr := collect(collectCtx, p, wd, ex, v, r.hooks)
+	st, persistErr := keepAndCollect(collectCtx, p, wd, ex, v, r.hooks)
 	stopCollect()
 	cancelCollect()
 	// The container was removed while the outputs were collected; the
 	// journal stops tracking it, and the hooks release the run's uid and
 	// directory, only once it is gone.
-	if ex.removed != nil {
-		ex.awaitRemoved()
+	if removed != nil {
+		<-removed
 		r.tr.step("removed")
 	}
 	r.tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
@@ -118,6 +124,30 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	r.tr.trace(ctx, transition{state: stateEnded, keep: persistErr != nil || reportFailed(err)})
 	out.Timings = p.timings.Spans()
 	return out, err
+}
+
+// keepAndCollect keeps the run's local copy (keepLocalState), then
+// collects it (collect): the local copy comes before any upload, so a
+// failed upload can be retried by RetryPersist. It matters only then: a
+// full host disk that refuses it fails the persist only together with an
+// upload.
+func keepAndCollect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, hooks []hook) (stored, error) {
+	if ex.ContainerID == "" {
+		return stored{}, nil // the agent never ran: there is nothing of it to keep
+	}
+	stopLocal := p.timings.Start(timings.KeepLocal)
+	localErr := keepLocalState(p, wd, ex, v)
+	stopLocal()
+	st, err := collect(ctx, p, wd, ex, v, hooks)
+	if localErr != nil && err == nil {
+		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
+	} else if localErr != nil {
+		err = errors.Join(err, fmt.Errorf("persist local copy: %w", localErr))
+	}
+	if err != nil {
+		p.log.Error("persist failed; the run directory is kept for a retry", "dir", p.dirs.Dir, "err", err)
+	}
+	return st, err
 }
 
 // prestart runs the Prestart hooks in order, starting the container's
@@ -159,24 +189,6 @@ func (r *runner) prestart(ctx context.Context) (*launch, error) {
 	return l, nil
 }
 
-// createAhead plans the container and has the engine create it in the
-// background, when the backend can (CreatesAhead); nil otherwise.
-func (r *runner) createAhead(ctx context.Context) *launch {
-	p := r.p
-	if !p.caps.CreatesAhead {
-		return nil
-	}
-	c := p.in.Sandbox.(sandbox.Creator) // the method of caps.CreatesAhead
-	l := newLaunch(p, r.wd, r.hooks)
-	l.created = make(chan struct{})
-	r.tr.step("create")
-	go func() {
-		defer close(l.created)
-		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
-	}()
-	return l
-}
-
 // poststart runs the Poststart hooks, in order, once the container started.
 func (r *runner) poststart(ctx context.Context, req *poststartRequest) {
 	for _, h := range r.hooks {
@@ -213,19 +225,6 @@ func (r *runner) stop(ctx context.Context, persistErr error) {
 			sh.stop(ctx, req)
 		}
 	}
-}
-
-// starterOf is what starts the run's container: a hook that starts it
-// itself (starterHook), or else the backend.
-func starterOf(hooks []hook, b sandbox.Backend) func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error) {
-	for _, h := range hooks {
-		if s, ok := h.(starterHook); ok {
-			return func(ctx context.Context, spec sandbox.Spec, _ sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
-				return s.start(ctx, spec, streams)
-			}
-		}
-	}
-	return b.Start
 }
 
 // configureAll has every Configure hook, in order, add to the container

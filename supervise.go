@@ -46,16 +46,6 @@ type execution struct {
 	// isolation is the isolation record (audit.json); nil when no
 	// container was inspected.
 	isolation *audit.Record
-	// removed is closed once the container is removed; nil when none was
-	// started.
-	removed <-chan struct{}
-}
-
-// awaitRemoved waits until the run's container is gone.
-func (ex execution) awaitRemoved() {
-	if ex.removed != nil {
-		<-ex.removed
-	}
 }
 
 // apply takes what the Exited hooks reported: the isolation record gets
@@ -76,7 +66,7 @@ func (ex *execution) apply(resp *exitedResponse) {
 // is the run's failure, if any; the execution is filled as far as the run
 // got. hard is the run's shutdown context (shutdownContext): the output
 // consumers outlive ctx's cancellation, but not hard.
-func (r *runner) supervise(ctx, hard context.Context, l *launch) (ex execution, err error) {
+func (r *runner) supervise(ctx, hard context.Context, l *launch) (h sandbox.Handle, ex execution, err error) {
 	p := r.p
 	// The engine's host facts, which the live audit needs, are read while
 	// the container starts.
@@ -89,15 +79,11 @@ func (r *runner) supervise(ctx, hard context.Context, l *launch) (ex execution, 
 	if r.selfCheck {
 		streams.Stderr = p.timings.FirstWrite(r.stderr, timings.SelfCheck, launched)
 	}
-	h, err := l.start(timings.NewContext(ctx, p.timings), p, streams)
+	h, err = l.start(timings.NewContext(ctx, p.timings), p, streams)
 	p.timings.Since(timings.Launch, launched)
 	if err != nil {
-		return ex, fmt.Errorf("start sandbox: %w", err)
+		return nil, ex, fmt.Errorf("start sandbox: %w", err)
 	}
-	// The container is removed in the background once the run is over, while
-	// its outputs are collected; the runner waits for it before the run's
-	// uid and directory are released.
-	defer func() { ex.removed = removeContainer(ctx, p, h) }()
 	ex.ContainerID, ex.Runtime, ex.ImageDigest = h.ID(), p.policy.Runtime, p.image.Digest()
 	p.log.Info("container started", "container", h.ID(), "image", l.spec.Image, "runtime", p.policy.Runtime)
 
@@ -130,7 +116,7 @@ func (r *runner) supervise(ctx, hard context.Context, l *launch) (ex execution, 
 	// records hold their totals.
 	resp, exitedErr := r.exited(ctx, res)
 	ex.apply(resp)
-	return ex, errors.Join(g.err, exitedErr, res.Err)
+	return h, ex, errors.Join(g.err, exitedErr, res.Err)
 }
 
 // gated is what the gates found.
@@ -176,11 +162,14 @@ func (r *runner) gates(runCtx, ctx context.Context, stop context.CancelFunc, ex 
 	return out
 }
 
-// removeContainer removes the run's container in the background, on a
+// removeContainer removes the run's container h in the background, on a
 // context detached from ctx's cancellation; the returned channel is closed
 // once it is gone (or removing it failed, which is logged: the reaper
-// finds it by its labels).
+// finds it by its labels). It is nil when no container started.
 func removeContainer(ctx context.Context, p *plan, h sandbox.Handle) <-chan struct{} {
+	if h == nil {
+		return nil
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
