@@ -167,6 +167,9 @@ type collectRequest struct {
 	Global func(ctx context.Context, name, key, contentType string) error
 	// Put stores r as the run object name, as one of the run's objects.
 	Put func(ctx context.Context, name string, r io.Reader, contentType string) (persist.ObjectInfo, error)
+	// Stored records the result of a store the hook made itself: a
+	// stored object is one of the run's objects. It passes err through.
+	Stored func(info persist.ObjectInfo, err error) error
 }
 
 // collectResponse is what the Collect hooks stored that the run's outcome
@@ -176,6 +179,16 @@ type collectResponse struct {
 	Changes *changeResult
 	// Output is the head of the stored output log.
 	Output []byte
+	// Artifacts are the stored artifacts, in path order; ArtifactsDir is
+	// the host directory they came from. TracePath is set when the agent
+	// wrote this run's trace.
+	Artifacts    []persist.ObjectInfo
+	ArtifactsDir string
+	TracePath    string
+	// Skipped lists the agent's files not stored (the first
+	// workspace.MaxSkips); DroppedSkips counts the others.
+	Skipped      []SkippedFile
+	DroppedSkips int64
 }
 
 // collectHook stores what the hook owns, in the records' order. It also
@@ -183,6 +196,30 @@ type collectResponse struct {
 type collectHook interface {
 	hook
 	collect(ctx context.Context, req *collectRequest, resp *collectResponse) error
+}
+
+// besideCollectHook stores its part of the run's objects concurrently
+// with the Collect hooks (the agent's files, which take longest); step
+// gets each of its steps' error with what it stored.
+type besideCollectHook interface {
+	hook
+	collectBeside(ctx context.Context, req *collectRequest, resp *collectResponse, step func(err error, what string))
+}
+
+// sealRequest is what a Seal hook covers.
+type sealRequest struct {
+	// Objects are the run's objects stored so far.
+	Objects func() []persist.ObjectInfo
+	// Exec and Verdict are the run's execution and verdict.
+	Exec    execution
+	Verdict verdict
+}
+
+// sealHook stores, once every Collect hook stored its own, what covers
+// the run's objects (the collection record, the attestation).
+type sealHook interface {
+	hook
+	seal(ctx context.Context, req *sealRequest, resp *collectResponse, step func(err error, what string))
 }
 
 // stopRequest says how the run's collection ended.

@@ -175,8 +175,8 @@ func loadKept(p *plan) (keptRun, error) {
 
 // keptHooks are the hooks that store records of a kept run (RetryPersist,
 // RecoverRun) from its local copy; each stores only what exists.
-func keptHooks(p *plan) []hook {
-	return []hook{&selfCheckHook{p: p}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}}
+func keptHooks(p *plan, wd *workdir) []hook {
+	return []hook{&selfCheckHook{p: p}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}, &filesHook{p: p, wd: wd}}
 }
 
 // keptPhases is the plan, workdir and verdict a kept run is finished with:
@@ -212,7 +212,7 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 	// first SIGINT or SIGTERM of `taskrun persist`), collect returns and
 	// release unmounts the image before anything else.
 	collectCtx, cancelCollect := context.WithTimeout(ctx, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
-	st, persistErr := keepAndCollect(collectCtx, retry, wd, kept.Execution, v, keptHooks(retry))
+	st, persistErr := keepAndCollect(collectCtx, tr, kept.Execution, v, keptHooks(retry, wd))
 	cancelCollect()
 	tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
 	finishStream(ctx, retry, wd, kept.Execution)

@@ -58,7 +58,7 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	}
 	// The gateway hook is inert without a model, but times its (empty)
 	// start for every run, so every run lists the same phases.
-	hooks = append(hooks, &selfCheckHook{p: p, wd: wd}, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p})
+	hooks = append(hooks, &selfCheckHook{p: p, wd: wd}, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &filesHook{p: p, wd: wd})
 	if p.limits.disk > 0 {
 		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
 	}
@@ -86,7 +86,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 		h, ex, runErr = r.supervise(ctx, hard, l)
 		// The container is removed in the background once it exited,
 		// while the run's outputs are collected.
-		removed = removeContainer(ctx, p, h)
+		removed = r.removeContainer(ctx, h)
 	}
 	if !r.exitedDone { // the container never ran
 		resp, err := r.exited(ctx, sandbox.Result{})
@@ -104,7 +104,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	// a deadline of its own, so a slow store cannot starve the final report.
 	collectCtx, cancelCollect := context.WithTimeout(hard, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
 	stopCollect := p.timings.Start(timings.Collect)
-	st, persistErr := keepAndCollect(collectCtx, p, wd, ex, v, r.hooks)
+	st, persistErr := keepAndCollect(collectCtx, r.tr, ex, v, r.hooks)
 	stopCollect()
 	cancelCollect()
 	// The container was removed while the outputs were collected; the
@@ -131,14 +131,16 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 // failed upload can be retried by RetryPersist. It matters only then: a
 // full host disk that refuses it fails the persist only together with an
 // upload.
-func keepAndCollect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, hooks []hook) (stored, error) {
+func keepAndCollect(ctx context.Context, tr *tracer, ex execution, v verdict, hooks []hook) (stored, error) {
 	if ex.ContainerID == "" {
 		return stored{}, nil // the agent never ran: there is nothing of it to keep
 	}
+	p := tr.p
+	tr.step("keep")
 	stopLocal := p.timings.Start(timings.KeepLocal)
-	localErr := keepLocalState(p, wd, ex, v)
+	localErr := keepLocalState(p, tr.wd, ex, v)
 	stopLocal()
-	st, err := collect(ctx, p, wd, ex, v, hooks)
+	st, err := collect(ctx, tr, ex, v, hooks)
 	if localErr != nil && err == nil {
 		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
 	} else if localErr != nil {
@@ -234,16 +236,6 @@ func configureAll(hooks []hook, spec *sandbox.Spec) {
 	for _, h := range hooks {
 		if c, ok := h.(configureHook); ok {
 			c.configure(req)
-		}
-	}
-}
-
-// collectAll has every Collect hook, in order, store its records; persist
-// gets each one's error with what it stored.
-func collectAll(ctx context.Context, hooks []hook, req *collectRequest, resp *collectResponse, persist func(err error, what string)) {
-	for _, h := range hooks {
-		if ch, ok := h.(collectHook); ok {
-			persist(ch.collect(ctx, req, resp), h.name()+" record")
 		}
 	}
 }

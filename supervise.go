@@ -166,10 +166,12 @@ func (r *runner) gates(runCtx, ctx context.Context, stop context.CancelFunc, ex 
 // context detached from ctx's cancellation; the returned channel is closed
 // once it is gone (or removing it failed, which is logged: the reaper
 // finds it by its labels). It is nil when no container started.
-func removeContainer(ctx context.Context, p *plan, h sandbox.Handle) <-chan struct{} {
+func (r *runner) removeContainer(ctx context.Context, h sandbox.Handle) <-chan struct{} {
 	if h == nil {
 		return nil
 	}
+	p := r.p
+	r.tr.step("remove")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
