@@ -11,6 +11,7 @@ import (
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/probe"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/timings"
 )
 
@@ -140,4 +141,14 @@ func (iso *isolation) record(runID string) *audit.Record {
 func (iso *isolation) intercept(stderr io.Writer) io.Writer {
 	iso.interceptor = probe.NewInterceptor(stderr, iso.nonce)
 	return iso.interceptor
+}
+
+// imageDigest is the digest a run's records name its image by: the repo
+// digest the image was resolved to, when the container really ran that
+// image (ranID, the image ID the engine reports for it), else ranID.
+func imageDigest(resolved sandbox.Image, ranID string) string {
+	if ranID == "" || resolved.ID == ranID {
+		return resolved.Digest()
+	}
+	return ranID
 }
