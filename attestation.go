@@ -9,31 +9,33 @@ import (
 
 	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/persist"
 )
 
 // attestation stores the run's attestation (attest.ObjectName): an in-toto
 // Statement over every object stored so far, with what the executor knows
 // of the run as its predicate, signed with RunTaskInput.AttestKey or left
-// unsigned without one. It runs last in collect, so that its subjects are
-// the run's objects.
-func (c *collector) attestation(ctx context.Context, wd *workdir, ex execution, v verdict) error {
-	if len(c.out.objects) == 0 {
+// unsigned without one. It runs last (filesHook.seal), so that its
+// subjects are the run's objects.
+func (h *filesHook) attestation(ctx context.Context, objects []persist.ObjectInfo, ex execution, v verdict) error {
+	if len(objects) == 0 {
 		// Nothing was stored (a fenced store dropped every write: the
 		// run's lease is lost): there is nothing to attest.
 		return nil
 	}
-	subjects := make([]attest.Subject, 0, len(c.out.objects))
-	for _, o := range c.out.objects {
+	subjects := make([]attest.Subject, 0, len(objects))
+	for _, o := range objects {
 		subjects = append(subjects, attest.Subject{Name: o.Key, SHA256: o.SHA256})
 	}
-	env, err := attest.Sign(ctx, c.p.in.AttestKey, subjects, predicate(c.p, wd, ex, v))
+	p := h.p
+	env, err := attest.Sign(ctx, p.in.AttestKey, subjects, predicate(p, h.wd, ex, v))
 	if err != nil {
 		return err
 	}
-	if c.p.in.AttestKey == nil {
-		c.p.log.Warn("the run's attestation is unsigned: the host has no signing key (--attest-key)")
+	if p.in.AttestKey == nil {
+		p.log.Warn("the run's attestation is unsigned: the host has no signing key (--attest-key)")
 	}
-	return c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, attest.ObjectName, bytes.NewReader(env), "application/json"))
+	return h.stored(p.in.Persist.PutRunFile(ctx, p.ref, attest.ObjectName, bytes.NewReader(env), "application/json"))
 }
 
 // predicate is the run's attest.Predicate.
@@ -67,21 +69,33 @@ func predicate(p *plan, wd *workdir, ex execution, v verdict) attest.Predicate {
 	if spans := p.timings.Spans(); len(spans) > 0 {
 		pred.Timings.Phases, _ = json.Marshal(spans)
 	}
-	record := ex.record
-	if record == nil {
-		// A persist retry: the isolation record is the kept copy.
-		record, _ = os.ReadFile(filepath.Join(p.hostDir, AuditRecordName))
-	}
-	var rec audit.Record
-	if record != nil && json.Unmarshal(record, &rec) == nil && rec.Version != 0 {
+	rec := keptIsolation(p, ex)
+	if rec != nil && rec.Version != 0 {
 		pred.Backend = rec.Backend
-		pred.Isolation = isolationSummary(rec)
+		pred.Isolation = isolationSummary(*rec)
 		pred.Host, _ = json.Marshal(rec.Host)
 		if rec.Egress != nil {
 			pred.Egress, _ = json.Marshal(rec.Egress)
 		}
 	}
 	return pred
+}
+
+// keptIsolation is the run's isolation record: the one the run made, or
+// for a persist retry, its kept copy; nil when there is none.
+func keptIsolation(p *plan, ex execution) *audit.Record {
+	if ex.isolation != nil {
+		return ex.isolation
+	}
+	data, err := os.ReadFile(filepath.Join(p.hostDir, AuditRecordName))
+	if err != nil {
+		return nil
+	}
+	var rec audit.Record
+	if json.Unmarshal(data, &rec) != nil {
+		return nil
+	}
+	return &rec
 }
 
 // isolationSummary is the verdicts of an isolation record.

@@ -2,7 +2,6 @@ package taskrun
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -101,7 +100,7 @@ func indexRecord(p *plan, wd *workdir, ex execution, out *Outcome, st stored) *r
 		},
 		PromptTokens:     ex.PromptTokens,
 		CompletionTokens: ex.CompletionTokens,
-		Isolation:        isolationVerdict(ex.record),
+		Isolation:        isolationVerdict(ex.isolation),
 		Usage:            ex.Usage,
 	}
 	rec.Timings = p.timings.Spans()
@@ -145,13 +144,9 @@ func runKey(p *plan, name string) string {
 }
 
 // isolationVerdict summarises the isolation record for the run index.
-func isolationVerdict(record []byte) string {
-	if record == nil {
+func isolationVerdict(r *audit.Record) string {
+	if r == nil {
 		return ""
-	}
-	var r audit.Record
-	if err := json.Unmarshal(record, &r); err != nil {
-		return "unreadable isolation record: " + err.Error()
 	}
 	_, failed, _ := audit.Tally(r.Findings)
 	tally := audit.TallyLine(r.Findings)

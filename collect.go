@@ -1,9 +1,7 @@
 package taskrun
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,7 +15,6 @@ import (
 
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/timings"
-	"github.com/taskrun/taskrun/workspace"
 )
 
 // Names of a run's own objects in PersistStorage.
@@ -113,57 +110,47 @@ type stored struct {
 }
 
 // collect stores whatever the run produced, even after a failure: the
-// output logs, the trace, artifacts, the final answer, the session state and
-// the isolation record. First it keeps a local copy of the execution and
-// verdict, so that a failed upload can be retried by RetryPersist. Each step
-// runs regardless of the others; their errors are joined.
-// hooks store their own records (collectHook), after the output logs and
-// before the isolation record.
-func collect(ctx context.Context, p *plan, wd *workdir, ex execution, v verdict, hooks []hook) (stored, error) {
-	if ex.ContainerID == "" {
-		return stored{}, nil // the agent never ran: there is nothing of it to keep
-	}
-	c := &collector{p: p, ledger: workspace.NewLedger(p.limits.collect)}
-	// The local copy matters only if an upload fails: a full host disk
-	// that refuses it fails the persist only together with an upload.
-	stopLocal := p.timings.Start(timings.KeepLocal)
-	localErr := keepLocalState(p, wd, ex, v)
-	stopLocal()
-	stopPersist := p.timings.Start(timings.Persist)
-	// The executor's own records and the agent's files are stored side by
-	// side. The agent's files are walked one root after another, always in
-	// this order: the ledger admits a hard-linked file once, for the first
-	// walk that meets it, and bounds what all of them read together.
+// Collect hooks store the executor's records (output logs, change set,
+// gateway and egress records, isolation record) while the beside hooks
+// store the agent's files; then the Seal hooks store what covers them all.
+// Each step runs regardless of the others; their errors are joined.
+func collect(ctx context.Context, tr *tracer, ex execution, v verdict, hooks []hook) (stored, error) {
+	p := tr.p
+	c := &collector{p: p}
+	defer p.timings.Start(timings.Persist)()
+	req := &collectRequest{Kept: c.kept, Global: c.global, Put: c.put, Stored: c.stored}
 	var records, files persistSteps
+	var recResp, filesResp collectResponse
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		var resp collectResponse
-		collectAll(ctx, hooks, &collectRequest{Kept: c.kept, Global: c.global, Put: c.put}, &resp, records.do)
-		c.out.changes, c.out.output = resp.Changes, resp.Output
-		records.do(c.kept(ctx, AuditRecordName, AuditRecordName, "application/json"), "isolation record")
-	})
-	files.do(c.trace(ctx), "trace")
-	files.do(c.artifacts(ctx), "artifacts")
-	files.do(c.resultFiles(ctx), "output files")
-	files.do(c.sessionState(ctx), "session state")
+	wg.Go(func() { collectAll(ctx, hooks, req, &recResp, records.do) })
+	for _, h := range hooks {
+		if bh, ok := h.(besideCollectHook); ok {
+			tr.step("collect:" + h.name())
+			bh.collectBeside(ctx, req, &filesResp, files.do)
+		}
+	}
 	wg.Wait()
-	// The collection record lists what every walk skipped.
-	files.do(c.collectionRecord(ctx, ex), "collection record")
-	// The attestation covers every object above.
-	files.do(c.attestation(ctx, wd, ex, v), "attestation")
-	stopPersist()
+	for _, h := range hooks {
+		if sh, ok := h.(sealHook); ok {
+			tr.step("seal:" + h.name())
+			sh.seal(ctx, &sealRequest{Objects: c.objects, Exec: ex, Verdict: v}, &filesResp, files.do)
+		}
+	}
+	c.out.changes, c.out.output = recResp.Changes, recResp.Output
+	c.out.artifacts, c.out.artifactsDir, c.out.tracePath = filesResp.Artifacts, filesResp.ArtifactsDir, filesResp.TracePath
+	c.out.skipped, c.out.droppedSkips = filesResp.Skipped, filesResp.DroppedSkips
 	slices.SortFunc(c.out.objects, func(a, b persist.ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
-	errs := append(records.errs, files.errs...)
-	if localErr != nil && len(errs) == 0 {
-		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
-	} else if localErr != nil {
-		errs = append(errs, fmt.Errorf("persist local copy: %w", localErr))
+	return c.out, errors.Join(append(records.errs, files.errs...)...)
+}
+
+// collectAll has every Collect hook, in order, store its records; persist
+// gets each one's error with what it stored.
+func collectAll(ctx context.Context, hooks []hook, req *collectRequest, resp *collectResponse, persist func(err error, what string)) {
+	for _, h := range hooks {
+		if ch, ok := h.(collectHook); ok {
+			persist(ch.collect(ctx, req, resp), h.name()+" record")
+		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		p.log.Error("persist failed; the run directory is kept for a retry", "dir", p.dirs.Dir, "err", err)
-		return c.out, err
-	}
-	return c.out, nil
 }
 
 // persistSteps gathers the errors of a sequence of collect steps.
@@ -177,43 +164,19 @@ func (s *persistSteps) do(err error, what string) {
 }
 
 // collector accumulates one collect call's result. The executor's records
-// and the agent's files are stored concurrently (see collect): each field
-// of out is written by one of them only, but for objects, which mu guards.
+// and the agent's files are stored concurrently (see collect): mu guards
+// out.objects.
 type collector struct {
 	p   *plan
 	mu  sync.Mutex
 	out stored
-	// ledger is shared by every walk of the run's files.
-	ledger *workspace.Ledger
 }
 
-// skip records that the agent's file root/rel was not stored.
-func (c *collector) skip(root, rel, reason string) {
-	if len(c.out.skipped) >= workspace.MaxSkips {
-		c.out.droppedSkips++
-		return
-	}
-	c.out.skipped = append(c.out.skipped, SkippedFile{Root: root, Path: rel, Reason: reason})
-}
-
-// unstorable reports whether err is a refusal of one agent file's name
-// (a name no key can take, one reserved for a run's records, or a key the
-// store refuses): that file is skipped, the others are stored, and a retry
-// would skip it the same way.
-func unstorable(err error) bool {
-	return errors.Is(err, persist.ErrInvalidName) || errors.Is(err, persist.ErrReservedName) || errors.Is(err, persist.ErrKeyRejected)
-}
-
-// storeAgentFile stores one of the agent's files through put; a name that
-// cannot be stored is skipped with the reason.
-func (c *collector) storeAgentFile(root, rel string, put func() (persist.ObjectInfo, error)) (bool, error) {
-	info, err := put()
-	if unstorable(err) {
-		c.p.log.Warn("skipped file in run output", "root", root, "path", rel, "reason", err)
-		c.skip(root, rel, err.Error())
-		return false, nil
-	}
-	return err == nil, c.stored(info, err)
+// objects is a copy of the objects stored so far.
+func (c *collector) objects() []persist.ObjectInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.out.objects)
 }
 
 // kept uploads the executor-private file name as the run object objectName;
@@ -261,33 +224,6 @@ func capOutput(output []byte, limit int) ([]byte, bool) {
 	return output, false
 }
 
-// trace uploads the session's traces from global/traces/<session>/ to
-// run-global storage and notes when the agent wrote this run's trace.
-func (c *collector) trace(ctx context.Context) error {
-	want := c.p.tracePath
-	prefix := path.Dir(want) + "/"
-	return c.walk(ctx, rootGlobal, c.p.dirs.Global, func(ctx context.Context, f workspace.CollectedFile) error {
-		if !strings.HasPrefix(f.RelPath, prefix) {
-			return nil
-		}
-		ok, err := c.storeAgentFile(rootGlobal, f.RelPath, func() (persist.ObjectInfo, error) {
-			// Another run's trace and every gateway record are the
-			// executor's: no agent file may take their keys.
-			if err := persist.CheckAgentGlobalPath(c.p.ref.RunID, f.RelPath); err != nil {
-				return persist.ObjectInfo{}, err
-			}
-			return c.p.in.Persist.PutGlobalFile(ctx, c.p.ref.UserID, f.RelPath, f.Reader, "application/x-ndjson")
-		})
-		if err != nil {
-			return err
-		}
-		if ok && f.RelPath == want {
-			c.out.tracePath = want
-		}
-		return nil
-	})
-}
-
 // global uploads the executor-private file name as key in the user's
 // run-global storage; a file that does not exist is skipped.
 func (c *collector) global(ctx context.Context, name, key, contentType string) error {
@@ -300,49 +236,6 @@ func (c *collector) global(ctx context.Context, name, key, contentType string) e
 	}
 	defer f.Close()
 	return c.stored(c.p.in.Persist.PutGlobalFile(ctx, c.p.ref.UserID, key, f, contentType))
-}
-
-// artifacts uploads every regular file under artifacts/.
-func (c *collector) artifacts(ctx context.Context) error {
-	c.out.artifactsDir = c.p.dirs.Artifacts
-	return c.walk(ctx, rootArtifacts, c.p.dirs.Artifacts, func(ctx context.Context, f workspace.CollectedFile) error {
-		var info persist.ObjectInfo
-		ok, err := c.storeAgentFile(rootArtifacts, f.RelPath, func() (persist.ObjectInfo, error) {
-			var err error
-			info, err = c.p.in.ArtifactStorage.PutArtifact(ctx, c.p.ref, f.RelPath, f.Reader, contentType(f.RelPath))
-			return info, err
-		})
-		if ok {
-			c.out.artifacts = append(c.out.artifacts, info)
-		}
-		return err
-	})
-}
-
-// resultFiles uploads the final answer files under output/.
-func (c *collector) resultFiles(ctx context.Context) error {
-	return c.walk(ctx, rootOutput, c.p.dirs.Output, func(ctx context.Context, f workspace.CollectedFile) error {
-		_, err := c.storeAgentFile(rootOutput, f.RelPath, func() (persist.ObjectInfo, error) {
-			return c.p.in.Persist.PutRunFile(ctx, c.p.ref, ResultPrefix+f.RelPath, f.Reader, contentType(f.RelPath))
-		})
-		return err
-	})
-}
-
-// sessionState streams home as a tar.gz straight into the store.
-func (c *collector) sessionState(ctx context.Context) error {
-	pr, pw := io.Pipe()
-	packed := make(chan workspace.PackStats, 1)
-	go func() {
-		stats, err := workspace.PackHome(ctx, c.p.dirs.Home, pw, workspace.PackOptions{Exclude: c.p.sessionExcludes, Ledger: c.ledger})
-		pw.CloseWithError(err)
-		packed <- stats
-	}()
-	err := c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, SessionStateName, pr, "application/gzip"))
-	pr.CloseWithError(err)
-	stats := <-packed
-	c.skipped(rootHome, stats.Skipped, stats.DroppedSkips)
-	return err
 }
 
 // stored records a successful upload and passes err through. A write the
@@ -360,52 +253,6 @@ func (c *collector) stored(info persist.ObjectInfo, err error) error {
 		c.p.log.Info("stored", "key", info.Key, "bytes", info.Size)
 	}
 	return err
-}
-
-// walk walks the run directory root (named name) with the
-// hostile-input-safe collector, through the run's ledger, and records every
-// file it skipped.
-func (c *collector) walk(ctx context.Context, name, root string, visit func(context.Context, workspace.CollectedFile) error) error {
-	rep, err := workspace.Collect(ctx, root, workspace.CollectOptions{
-		MaxFileBytes:  maxCollectFileBytes,
-		MaxTotalBytes: c.p.limits.collect,
-		Ledger:        c.ledger,
-	}, visit)
-	c.skipped(name, rep.Skipped, rep.DroppedSkips)
-	return err
-}
-
-// skipped logs and records the skips of one walk of root.
-func (c *collector) skipped(root string, skips []workspace.Skip, dropped int64) {
-	for _, s := range skips {
-		c.p.log.Warn("skipped file in run output", "root", root, "path", s.Path, "reason", s.Reason)
-		c.skip(root, s.Path, s.Reason)
-	}
-	if dropped > 0 {
-		c.p.log.Warn("more files skipped in run output", "root", root, "count", dropped)
-		c.out.droppedSkips += dropped
-	}
-}
-
-// collectionRecord stores what collection left out and what the run's
-// host records dropped, as CollectionRecordName.
-func (c *collector) collectionRecord(ctx context.Context, ex execution) error {
-	rec := CollectionRecord{
-		Skipped:            c.out.skipped,
-		DroppedSkips:       c.out.droppedSkips,
-		ReadBytes:          c.ledger.Read(),
-		ReadLimitBytes:     c.ledger.Limit(),
-		DroppedRecordBytes: ex.DroppedRecordBytes,
-		RecordBudgetBytes:  c.p.limits.records,
-	}
-	if rec.Skipped == nil {
-		rec.Skipped = []SkippedFile{}
-	}
-	data, err := json.MarshalIndent(rec, "", "  ")
-	if err != nil {
-		return err
-	}
-	return c.stored(c.p.in.Persist.PutRunFile(ctx, c.p.ref, CollectionRecordName, bytes.NewReader(data), "application/json"))
 }
 
 // contentType is a stored file's media type, from its extension.

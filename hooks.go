@@ -60,6 +60,9 @@ type prestartResponse struct {
 	// Stdout and Stderr are where the container's output goes, when the
 	// hook made them.
 	Stdout, Stderr io.Writer
+	// StderrFilter, when set, wraps the container's stderr once every
+	// Prestart hook ran: the self-check's report is read off it first.
+	StderrFilter func(io.Writer) io.Writer
 }
 
 // prestartHook makes something the container needs before it starts. A
@@ -95,6 +98,35 @@ type poststartHook interface {
 	poststart(ctx context.Context, req *poststartRequest)
 }
 
+// gateRequest is what a gate may use of the started container.
+type gateRequest struct {
+	// Run is the run's context (the gate's own ends once the container
+	// exited).
+	Run context.Context
+	// Handle is the started container.
+	Handle sandbox.Handle
+	// HostFacts yields the engine's host facts once (prefetchHostFacts).
+	HostFacts <-chan hostFactsResult
+}
+
+// gateResponse is what a gate found of the started container.
+type gateResponse struct {
+	// GoAhead says the agent was let go.
+	GoAhead bool
+	// ImageDigest and Runtime are the container's as inspected; empty
+	// when it was not.
+	ImageDigest, Runtime string
+}
+
+// gateHook is a Poststart hook that decides whether the agent may run:
+// the runner runs it beside the container, from its start, with a
+// context that ends once the container exited, and reports RUNNING once
+// it gave the go-ahead. Its error stops the container and fails the run.
+type gateHook interface {
+	hook
+	gate(ctx context.Context, req *gateRequest, resp *gateResponse) error
+}
+
 // exitedRequest says how the container ended; zero when it never started.
 type exitedRequest struct {
 	Result sandbox.Result
@@ -110,6 +142,9 @@ type exitedResponse struct {
 	ModelUpstream    string
 	// Egress is the egress part of the isolation record.
 	Egress *audit.EgressRecord
+	// Isolation is the isolation record, but for its egress part; nil
+	// when no container was inspected.
+	Isolation *audit.Record
 	// ReadOnlyRootWrite, StreamEnded and DroppedOutputBytes are the
 	// output's: see execution.
 	ReadOnlyRootWrite  bool
@@ -121,7 +156,8 @@ type exitedResponse struct {
 }
 
 // exitedHook ends what served the container once it is over (or never
-// started after the hook's Prestart); its error fails the run.
+// started after the hook's Prestart); its error fails the run. Exited
+// hooks run in the list's order, after the gate returned.
 type exitedHook interface {
 	hook
 	exited(ctx context.Context, req *exitedRequest, resp *exitedResponse) error
@@ -137,6 +173,9 @@ type collectRequest struct {
 	Global func(ctx context.Context, name, key, contentType string) error
 	// Put stores r as the run object name, as one of the run's objects.
 	Put func(ctx context.Context, name string, r io.Reader, contentType string) (persist.ObjectInfo, error)
+	// Stored records the result of a store the hook made itself: a
+	// stored object is one of the run's objects. It passes err through.
+	Stored func(info persist.ObjectInfo, err error) error
 }
 
 // collectResponse is what the Collect hooks stored that the run's outcome
@@ -146,6 +185,16 @@ type collectResponse struct {
 	Changes *changeResult
 	// Output is the head of the stored output log.
 	Output []byte
+	// Artifacts are the stored artifacts, in path order; ArtifactsDir is
+	// the host directory they came from. TracePath is set when the agent
+	// wrote this run's trace.
+	Artifacts    []persist.ObjectInfo
+	ArtifactsDir string
+	TracePath    string
+	// Skipped lists the agent's files not stored (the first
+	// workspace.MaxSkips); DroppedSkips counts the others.
+	Skipped      []SkippedFile
+	DroppedSkips int64
 }
 
 // collectHook stores what the hook owns, in the records' order. It also
@@ -153,6 +202,30 @@ type collectResponse struct {
 type collectHook interface {
 	hook
 	collect(ctx context.Context, req *collectRequest, resp *collectResponse) error
+}
+
+// besideCollectHook stores its part of the run's objects concurrently
+// with the Collect hooks (the agent's files, which take longest); step
+// gets each of its steps' error with what it stored.
+type besideCollectHook interface {
+	hook
+	collectBeside(ctx context.Context, req *collectRequest, resp *collectResponse, step func(err error, what string))
+}
+
+// sealRequest is what a Seal hook covers.
+type sealRequest struct {
+	// Objects are the run's objects stored so far.
+	Objects func() []persist.ObjectInfo
+	// Exec and Verdict are the run's execution and verdict.
+	Exec    execution
+	Verdict verdict
+}
+
+// sealHook stores, once every Collect hook stored its own, what covers
+// the run's objects (the collection record, the attestation).
+type sealHook interface {
+	hook
+	seal(ctx context.Context, req *sealRequest, resp *collectResponse, step func(err error, what string))
 }
 
 // stopRequest says how the run's collection ended.

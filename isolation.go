@@ -3,14 +3,11 @@ package taskrun
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/helpers"
@@ -43,8 +40,6 @@ type isolation struct {
 	// probeReport and contradictions are what the self-check saw.
 	probeReport    *probe.Report
 	contradictions []string
-	// egress is the run's egress policy and totals; nil without a policy.
-	egress *audit.EgressRecord
 	// imageDigest names the image the run used (its repo digest, else its
 	// ID); empty keeps the posture's image ID.
 	imageDigest string
@@ -73,31 +68,6 @@ func auditOptions(p *plan, policy sandbox.Policy) audit.Options {
 		Mounts:        audit.MountPolicy{RunDir: p.dirs.Dir, HelperFiles: p.helpers.Sources()},
 		RequireGVisor: policy.Runtime == sandbox.RuntimeGVisor,
 	}
-}
-
-// wrap adds the self-check to spec: the helper files, each mounted
-// read-only at its own path, and the probe wrapping the container's command,
-// so the agent starts only after the probe reported (and, with a hold, got
-// the host's go-ahead).
-func (iso *isolation) wrap(spec *sandbox.Spec, files helpers.Files) error {
-	expect, err := json.Marshal(iso.expect)
-	if err != nil {
-		return err
-	}
-	spec.Mounts = append(spec.Mounts, files.Mounts()...)
-	spec.Wrapper = []string{helpers.ProbePath, "--nonce", iso.nonce, "--expect", string(expect)}
-	if iso.holds {
-		spec.Wrapper = append(spec.Wrapper, probe.HoldFlag, model.ContainerRunDir+"/"+model.HoldSocketPath)
-	}
-	spec.Wrapper = append(spec.Wrapper, "--")
-	return nil
-}
-
-// intercept returns the stderr writer that extracts the self-check's report
-// before stderr.
-func (iso *isolation) intercept(stderr io.Writer) io.Writer {
-	iso.interceptor = probe.NewInterceptor(stderr, iso.nonce)
-	return iso.interceptor
 }
 
 // listenHold opens the run's hold in its run directory, shared with the
@@ -246,22 +216,4 @@ func (iso *isolation) readProbe(exit sandbox.Result) error {
 		return fmt.Errorf("%w: %s: %s; %s (see \"What an agent image needs\" in the README)", sandbox.ErrImageUnusable, c.Command, c.Problem, c.Need)
 	}
 	return nil
-}
-
-// record is the run's isolation record as JSON, or nil when no container
-// was inspected.
-func (iso *isolation) record(runID string) []byte {
-	if iso.posture == nil {
-		return nil
-	}
-	rec := audit.NewRecord(runID, *iso.posture, iso.host, iso.opts, iso.probeReport, iso.contradictions, time.Now())
-	rec.Egress = iso.egress
-	if iso.imageDigest != "" {
-		rec.ImageDigest = iso.imageDigest
-	}
-	data, err := json.MarshalIndent(rec, "", "  ")
-	if err != nil {
-		return nil // a Record always marshals
-	}
-	return data
 }

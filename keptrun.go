@@ -51,8 +51,11 @@ func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
 	if err := journal.WriteFileAtomic(filepath.Join(p.hostDir, keptRunName), data, 0o600); err != nil {
 		return err
 	}
-	if ex.record != nil {
-		rec := ex.record
+	if ex.isolation != nil {
+		rec, err := json.MarshalIndent(ex.isolation, "", "  ")
+		if err != nil {
+			return err
+		}
 		if int64(len(rec)) > wd.isolationRoom && wd.records != nil {
 			rec = fmt.Appendf(nil, "{\"error\":\"the isolation record of %d bytes is over its %d-byte room in the run's record budget\"}\n", len(rec), wd.isolationRoom)
 		}
@@ -172,8 +175,8 @@ func loadKept(p *plan) (keptRun, error) {
 
 // keptHooks are the hooks that store records of a kept run (RetryPersist,
 // RecoverRun) from its local copy; each stores only what exists.
-func keptHooks(p *plan) []hook {
-	return []hook{&changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}}
+func keptHooks(p *plan, wd *workdir) []hook {
+	return []hook{&selfCheckHook{p: p}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}, &filesHook{p: p, wd: wd}}
 }
 
 // keptPhases is the plan, workdir and verdict a kept run is finished with:
@@ -209,7 +212,7 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 	// first SIGINT or SIGTERM of `taskrun persist`), collect returns and
 	// release unmounts the image before anything else.
 	collectCtx, cancelCollect := context.WithTimeout(ctx, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
-	st, persistErr := collect(collectCtx, retry, wd, kept.Execution, v, keptHooks(retry))
+	st, persistErr := keepAndCollect(collectCtx, tr, kept.Execution, v, keptHooks(retry, wd))
 	cancelCollect()
 	tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
 	finishStream(ctx, retry, wd, kept.Execution)

@@ -3,18 +3,19 @@ package taskrun
 import (
 	"context"
 
+	"github.com/taskrun/taskrun/timings"
+
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
-// launch is the run's container before it starts: its spec and policy, the
-// self-check and audit that go with it and, where the backend can create a
+// launch is the run's container before it starts: its spec and policy
+// and, where the backend can create a
 // container ahead of starting it (sandbox.Creator), the container the engine
 // creates while prepare fills the run directory.
 type launch struct {
 	spec   sandbox.Spec
 	policy sandbox.Policy
-	iso    *isolation
 	// created is closed once the early create returned, with container or
 	// err; nil when the container is created at start.
 	created   chan struct{}
@@ -26,20 +27,14 @@ type launch struct {
 	startWith func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error)
 }
 
-// newLaunch builds the container of a run of p in wd: the planned spec,
-// the self-check and the relay, then what each Configure hook adds.
-func newLaunch(p *plan, wd *workdir, hooks []hook) (*launch, error) {
+// newLaunch builds the container of a run of p in wd: the planned spec
+// and the relay, then what each Configure hook adds (the self-check's
+// wrapper goes in front of every other).
+func newLaunch(p *plan, wd *workdir, hooks []hook) *launch {
 	spec := p.containerSpec()
-	policy := wd.policy(p)
-	iso := newIsolation(p, policy, p.caps)
-	if len(p.helpers) > 0 {
-		if err := iso.wrap(&spec, p.helpers); err != nil {
-			return nil, err
-		}
-	}
 	wrapRelay(p, &spec)
 	configureAll(hooks, &spec)
-	return &launch{spec: spec, policy: policy, iso: iso, startWith: starterOf(hooks, p.in.Sandbox)}, nil
+	return &launch{spec: spec, policy: wd.policy(p), startWith: starterOf(hooks, p.in.Sandbox)}
 }
 
 // wrapRelay runs the command behind the relay (after the self-check, which
@@ -88,4 +83,35 @@ func (l *launch) discardUnstarted(ctx context.Context, p *plan) {
 	if err := l.container.Discard(ctx); err != nil {
 		p.log.Warn("remove the container created for the run", "container", l.container.ID(), "err", err)
 	}
+}
+
+// createAhead plans the container and has the engine create it in the
+// background, when the backend can (CreatesAhead); nil otherwise.
+func (r *runner) createAhead(ctx context.Context) *launch {
+	p := r.p
+	if !p.caps.CreatesAhead {
+		return nil
+	}
+	c := p.in.Sandbox.(sandbox.Creator) // the method of caps.CreatesAhead
+	l := newLaunch(p, r.wd, r.hooks)
+	l.created = make(chan struct{})
+	r.tr.step("create")
+	go func() {
+		defer close(l.created)
+		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
+	}()
+	return l
+}
+
+// starterOf is what starts the run's container: a hook that starts it
+// itself (starterHook), or else the backend.
+func starterOf(hooks []hook, b sandbox.Backend) func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error) {
+	for _, h := range hooks {
+		if s, ok := h.(starterHook); ok {
+			return func(ctx context.Context, spec sandbox.Spec, _ sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
+				return s.start(ctx, spec, streams)
+			}
+		}
+	}
+	return b.Start
 }

@@ -25,8 +25,10 @@ type runner struct {
 	// createAt is the create point: the index of the first hook the engine
 	// need not wait for (-1: none, the container is created at start).
 	createAt int
-	// stdout and stderr are where the container's output goes (Prestart).
+	// stdout and stderr are where the container's output goes (Prestart);
+	// selfCheck says stderr is filtered for the self-check's report.
 	stdout, stderr io.Writer
+	selfCheck      bool
 	// exitedDone is set once the Exited hooks ran; resp is what they said.
 	exitedDone bool
 	resp       exitedResponse
@@ -56,7 +58,7 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	}
 	// The gateway hook is inert without a model, but times its (empty)
 	// start for every run, so every run lists the same phases.
-	hooks = append(hooks, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p})
+	hooks = append(hooks, &selfCheckHook{p: p, wd: wd}, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &filesHook{p: p, wd: wd})
 	if p.limits.disk > 0 {
 		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
 	}
@@ -81,8 +83,13 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 
 	l, runErr := r.prestart(ctx)
 	var ex execution
+	var removed <-chan struct{}
 	if runErr == nil {
-		ex, runErr = supervise(ctx, hard, r.tr, l, r, r.stdout, r.stderr)
+		var h sandbox.Handle
+		h, ex, runErr = r.supervise(ctx, hard, l)
+		// The container is removed in the background once it exited,
+		// while the run's outputs are collected.
+		removed = r.removeContainer(ctx, h)
 	}
 	if !r.exitedDone { // the container never ran
 		resp, err := r.exited(ctx, sandbox.Result{})
@@ -100,14 +107,14 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	// a deadline of its own, so a slow store cannot starve the final report.
 	collectCtx, cancelCollect := context.WithTimeout(hard, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
 	stopCollect := p.timings.Start(timings.Collect)
-	st, persistErr := collect(collectCtx, p, wd, ex, v, r.hooks)
+	st, persistErr := keepAndCollect(collectCtx, r.tr, ex, v, r.hooks)
 	stopCollect()
 	cancelCollect()
 	// The container was removed while the outputs were collected; the
 	// journal stops tracking it, and the hooks release the run's uid and
 	// directory, only once it is gone.
-	if ex.removed != nil {
-		ex.awaitRemoved()
+	if removed != nil {
+		<-removed
 		r.tr.step("removed")
 	}
 	r.tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
@@ -122,6 +129,32 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	return out, err
 }
 
+// keepAndCollect keeps the run's local copy (keepLocalState), then
+// collects it (collect): the local copy comes before any upload, so a
+// failed upload can be retried by RetryPersist. It matters only then: a
+// full host disk that refuses it fails the persist only together with an
+// upload.
+func keepAndCollect(ctx context.Context, tr *tracer, ex execution, v verdict, hooks []hook) (stored, error) {
+	if ex.ContainerID == "" {
+		return stored{}, nil // the agent never ran: there is nothing of it to keep
+	}
+	p := tr.p
+	tr.step("keep")
+	stopLocal := p.timings.Start(timings.KeepLocal)
+	localErr := keepLocalState(p, tr.wd, ex, v)
+	stopLocal()
+	st, err := collect(ctx, tr, ex, v, hooks)
+	if localErr != nil && err == nil {
+		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
+	} else if localErr != nil {
+		err = errors.Join(err, fmt.Errorf("persist local copy: %w", localErr))
+	}
+	if err != nil {
+		p.log.Error("persist failed; the run directory is kept for a retry", "dir", p.dirs.Dir, "err", err)
+	}
+	return st, err
+}
+
 // prestart runs the Prestart hooks in order, starting the container's
 // create at the create point when the backend can create ahead and hooks
 // remain to run meanwhile; then it plans the container (Configure) if the
@@ -129,6 +162,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 func (r *runner) prestart(ctx context.Context) (*launch, error) {
 	defer r.p.timings.Start(timings.Prepare)()
 	var l *launch
+	var filter func(io.Writer) io.Writer
 	for i, h := range r.hooks {
 		if i == r.createAt {
 			l = r.createAhead(ctx)
@@ -143,41 +177,21 @@ func (r *runner) prestart(ctx context.Context) (*launch, error) {
 			if resp.Stdout != nil {
 				r.stdout, r.stderr = resp.Stdout, resp.Stderr
 			}
+			if resp.StderrFilter != nil {
+				filter = resp.StderrFilter
+			}
 			if err != nil {
 				return l, err
 			}
 		}
 	}
-	if l != nil {
-		return l, nil
+	if filter != nil {
+		r.stderr, r.selfCheck = filter(r.stderr), true
 	}
-	l, err := newLaunch(r.p, r.wd, r.hooks)
-	if err != nil {
-		return nil, fmt.Errorf("self-check: %w", err)
+	if l == nil {
+		l = newLaunch(r.p, r.wd, r.hooks)
 	}
 	return l, nil
-}
-
-// createAhead plans the container and has the engine create it in the
-// background, when the backend can (CreatesAhead); nil otherwise, or when
-// planning failed (prestart plans it again and reports the error).
-func (r *runner) createAhead(ctx context.Context) *launch {
-	p := r.p
-	if !p.caps.CreatesAhead {
-		return nil
-	}
-	c := p.in.Sandbox.(sandbox.Creator) // the method of caps.CreatesAhead
-	l, err := newLaunch(p, r.wd, r.hooks)
-	if err != nil {
-		return nil
-	}
-	l.created = make(chan struct{})
-	r.tr.step("create")
-	go func() {
-		defer close(l.created)
-		l.container, l.err = c.Create(timings.NewContext(ctx, p.timings), l.spec, l.policy)
-	}()
-	return l
 }
 
 // poststart runs the Poststart hooks, in order, once the container started.
@@ -218,19 +232,6 @@ func (r *runner) stop(ctx context.Context, persistErr error) {
 	}
 }
 
-// starterOf is what starts the run's container: a hook that starts it
-// itself (starterHook), or else the backend.
-func starterOf(hooks []hook, b sandbox.Backend) func(context.Context, sandbox.Spec, sandbox.Policy, sandbox.Streams) (sandbox.Handle, error) {
-	for _, h := range hooks {
-		if s, ok := h.(starterHook); ok {
-			return func(ctx context.Context, spec sandbox.Spec, _ sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
-				return s.start(ctx, spec, streams)
-			}
-		}
-	}
-	return b.Start
-}
-
 // configureAll has every Configure hook, in order, add to the container
 // plan spec.
 func configureAll(hooks []hook, spec *sandbox.Spec) {
@@ -238,16 +239,6 @@ func configureAll(hooks []hook, spec *sandbox.Spec) {
 	for _, h := range hooks {
 		if c, ok := h.(configureHook); ok {
 			c.configure(req)
-		}
-	}
-}
-
-// collectAll has every Collect hook, in order, store its records; persist
-// gets each one's error with what it stored.
-func collectAll(ctx context.Context, hooks []hook, req *collectRequest, resp *collectResponse, persist func(err error, what string)) {
-	for _, h := range hooks {
-		if ch, ok := h.(collectHook); ok {
-			persist(ch.collect(ctx, req, resp), h.name()+" record")
 		}
 	}
 }

@@ -72,14 +72,21 @@ func withoutRunning(t *testing.T, steps []string, optional ...bool) []string {
 // order of lines in the runner.
 func TestTracedOrderOfARun(t *testing.T) {
 	// A cold run: uid and run dir, the create ahead while the run dir is
-	// prepared, the container, the verdict journaled before anything is
-	// stored, the container's removal awaited before the journal lets go of
-	// it and before the uid and run dir are released, and the final report
-	// before the journal record goes.
+	// prepared, the container, its removal started as soon as it exited,
+	// the verdict journaled before anything is stored, the local copy kept
+	// before any upload, the agent's files stored (beside the records) and
+	// then sealed (collection record, attestation), the container's removal
+	// awaited before the journal lets go of it and before the uid and run
+	// dir are released, and the final report before the journal record
+	// goes.
+	// The live audit (poststart:isolation) is started beside the
+	// container before the start is journaled; the self-check's report is
+	// read (exited:isolation) before the output's spools close.
 	started := []string{
-		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
-		"started", "poststart:output", "poststart:metrics",
-		"exited:output", "exited:gateway", "exited:metrics", "judged", "removed", "collected",
+		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+		"poststart:isolation", "started", "poststart:output", "poststart:metrics",
+		"exited:isolation", "exited:output", "exited:gateway", "exited:metrics", "remove", "judged",
+		"keep", "collect:files", "seal:files", "removed", "collected",
 		"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 	}
 	t.Run("cold", func(t *testing.T) {
@@ -120,8 +127,8 @@ func TestTracedOrderOfARun(t *testing.T) {
 		assert.Equal(t, started, withoutRunning(t, steps.take(), true))
 	})
 	t.Run("not started", func(t *testing.T) {
-		// No container: nothing is journaled as started, reported RUNNING
-		// or removed; the later events all still happen.
+		// No container: nothing is journaled as started, reported RUNNING,
+		// kept, stored or removed; the later events all still happen.
 		u := newUnit(t, sandboxfake.WithStartError(errors.New("no space left on device")))
 		steps := &stepLog{}
 		in := u.input("trace-nostart", nil)
@@ -129,8 +136,8 @@ func TestTracedOrderOfARun(t *testing.T) {
 		_, err := taskrun.Execute(context.Background(), in)
 		require.ErrorIs(t, err, sandboxfake.ErrStart)
 		assert.Equal(t, []string{
-			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
-			"exited:output", "exited:gateway", "exited:metrics", "judged", "collected",
+			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+			"exited:isolation", "exited:output", "exited:gateway", "exited:metrics", "judged", "collected",
 			"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 		}, steps.take())
 	})
@@ -156,7 +163,7 @@ func TestTracedOrderOfARun(t *testing.T) {
 		retry.Logger = slog.New(steps)
 		_, err = taskrun.RetryPersist(context.Background(), retry)
 		require.NoError(t, err)
-		assert.Equal(t, []string{"collected", "reported", "ended"}, steps.take())
+		assert.Equal(t, []string{"keep", "collect:files", "seal:files", "collected", "reported", "ended"}, steps.take())
 		assert.Equal(t, "precious", u.runFile(t, "trace-kept", taskrun.OutputLogName))
 		assert.NoDirExists(t, u.runDir("trace-kept"))
 	})

@@ -161,9 +161,10 @@ func TestTracedOrderOfAWarmRun(t *testing.T) {
 	require.NoError(t, err)
 	got := slices.DeleteFunc(steps.take(), func(s string) bool { return s == "running" || s == "prepared" })
 	assert.Equal(t, []string{
-		"prestart:warm", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
-		"started", "poststart:output", "poststart:diskwatch", "poststart:metrics",
-		"exited:output", "exited:gateway", "exited:diskwatch", "exited:metrics", "judged", "removed", "collected",
+		"prestart:warm", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+		"poststart:isolation", "started", "poststart:output", "poststart:diskwatch", "poststart:metrics",
+		"exited:isolation", "exited:output", "exited:gateway", "exited:diskwatch", "exited:metrics", "remove", "judged",
+		"keep", "collect:files", "seal:files", "removed", "collected",
 		"stop:gateway", "stop:output", "stop:warm", "reported", "ended",
 	}, got)
 }
