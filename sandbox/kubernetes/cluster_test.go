@@ -2,11 +2,14 @@ package kubernetes
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -262,4 +265,68 @@ func TestCompressibleOutputComesBackFromAPod(t *testing.T) {
 	require.NoError(t, err, "the file came back to the host")
 	assert.Equal(t, int64(20000000), info.Size())
 	require.NoError(t, h.Close(t.Context()))
+}
+
+// stopAPIServer freezes the test cluster's kube-apiserver (SIGSTOP) for d,
+// then resumes it (SIGCONT), also when the test fails first. Its PID comes
+// from kube-up's state directory, next to the kubeconfig; a cluster not
+// started by kube-up skips the test.
+func stopAPIServer(t *testing.T, e *testEnv, d time.Duration) (done <-chan struct{}) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(filepath.Dir(e.cluster.KubeconfigPath), "pids", "kube-apiserver.pid"))
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("the cluster was not started by scripts/kube-up.sh: no kube-apiserver PID to stop")
+	}
+	require.NoError(t, err)
+	fields := strings.Fields(string(data))
+	require.NotEmpty(t, fields)
+	pid, err := strconv.Atoi(fields[0])
+	require.NoError(t, err)
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	require.NoError(t, err)
+	require.Equal(t, "kube-apiserver", filepath.Base(exe), "pid %d is kube-apiserver", pid)
+	var once sync.Once
+	resume := func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	ch := make(chan struct{})
+	time.AfterFunc(d, func() { resume(); close(ch) })
+	return ch
+}
+
+// TestRunSurvivesAFrozenAPIServer freezes kube-apiserver for 15s in the
+// middle of a run whose command exits during the outage: the run's reads of
+// its Pod ride the outage out, and the run ends with exit 0, no error and
+// every line of its output, its Pod deleted.
+func TestRunSurvivesAFrozenAPIServer(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
+		Cmd:     []string{"sh", "-c", "i=0; while [ $i -lt 12 ]; do i=$((i+1)); echo line $i; sleep 0.5; done"},
+		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "outage"},
+		Timeout: 3 * time.Minute, StopGrace: time.Second}
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "line 2\n") }, time.Minute, 20*time.Millisecond)
+
+	const outage = 15 * time.Second
+	start := time.Now()
+	resumed := stopAPIServer(t, e, outage)
+	res := h.Wait(t.Context())
+	<-resumed
+	t.Logf("run ended %s after the API server was frozen for %s", time.Since(start).Round(time.Millisecond), outage)
+
+	require.NoError(t, res.Err, "stderr: %s", errOut.String())
+	assert.Equal(t, 0, res.ExitCode)
+	var want strings.Builder
+	for i := 1; i <= 12; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	assert.Equal(t, want.String(), out.String(), "the whole output came back")
+	require.NoError(t, h.Close(t.Context()))
+	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
+	require.NoError(t, err)
+	assert.Empty(t, left, "the Pod and its NetworkPolicy are deleted")
 }
