@@ -1,9 +1,11 @@
 package kubernetes
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
@@ -329,4 +332,52 @@ func TestRunSurvivesAFrozenAPIServer(t *testing.T) {
 	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
 	require.NoError(t, err)
 	assert.Empty(t, left, "the Pod and its NetworkPolicy are deleted")
+}
+
+// TestReapRemovesOnlyPodsOfGoneExecutors leaves two running Pods behind as
+// executors would: one of an executor whose process has exited and whose
+// lock file is gone (only the Pod's process record proves it gone), one of
+// an executor that holds its lock. A third executor's Reap, deciding with
+// the instance locks as the executor's recovery does, removes the first
+// and spares the second.
+func TestReapRemovesOnlyPodsOfGoneExecutors(t *testing.T) {
+	e := requireCluster(t)
+	locks := t.TempDir()
+	live, err := instance.Start(locks)
+	require.NoError(t, err)
+	defer live.Close()
+	exited := exec.Command("true")
+	require.NoError(t, exited.Run())
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	require.NoError(t, err)
+	deadID := instance.NewID()
+	deadProcess := fmt.Sprintf("%d/1/%s", exited.Process.Pid, strings.TrimSpace(string(boot)))
+
+	start := func(b *Backend, run string) *handle {
+		spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sleep", "300"},
+			Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: run}, Timeout: 5 * time.Minute, StopGrace: time.Second}
+		h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
+		require.NoError(t, err)
+		t.Cleanup(func() { h.Close(context.Background()) })
+		return h.(*handle)
+	}
+	dead := start(newTestBackend(t, e, WithInstance(deadID), WithInstanceProcess(deadProcess)), "dead")
+	alive := start(newTestBackend(t, e, WithInstance(live.ID()), WithInstanceProcess(live.Info().Process())), "alive")
+
+	reaper := newTestBackend(t, e)
+	gone := func(id, process string) (bool, string) {
+		g, why, err := instance.Gone(locks, instance.ParseProcess(id, process))
+		require.NoError(t, err)
+		return g, why
+	}
+	rep, err := reaper.Reap(t.Context(), ReapOptions{Grace: time.Millisecond, ExecutorGone: gone})
+	require.NoError(t, err)
+	require.Len(t, rep.Removed, 1, "%+v", rep)
+	assert.Equal(t, dead.name, rep.Removed[0].Name)
+	assert.Contains(t, rep.Removed[0].Reason, "executor "+deadID+" is gone")
+	assert.Equal(t, 1, rep.Spared)
+
+	left, err := reaper.ListManaged(t.Context(), nil)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"networkpolicy/" + alive.name, alive.name}, left, "the live executor's Pod is spared, the gone one's deleted")
 }

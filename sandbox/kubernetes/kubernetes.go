@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -151,6 +152,15 @@ func WithAPIOutage(d time.Duration) Option { return func(b *Backend) { b.apiOuta
 // alone while this one lives.
 func WithInstance(id string) Option { return func(b *Backend) { b.instance = id } }
 
+// WithInstanceProcess records the executor's process record
+// (instance.Info.Process) and this host's name on every Pod, so that once
+// the executor has exited, even cleanly (its lock file removed), a reaper on
+// the same host proves it gone and removes Pods it left behind (Reap's
+// ExecutorGone).
+func WithInstanceProcess(process string) Option {
+	return func(b *Backend) { b.instanceProcess = process }
+}
+
 // WithClock sets the backend's clock (creation annotations, reaper ages).
 func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = now } }
 
@@ -209,6 +219,11 @@ func New(ctx context.Context, cfg *rest.Config, namespace string, opts ...Option
 	}
 	for _, o := range opts {
 		o(b)
+	}
+	// The host name scopes process records: this backend writes them on its
+	// Pods and reads them back only from Pods created on this host.
+	if b.host, err = os.Hostname(); err != nil {
+		b.log.Warn("no host name: pods carry no process record of their executor", "err", err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -283,6 +298,8 @@ func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time
 		CPURequest:       b.cpuRequest,
 		MemoryRequest:    b.memoryRequest,
 		Instance:         b.instance,
+		InstanceProcess:  b.instanceProcess,
+		InstanceHost:     b.host,
 		Created:          created,
 		Slack:            b.expirySlack,
 		AckIdle:          b.ackIdle,

@@ -26,7 +26,7 @@ func TestReapReason(t *testing.T) {
 		}
 		return p
 	}
-	gone := func(id string) (bool, string) { return id == "dead", "its lock is free" }
+	gone := func(id, _ string) (bool, string) { return id == "dead", "its lock is free" }
 	future, past := now.Add(time.Hour), now.Add(-time.Hour)
 	tests := []struct {
 		name   string
