@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/rest"
 
 	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/instance"
@@ -380,4 +384,148 @@ func TestReapRemovesOnlyPodsOfGoneExecutors(t *testing.T) {
 	left, err := reaper.ListManaged(t.Context(), nil)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"networkpolicy/" + alive.name, alive.name}, left, "the live executor's Pod is spared, the gone one's deleted")
+}
+
+// flakyProxy forwards TCP connections to the API server at target until
+// down, which closes its listener (new connections are refused) and every
+// open connection (reset), as a restarting kube-apiserver does, for this
+// test's client alone.
+type flakyProxy struct {
+	target string
+	addr   string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+}
+
+func newFlakyProxy(t *testing.T, target string) *flakyProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &flakyProxy{target: target, addr: ln.Addr().String(), ln: ln, conns: map[net.Conn]struct{}{}}
+	go p.serve(ln)
+	t.Cleanup(p.down)
+	return p
+}
+
+func (p *flakyProxy) serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go p.pipe(c)
+	}
+}
+
+func (p *flakyProxy) pipe(c net.Conn) {
+	u, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns[c], p.conns[u] = struct{}{}, struct{}{}
+	p.mu.Unlock()
+	go func() { _, _ = io.Copy(u, c); u.Close() }()
+	_, _ = io.Copy(c, u)
+	c.Close()
+}
+
+// down refuses new connections and resets the open ones.
+func (p *flakyProxy) down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+		delete(p.conns, c)
+	}
+}
+
+// up accepts connections again on the same address.
+func (p *flakyProxy) up(t *testing.T) {
+	ln, err := net.Listen("tcp", p.addr)
+	if !assert.NoError(t, err) {
+		return
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go p.serve(ln)
+}
+
+// backendThroughProxy is a backend on the test namespace reaching the API
+// server through a flakyProxy.
+func backendThroughProxy(t *testing.T, e *testEnv, opts ...Option) (*Backend, *flakyProxy) {
+	t.Helper()
+	cfg := rest.CopyConfig(e.cluster.Config)
+	u, err := url.Parse(cfg.Host)
+	require.NoError(t, err)
+	p := newFlakyProxy(t, u.Host)
+	cfg.Host = "https://" + p.addr
+	b, err := New(t.Context(), cfg, e.namespace, append([]Option{WithInstance(e.instance), WithStopGrace(time.Second)}, opts...)...)
+	require.NoError(t, err)
+	return b, p
+}
+
+// TestRunEndsAcrossAnAPIServerThatRefusesConnections cuts the backend off
+// the API server (connections reset, new ones refused) for 5s just after
+// the run's command exited: the run's reads of its Pod retry until the
+// server is back, the run succeeds with its output, and its Pod is deleted.
+func TestRunEndsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
+	e := requireCluster(t)
+	b, p := backendThroughProxy(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo one; echo two"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "refused"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	<-h.(*handle).pumpDone // the run container exited
+
+	const outage = 5 * time.Second
+	p.down()
+	start := time.Now()
+	time.AfterFunc(outage, func() { p.up(t) })
+	res := h.Wait(t.Context())
+	took := time.Since(start)
+	t.Logf("the run ended %s after the API server became unreachable for %s", took.Round(time.Millisecond), outage)
+	require.NoError(t, res.Err, "stderr: %s", errOut.String())
+	assert.Equal(t, 0, res.ExitCode)
+	assert.Equal(t, "one\ntwo\n", out.String())
+	assert.GreaterOrEqual(t, took, outage, "the run waited for the server")
+	require.NoError(t, h.Close(t.Context()))
+	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
+	require.NoError(t, err)
+	assert.Empty(t, left)
+}
+
+// TestRunFailsPastTheAPIServerOutageBound keeps the API server unreachable
+// past the backend's bound: the run ends with ErrAPIServerUnreachable naming
+// the server and the fix, and its Pod is deleted once the server is back.
+func TestRunFailsPastTheAPIServerOutageBound(t *testing.T) {
+	e := requireCluster(t)
+	b, p := backendThroughProxy(t, e, WithAPIOutage(2*time.Second))
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"true"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "unreachable"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	<-h.(*handle).pumpDone
+
+	p.down()
+	res := h.Wait(t.Context())
+	require.ErrorIs(t, res.Err, ErrAPIServerUnreachable)
+	assert.Contains(t, res.Err.Error(), p.addr, "the reason names the API server")
+	assert.Contains(t, res.Err.Error(), "check that kube-apiserver is running")
+
+	time.AfterFunc(time.Second, func() { p.up(t) })
+	require.NoError(t, h.Close(t.Context()), "the Pod is deleted once the server is back")
+	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
+	require.NoError(t, err)
+	assert.Empty(t, left)
 }
