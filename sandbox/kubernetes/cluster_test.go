@@ -529,3 +529,26 @@ func TestRunFailsPastTheAPIServerOutageBound(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }
+
+// TestRunStartsAcrossAnAPIServerThatRefusesConnections starts a run while
+// the API server refuses connections for 3s: Start's creates and reads wait
+// for it, and the run succeeds with its output.
+func TestRunStartsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
+	e := requireCluster(t)
+	b, p := backendThroughProxy(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"echo", "started"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "refused-start"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
+	const outage = 3 * time.Second
+	p.down()
+	start := time.Now()
+	time.AfterFunc(outage, func() { p.up(t) })
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	assert.GreaterOrEqual(t, time.Since(start), outage, "Start waited for the server")
+	res := h.Wait(t.Context())
+	require.NoError(t, res.Err, "stderr: %s", errOut.String())
+	assert.Equal(t, "started\n", out.String())
+	require.NoError(t, h.Close(t.Context()))
+}

@@ -83,10 +83,16 @@ func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) e
 	ctx, cancel := context.WithTimeout(ctx, h.b.startTimeout)
 	defer cancel()
 	ns := h.b.namespace
-	if _, err := h.b.client.networkPolicies(ns).Create(ctx, cv.NetworkPolicy); err != nil {
+	if err := h.b.createRetried(ctx, "create network policy "+h.name, func(ctx context.Context) error {
+		_, err := h.b.client.networkPolicies(ns).Create(ctx, cv.NetworkPolicy)
+		return err
+	}); err != nil {
 		return fmt.Errorf("create network policy %s: %w", h.name, err)
 	}
-	if _, err := h.b.client.pods(ns).Create(ctx, cv.Pod); err != nil {
+	if err := h.b.createRetried(ctx, "create pod "+h.name, func(ctx context.Context) error {
+		_, err := h.b.client.pods(ns).Create(ctx, cv.Pod)
+		return err
+	}); err != nil {
 		return fmt.Errorf("create pod %s in namespace %s: %w", h.name, ns, err)
 	}
 	if err := h.waitRunning(ctx, ContainerFill); err != nil {

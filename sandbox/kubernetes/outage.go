@@ -90,6 +90,24 @@ func (b *Backend) unreachable(what string, d time.Duration, err error) error {
 		ErrAPIServerUnreachable, b.config.Host, what, d.Round(time.Millisecond), err)
 }
 
+// createRetried runs create, a Create call, under retryAPI. When an attempt
+// went unanswered, the object may have been created all the same: an
+// AlreadyExists answer to a later attempt is then success (the backend's
+// names are random, so the object is the one this call created).
+func (b *Backend) createRetried(ctx context.Context, what string, create func(context.Context) error) error {
+	unansweredBefore := false
+	return b.retryAPI(ctx, what, func(ctx context.Context) error {
+		err := create(ctx)
+		if unansweredBefore && apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		if unanswered(err) {
+			unansweredBefore = true
+		}
+		return err
+	})
+}
+
 // getPod reads the named Pod, riding out an API server outage (retryAPI).
 func (b *Backend) getPod(ctx context.Context, name string) (*corev1.Pod, error) {
 	var pod *corev1.Pod

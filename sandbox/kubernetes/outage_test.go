@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -26,8 +27,12 @@ type fakeAPI struct {
 	addr     string
 	srv      *httptest.Server
 	failures atomic.Int32 // answer 503 to this many requests first
-	mu       sync.Mutex
-	requests []string
+	// loseCreates stores this many created Pods but answers 504, as when
+	// the answer is lost.
+	loseCreates atomic.Int32
+	mu          sync.Mutex
+	requests    []string
+	created     map[string]bool
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
@@ -73,6 +78,32 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/api/v1/namespaces/ns/pods":
+		var pod corev1.Pod
+		if err := json.NewDecoder(r.Body).Decode(&pod); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		f.mu.Lock()
+		exists := f.created[pod.Name]
+		if f.created == nil {
+			f.created = map[string]bool{}
+		}
+		f.created[pod.Name] = true
+		f.mu.Unlock()
+		switch {
+		case exists:
+			w.WriteHeader(http.StatusConflict)
+			_ = json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+				Status: metav1.StatusFailure, Code: http.StatusConflict, Reason: metav1.StatusReasonAlreadyExists})
+		case f.loseCreates.Add(-1) >= 0:
+			w.WriteHeader(http.StatusGatewayTimeout)
+			_ = json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+				Status: metav1.StatusFailure, Code: http.StatusGatewayTimeout, Reason: metav1.StatusReasonTimeout})
+		default:
+			w.WriteHeader(http.StatusCreated)
+			_ = json.NewEncoder(w).Encode(pod)
+		}
 	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/ns/pods/p":
 		_ = json.NewEncoder(w).Encode(corev1.Pod{TypeMeta: metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
 			ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
@@ -165,4 +196,39 @@ func TestDeleteLeavesThePodForTheReaperPastTheBound(t *testing.T) {
 	err := b.deleteRun(t.Context(), "p")
 	require.ErrorIs(t, err, ErrAPIServerUnreachable)
 	assert.Contains(t, err.Error(), "delete pod p")
+}
+
+// createPod creates Pod name through the backend's retried create.
+func createPod(t *testing.T, b *Backend, name string) error {
+	t.Helper()
+	return b.createRetried(t.Context(), "create pod "+name, func(ctx context.Context) error {
+		_, err := b.client.pods("ns").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		return err
+	})
+}
+
+func TestCreateWaitsForARefusingAPIServer(t *testing.T) {
+	f := newFakeAPI(t)
+	b := backendFor(t, f, 20*time.Second)
+	time.AfterFunc(time.Second, func() { f.up(t) })
+	require.NoError(t, createPod(t, b, "p1"))
+	assert.Equal(t, []string{"POST /api/v1/namespaces/ns/pods"}, f.seen())
+}
+
+func TestCreateWhoseAnswerWasLostSucceeds(t *testing.T) {
+	f := newFakeAPI(t)
+	f.loseCreates.Store(1)
+	f.up(t)
+	b := backendFor(t, f, 20*time.Second)
+	require.NoError(t, createPod(t, b, "p1"), "the first attempt created it; the second is told it exists")
+	assert.Len(t, f.seen(), 2)
+}
+
+func TestCreateOfAnExistingNameFails(t *testing.T) {
+	f := newFakeAPI(t)
+	f.up(t)
+	b := backendFor(t, f, 20*time.Second)
+	require.NoError(t, createPod(t, b, "p1"))
+	err := createPod(t, b, "p1")
+	require.True(t, apierrors.IsAlreadyExists(err), "%v", err)
 }
