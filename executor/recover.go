@@ -34,8 +34,9 @@ const StartupRecoveryBudget = 30 * time.Second
 // Reaper removes the sandboxes of executors proven gone on a backend other
 // than Docker (the Kubernetes backend's Pods); see Config.Reaper.
 type Reaper interface {
-	// ReapGone removes the sandboxes whose executor gone proves gone.
-	ReapGone(ctx context.Context, gone func(executorID string) (bool, string)) error
+	// ReapGone removes the sandboxes whose executor gone proves gone, by its
+	// ID and, when the sandbox carries it, its process record.
+	ReapGone(ctx context.Context, gone func(executorID, process string) (bool, string)) error
 }
 
 // Recover is the start-up garbage collection of a host: on the Docker
@@ -48,7 +49,7 @@ func (h *Host) Recover(ctx context.Context) {
 	d, ok := h.cfg.Backend.(*docker.Backend)
 	if !ok {
 		if h.cfg.Reaper != nil {
-			if err := h.cfg.Reaper.ReapGone(ctx, h.ExecutorGone); err != nil {
+			if err := h.cfg.Reaper.ReapGone(ctx, h.ExecutorProcessGone); err != nil {
 				h.log.Warn("reap leftover sandboxes", "err", err)
 			}
 		}

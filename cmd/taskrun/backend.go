@@ -64,7 +64,7 @@ func (f *backendFlags) check() error {
 }
 
 // kubernetesBackend connects the Kubernetes backend the flags describe.
-func (f *backendFlags) kubernetesBackend(ctx context.Context, log *slog.Logger, instanceID string) (*kubernetes.Backend, error) {
+func (f *backendFlags) kubernetesBackend(ctx context.Context, log *slog.Logger, instanceID string, extra ...kubernetes.Option) (*kubernetes.Backend, error) {
 	cfg, err := kubernetes.ConfigFromKubeconfig(f.kubeconfig)
 	if err != nil {
 		return nil, err
@@ -79,7 +79,7 @@ func (f *backendFlags) kubernetesBackend(ctx context.Context, log *slog.Logger, 
 		rt, class, _ := strings.Cut(rc, "=")
 		opts = append(opts, kubernetes.WithRuntimeClass(rt, class))
 	}
-	return kubernetes.New(ctx, cfg, f.namespace, opts...)
+	return kubernetes.New(ctx, cfg, f.namespace, append(opts, extra...)...)
 }
 
 var _ sandbox.Backend = (*kubernetes.Backend)(nil)

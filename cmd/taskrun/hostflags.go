@@ -251,7 +251,7 @@ func (f *executorFlags) openHost(ctx context.Context, a *app, ho hostOptions) (_
 // openBackend connects the backend the flags choose, for instance inst.
 func (f *executorFlags) openBackend(ctx context.Context, a *app, inst *instance.Instance, extra []docker.Option, o *openedHost) (sandbox.Backend, executor.Reaper, error) {
 	if f.backend == backendKubernetes {
-		kb, err := f.kubernetesBackend(ctx, a.log, inst.ID())
+		kb, err := f.kubernetesBackend(ctx, a.log, inst.ID(), kubernetes.WithInstanceProcess(inst.Info().Process()))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -274,7 +274,7 @@ type kubeReaper struct {
 }
 
 // ReapGone implements executor.Reaper.
-func (k kubeReaper) ReapGone(ctx context.Context, gone func(string) (bool, string)) error {
+func (k kubeReaper) ReapGone(ctx context.Context, gone func(id, process string) (bool, string)) error {
 	rep, err := k.b.Reap(ctx, kubernetes.ReapOptions{ExecutorGone: gone})
 	if err == nil && len(rep.Removed) > 0 {
 		k.log.Info("removed leftover pods", "count", len(rep.Removed))

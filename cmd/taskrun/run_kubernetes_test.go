@@ -137,6 +137,18 @@ func TestExecReachesARunOnKubernetes(t *testing.T) {
 	_, _, code = kexec("sh", "-c", "exit 3")
 	assert.Equal(t, 3, code, "exec exits with the command's status")
 
+	// The Pod names its executor for the reaper: instance ID, process
+	// record and host.
+	pods, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: "dev.taskrun.managed=true"})
+	require.NoError(t, err)
+	require.Len(t, pods.Items, 1)
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	meta := pods.Items[0].ObjectMeta
+	assert.NotEmpty(t, meta.Labels["dev.taskrun.instance"])
+	assert.Regexp(t, `^[0-9]+/[0-9]+/[0-9a-f-]+$`, meta.Annotations["dev.taskrun.instance-process"])
+	assert.Equal(t, host, meta.Annotations["dev.taskrun.instance-host"])
+
 	_, stderr, code = kexec("touch", "/taskrun/home/stop")
 	require.Equal(t, exitOK, code, stderr)
 	require.Equal(t, exitOK, <-done)

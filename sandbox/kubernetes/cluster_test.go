@@ -1,12 +1,20 @@
 package kubernetes
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,8 +24,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/rest"
 
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
@@ -261,5 +271,284 @@ func TestCompressibleOutputComesBackFromAPod(t *testing.T) {
 	info, err := os.Stat(filepath.Join(runDir, "big.txt"))
 	require.NoError(t, err, "the file came back to the host")
 	assert.Equal(t, int64(20000000), info.Size())
+	require.NoError(t, h.Close(t.Context()))
+}
+
+// stopAPIServer freezes the test cluster's kube-apiserver (SIGSTOP) for d,
+// then resumes it (SIGCONT), also when the test fails first. Its PID comes
+// from kube-up's state directory, next to the kubeconfig; a cluster not
+// started by kube-up skips the test.
+func stopAPIServer(t *testing.T, e *testEnv, d time.Duration) (done <-chan struct{}) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(filepath.Dir(e.cluster.KubeconfigPath), "pids", "kube-apiserver.pid"))
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("the cluster was not started by scripts/kube-up.sh: no kube-apiserver PID to stop")
+	}
+	require.NoError(t, err)
+	fields := strings.Fields(string(data))
+	require.NotEmpty(t, fields)
+	pid, err := strconv.Atoi(fields[0])
+	require.NoError(t, err)
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	require.NoError(t, err)
+	require.Equal(t, "kube-apiserver", filepath.Base(exe), "pid %d is kube-apiserver", pid)
+	var once sync.Once
+	resume := func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	ch := make(chan struct{})
+	time.AfterFunc(d, func() { resume(); close(ch) })
+	return ch
+}
+
+// TestRunSurvivesAFrozenAPIServer freezes kube-apiserver for 15s in the
+// middle of a run whose command exits during the outage: the run's reads of
+// its Pod ride the outage out, and the run ends with exit 0, no error and
+// every line of its output, its Pod deleted.
+func TestRunSurvivesAFrozenAPIServer(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
+		Cmd:     []string{"sh", "-c", "i=0; while [ $i -lt 12 ]; do i=$((i+1)); echo line $i; sleep 0.5; done"},
+		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "outage"},
+		Timeout: 3 * time.Minute, StopGrace: time.Second}
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "line 2\n") }, time.Minute, 20*time.Millisecond)
+
+	const outage = 15 * time.Second
+	start := time.Now()
+	resumed := stopAPIServer(t, e, outage)
+	res := h.Wait(t.Context())
+	<-resumed
+	t.Logf("run ended %s after the API server was frozen for %s", time.Since(start).Round(time.Millisecond), outage)
+
+	require.NoError(t, res.Err, "stderr: %s", errOut.String())
+	assert.Equal(t, 0, res.ExitCode)
+	var want strings.Builder
+	for i := 1; i <= 12; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	assert.Equal(t, want.String(), out.String(), "the whole output came back")
+	require.NoError(t, h.Close(t.Context()))
+	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
+	require.NoError(t, err)
+	assert.Empty(t, left, "the Pod and its NetworkPolicy are deleted")
+}
+
+// TestReapRemovesOnlyPodsOfGoneExecutors leaves two running Pods behind as
+// executors would: one of an executor whose process has exited and whose
+// lock file is gone (only the Pod's process record proves it gone), one of
+// an executor that holds its lock. A third executor's Reap, deciding with
+// the instance locks as the executor's recovery does, removes the first
+// and spares the second.
+func TestReapRemovesOnlyPodsOfGoneExecutors(t *testing.T) {
+	e := requireCluster(t)
+	locks := t.TempDir()
+	live, err := instance.Start(locks)
+	require.NoError(t, err)
+	defer live.Close()
+	exited := exec.Command("true")
+	require.NoError(t, exited.Run())
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	require.NoError(t, err)
+	deadID := instance.NewID()
+	deadProcess := fmt.Sprintf("%d/1/%s", exited.Process.Pid, strings.TrimSpace(string(boot)))
+
+	start := func(b *Backend, run string) *handle {
+		spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sleep", "300"},
+			Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: run}, Timeout: 5 * time.Minute, StopGrace: time.Second}
+		h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
+		require.NoError(t, err)
+		t.Cleanup(func() { h.Close(context.Background()) })
+		return h.(*handle)
+	}
+	dead := start(newTestBackend(t, e, WithInstance(deadID), WithInstanceProcess(deadProcess)), "dead")
+	alive := start(newTestBackend(t, e, WithInstance(live.ID()), WithInstanceProcess(live.Info().Process())), "alive")
+
+	reaper := newTestBackend(t, e)
+	gone := func(id, process string) (bool, string) {
+		g, why, err := instance.Gone(locks, instance.ParseProcess(id, process))
+		require.NoError(t, err)
+		return g, why
+	}
+	rep, err := reaper.Reap(t.Context(), ReapOptions{Grace: time.Millisecond, ExecutorGone: gone})
+	require.NoError(t, err)
+	require.Len(t, rep.Removed, 1, "%+v", rep)
+	assert.Equal(t, dead.name, rep.Removed[0].Name)
+	assert.Contains(t, rep.Removed[0].Reason, "executor "+deadID+" is gone")
+	assert.Equal(t, 1, rep.Spared)
+
+	left, err := reaper.ListManaged(t.Context(), nil)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"networkpolicy/" + alive.name, alive.name}, left, "the live executor's Pod is spared, the gone one's deleted")
+}
+
+// flakyProxy forwards TCP connections to the API server at target until
+// down, which closes its listener (new connections are refused) and every
+// open connection (reset), as a restarting kube-apiserver does, for this
+// test's client alone.
+type flakyProxy struct {
+	target string
+	addr   string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+}
+
+func newFlakyProxy(t *testing.T, target string) *flakyProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &flakyProxy{target: target, addr: ln.Addr().String(), ln: ln, conns: map[net.Conn]struct{}{}}
+	go p.serve(ln)
+	t.Cleanup(p.down)
+	return p
+}
+
+func (p *flakyProxy) serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go p.pipe(c)
+	}
+}
+
+func (p *flakyProxy) pipe(c net.Conn) {
+	u, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns[c], p.conns[u] = struct{}{}, struct{}{}
+	p.mu.Unlock()
+	go func() { _, _ = io.Copy(u, c); u.Close() }()
+	_, _ = io.Copy(c, u)
+	c.Close()
+}
+
+// down refuses new connections and resets the open ones.
+func (p *flakyProxy) down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+		delete(p.conns, c)
+	}
+}
+
+// up accepts connections again on the same address.
+func (p *flakyProxy) up(t *testing.T) {
+	ln, err := net.Listen("tcp", p.addr)
+	if !assert.NoError(t, err) {
+		return
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go p.serve(ln)
+}
+
+// backendThroughProxy is a backend on the test namespace reaching the API
+// server through a flakyProxy.
+func backendThroughProxy(t *testing.T, e *testEnv, opts ...Option) (*Backend, *flakyProxy) {
+	t.Helper()
+	cfg := rest.CopyConfig(e.cluster.Config)
+	u, err := url.Parse(cfg.Host)
+	require.NoError(t, err)
+	p := newFlakyProxy(t, u.Host)
+	cfg.Host = "https://" + p.addr
+	b, err := New(t.Context(), cfg, e.namespace, append([]Option{WithInstance(e.instance), WithStopGrace(time.Second)}, opts...)...)
+	require.NoError(t, err)
+	return b, p
+}
+
+// TestRunEndsAcrossAnAPIServerThatRefusesConnections cuts the backend off
+// the API server (connections reset, new ones refused) for 5s just after
+// the run's command exited: the run's reads of its Pod retry until the
+// server is back, the run succeeds with its output, and its Pod is deleted.
+func TestRunEndsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
+	e := requireCluster(t)
+	b, p := backendThroughProxy(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo one; echo two"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "refused"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	<-h.(*handle).pumpDone // the run container exited
+
+	const outage = 5 * time.Second
+	p.down()
+	start := time.Now()
+	time.AfterFunc(outage, func() { p.up(t) })
+	res := h.Wait(t.Context())
+	took := time.Since(start)
+	t.Logf("the run ended %s after the API server became unreachable for %s", took.Round(time.Millisecond), outage)
+	require.NoError(t, res.Err, "stderr: %s", errOut.String())
+	assert.Equal(t, 0, res.ExitCode)
+	assert.Equal(t, "one\ntwo\n", out.String())
+	assert.GreaterOrEqual(t, took, outage, "the run waited for the server")
+	require.NoError(t, h.Close(t.Context()))
+	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
+	require.NoError(t, err)
+	assert.Empty(t, left)
+}
+
+// TestRunFailsPastTheAPIServerOutageBound keeps the API server unreachable
+// past the backend's bound: the run ends with ErrAPIServerUnreachable naming
+// the server and the fix, and its Pod is deleted once the server is back.
+func TestRunFailsPastTheAPIServerOutageBound(t *testing.T) {
+	e := requireCluster(t)
+	b, p := backendThroughProxy(t, e, WithAPIOutage(2*time.Second))
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"true"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "unreachable"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	<-h.(*handle).pumpDone
+
+	p.down()
+	res := h.Wait(t.Context())
+	require.ErrorIs(t, res.Err, ErrAPIServerUnreachable)
+	assert.Contains(t, res.Err.Error(), p.addr, "the reason names the API server")
+	assert.Contains(t, res.Err.Error(), "check that kube-apiserver is running")
+
+	time.AfterFunc(time.Second, func() { p.up(t) })
+	require.NoError(t, h.Close(t.Context()), "the Pod is deleted once the server is back")
+	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
+	require.NoError(t, err)
+	assert.Empty(t, left)
+}
+
+// TestRunStartsAcrossAnAPIServerThatRefusesConnections starts a run while
+// the API server refuses connections for 3s: Start's creates and reads wait
+// for it, and the run succeeds with its output.
+func TestRunStartsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
+	e := requireCluster(t)
+	b, p := backendThroughProxy(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"echo", "started"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "refused-start"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
+	const outage = 3 * time.Second
+	p.down()
+	start := time.Now()
+	time.AfterFunc(outage, func() { p.up(t) })
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	assert.GreaterOrEqual(t, time.Since(start), outage, "Start waited for the server")
+	res := h.Wait(t.Context())
+	require.NoError(t, res.Err, "stderr: %s", errOut.String())
+	assert.Equal(t, "started\n", out.String())
 	require.NoError(t, h.Close(t.Context()))
 }

@@ -41,6 +41,10 @@ const (
 	// LabelPod holds the Pod's own name, so the run's NetworkPolicy selects
 	// exactly it.
 	LabelPod = sandbox.LabelPod
+	// LabelInstanceHost holds the host name of the executor that created
+	// the Pod: its process record (sandbox.LabelInstanceProcess) proves it
+	// gone only on that host.
+	LabelInstanceHost = "dev.taskrun.instance-host"
 )
 
 // podConfig is what the converter needs besides the Spec and Policy: the
@@ -64,8 +68,12 @@ type podConfig struct {
 	CPURequest    resource.Quantity
 	MemoryRequest resource.Quantity
 	Instance      string
-	Created       time.Time
-	Slack         time.Duration
+	// InstanceProcess and InstanceHost are the creating executor's process
+	// record and host name; "" leaves them out.
+	InstanceProcess string
+	InstanceHost    string
+	Created         time.Time
+	Slack           time.Duration
 	// Sockets are the data volume paths the keeper serves through the
 	// model tunnel.
 	Sockets []string
@@ -307,8 +315,14 @@ func metadata(spec sandbox.Spec, cfg podConfig) (labels, annotations map[string]
 		all[sandbox.LabelExpires] = cfg.Created.Add(spec.Timeout + spec.StopGrace + cfg.Slack).UTC().Format(time.RFC3339)
 	}
 	delete(all, sandbox.LabelInstance)
+	delete(all, sandbox.LabelInstanceProcess)
+	delete(all, LabelInstanceHost)
 	if cfg.Instance != "" {
 		all[sandbox.LabelInstance] = cfg.Instance
+		if cfg.InstanceProcess != "" && cfg.InstanceHost != "" {
+			all[sandbox.LabelInstanceProcess] = cfg.InstanceProcess
+			all[LabelInstanceHost] = cfg.InstanceHost
+		}
 	}
 	all[LabelPod] = cfg.Name
 	labels = map[string]string{}

@@ -179,6 +179,21 @@ func TestConvertLabelsAndAnnotations(t *testing.T) {
 		assert.Equal(t, "true", pod.Labels[sandbox.LabelManaged])
 		assert.Nil(t, pod.Spec.ActiveDeadlineSeconds)
 	})
+	t.Run("the executor's process record and host are annotations, never forged", func(t *testing.T) {
+		spec := testSpec()
+		spec.Labels = map[string]string{sandbox.LabelInstanceProcess: "1/2/forged", LabelInstanceHost: "forged"}
+		cfg := testConfig()
+		cfg.InstanceProcess, cfg.InstanceHost = "123/456/boot-id", "host1"
+		pod := mustConvert(t, spec, sandbox.DefaultPolicy(), cfg).Pod
+		assert.Equal(t, "123/456/boot-id", pod.Annotations[sandbox.LabelInstanceProcess])
+		assert.Equal(t, "host1", pod.Annotations[LabelInstanceHost])
+		assert.NotContains(t, pod.Labels, sandbox.LabelInstanceProcess, "a process record is no label value")
+
+		cfg.InstanceProcess = ""
+		pod = mustConvert(t, spec, sandbox.DefaultPolicy(), cfg).Pod
+		assert.NotContains(t, pod.Annotations, sandbox.LabelInstanceProcess)
+		assert.NotContains(t, pod.Annotations, LabelInstanceHost)
+	})
 	t.Run("a run ID that is no label value is an annotation only", func(t *testing.T) {
 		spec := testSpec()
 		spec.Run.RunID = "_starts_with_underscore"

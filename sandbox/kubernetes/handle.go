@@ -83,10 +83,16 @@ func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) e
 	ctx, cancel := context.WithTimeout(ctx, h.b.startTimeout)
 	defer cancel()
 	ns := h.b.namespace
-	if _, err := h.b.client.networkPolicies(ns).Create(ctx, cv.NetworkPolicy); err != nil {
+	if err := h.b.createRetried(ctx, "create network policy "+h.name, func(ctx context.Context) error {
+		_, err := h.b.client.networkPolicies(ns).Create(ctx, cv.NetworkPolicy)
+		return err
+	}); err != nil {
 		return fmt.Errorf("create network policy %s: %w", h.name, err)
 	}
-	if _, err := h.b.client.pods(ns).Create(ctx, cv.Pod); err != nil {
+	if err := h.b.createRetried(ctx, "create pod "+h.name, func(ctx context.Context) error {
+		_, err := h.b.client.pods(ns).Create(ctx, cv.Pod)
+		return err
+	}); err != nil {
 		return fmt.Errorf("create pod %s in namespace %s: %w", h.name, ns, err)
 	}
 	if err := h.waitRunning(ctx, ContainerFill); err != nil {
@@ -185,7 +191,7 @@ func (h *handle) fill(ctx context.Context) error {
 		}
 	}()
 	for {
-		pod, err := h.b.client.pods(h.b.namespace).Get(ctx, h.name)
+		pod, err := h.b.getPod(ctx, h.name)
 		if err != nil {
 			return fmt.Errorf("pod %s: %w", h.name, err)
 		}
@@ -207,7 +213,7 @@ func (h *handle) fill(ctx context.Context) error {
 // container, already ran), failing early on what cannot recover.
 func (h *handle) waitRunning(ctx context.Context, container string) error {
 	for {
-		pod, err := h.b.client.pods(h.b.namespace).Get(ctx, h.name)
+		pod, err := h.b.getPod(ctx, h.name)
 		if err != nil {
 			return fmt.Errorf("pod %s: %w", h.name, err)
 		}
@@ -257,7 +263,7 @@ func (h *handle) ID() string { return h.name }
 // Posture reads the live Pod's confinement from its spec and status, and
 // its NetworkPolicy.
 func (h *handle) Posture(ctx context.Context) (sandbox.Posture, error) {
-	pod, err := h.b.client.pods(h.b.namespace).Get(ctx, h.name)
+	pod, err := h.b.getPod(ctx, h.name)
 	if err != nil {
 		return sandbox.Posture{}, fmt.Errorf("get pod %s: %w", h.name, err)
 	}
@@ -280,7 +286,9 @@ func (h *handle) Wait(ctx context.Context) sandbox.Result {
 // finish waits for the run container to terminate and its output to end,
 // copies the read-write mounts back and fills in res.
 func (h *handle) finish(ctx context.Context, res *sandbox.Result) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.spec.StopGrace+2*cleanupTimeout)
+	// The budget covers an API server outage (retryAPI) on top of the
+	// stop and the copy-out.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.spec.StopGrace+2*cleanupTimeout+h.b.apiOutage)
 	defer cancel()
 	var errs []error
 	term, err := h.awaitTerminated(dctx)
@@ -328,7 +336,7 @@ func (h *handle) stop(ctx context.Context, kill bool) {
 // awaitTerminated polls the Pod until the run container has terminated.
 func (h *handle) awaitTerminated(ctx context.Context) (*corev1.ContainerStateTerminated, error) {
 	for {
-		pod, err := h.b.client.pods(h.b.namespace).Get(ctx, h.name)
+		pod, err := h.b.getPod(ctx, h.name)
 		if err != nil {
 			return nil, fmt.Errorf("pod %s after exit: %w", h.name, err)
 		}

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -84,7 +85,10 @@ type Backend struct {
 	expirySlack      time.Duration
 	startTimeout     time.Duration
 	ackIdle          time.Duration
+	apiOutage        time.Duration
 	instance         string
+	instanceProcess  string
+	host             string
 	now              func() time.Time
 
 	mu   sync.Mutex
@@ -137,10 +141,25 @@ func WithStartTimeout(d time.Duration) Option { return func(b *Backend) { b.star
 // exits and the run's Result reports ErrOutputIncomplete.
 func WithAckIdle(d time.Duration) Option { return func(b *Backend) { b.ackIdle = d } }
 
+// WithAPIOutage sets how long a run rides out an API server that does not
+// answer (default DefaultAPIOutage): its Pod's status reads and deletion
+// are retried with a bounded backoff until then, and past it the run ends
+// with an error wrapping ErrAPIServerUnreachable.
+func WithAPIOutage(d time.Duration) Option { return func(b *Backend) { b.apiOutage = d } }
+
 // WithInstance labels every Pod with the executor's instance ID
 // (sandbox.LabelInstance), so that Reap run by another executor leaves them
 // alone while this one lives.
 func WithInstance(id string) Option { return func(b *Backend) { b.instance = id } }
+
+// WithInstanceProcess records the executor's process record
+// (instance.Info.Process) and this host's name on every Pod, so that once
+// the executor has exited, even cleanly (its lock file removed), a reaper on
+// the same host proves it gone and removes Pods it left behind (Reap's
+// ExecutorGone).
+func WithInstanceProcess(process string) Option {
+	return func(b *Backend) { b.instanceProcess = process }
+}
 
 // WithClock sets the backend's clock (creation annotations, reaper ages).
 func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = now } }
@@ -193,12 +212,18 @@ func New(ctx context.Context, cfg *rest.Config, namespace string, opts ...Option
 		stopGrace:      DefaultStopGrace,
 		expirySlack:    DefaultExpirySlack,
 		startTimeout:   DefaultStartTimeout,
+		apiOutage:      DefaultAPIOutage,
 		runtimeClasses: map[string]string{},
 		now:            time.Now,
 		live:           map[string]*handle{},
 	}
 	for _, o := range opts {
 		o(b)
+	}
+	// The host name scopes process records: this backend writes them on its
+	// Pods and reads them back only from Pods created on this host.
+	if b.host, err = os.Hostname(); err != nil {
+		b.log.Warn("no host name: pods carry no process record of their executor", "err", err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -273,6 +298,8 @@ func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time
 		CPURequest:       b.cpuRequest,
 		MemoryRequest:    b.memoryRequest,
 		Instance:         b.instance,
+		InstanceProcess:  b.instanceProcess,
+		InstanceHost:     b.host,
 		Created:          created,
 		Slack:            b.expirySlack,
 		AckIdle:          b.ackIdle,
@@ -325,22 +352,33 @@ func (b *Backend) isLive(name string) bool {
 }
 
 // deleteRun deletes the run's Pod (at once: its outputs are out or given
-// up) and NetworkPolicy, on a context detached from ctx's cancellation.
-// What is already gone is not an error.
+// up) and NetworkPolicy, on a context detached from ctx's cancellation,
+// riding out an API server outage up to the backend's bound. What is
+// already gone is not an error; what could not be deleted is logged as left
+// for the reaper.
 func (b *Backend) deleteRun(ctx context.Context, name string) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.apiOutage+cleanupTimeout)
 	defer cancel()
 	zero := int64(0)
 	bg := metav1.DeletePropagationBackground
 	opts := metav1.DeleteOptions{GracePeriodSeconds: &zero, PropagationPolicy: &bg}
 	var errs []error
-	if err := b.client.pods(b.namespace).Delete(ctx, name, opts); err != nil && !apierrors.IsNotFound(err) {
+	if err := b.retryAPI(ctx, "delete pod "+name, func(ctx context.Context) error {
+		return b.client.pods(b.namespace).Delete(ctx, name, opts)
+	}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete pod %s: %w", name, err))
 	}
-	if err := b.client.networkPolicies(b.namespace).Delete(ctx, name, opts); err != nil && !apierrors.IsNotFound(err) {
+	if err := b.retryAPI(ctx, "delete network policy "+name, func(ctx context.Context) error {
+		return b.client.networkPolicies(b.namespace).Delete(ctx, name, opts)
+	}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete network policy %s: %w", name, err))
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	if err != nil {
+		b.log.Warn("run pod left for the reaper: the next taskrun run or worker start reaps it once this executor is gone; the cluster stops it at its active deadline",
+			"pod", name, "namespace", b.namespace, "executor", b.instance, "err", err)
+	}
+	return err
 }
 
 // containerStatus finds a container's status in a Pod's status.

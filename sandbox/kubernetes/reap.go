@@ -29,8 +29,10 @@ type ReapOptions struct {
 	// By default only Pods of this backend's instance and of executors that
 	// ExecutorGone proves gone are considered.
 	All bool
-	// ExecutorGone reports whether the executor instance id is provably gone.
-	ExecutorGone func(id string) (gone bool, why string)
+	// ExecutorGone reports whether the executor instance id is provably
+	// gone. process is the executor's process record from the Pod
+	// (WithInstanceProcess) when the Pod was created on this host, else "".
+	ExecutorGone func(id, process string) (gone bool, why string)
 }
 
 // ReapedPod is a Pod Reap removed (or would remove in a dry run).
@@ -92,7 +94,11 @@ func (b *Backend) reapReason(pod *corev1.Pod, opts ReapOptions, now time.Time) (
 	}
 	inst := pod.Labels[sandbox.LabelInstance]
 	if inst != "" && inst != b.instance && opts.ExecutorGone != nil {
-		if gone, why := opts.ExecutorGone(inst); gone {
+		process := ""
+		if b.host != "" && pod.Annotations[LabelInstanceHost] == b.host {
+			process = pod.Annotations[sandbox.LabelInstanceProcess]
+		}
+		if gone, why := opts.ExecutorGone(inst, process); gone {
 			return "executor " + inst + " is gone: " + why, true
 		}
 	}

@@ -11,6 +11,27 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 )
 
+func TestReapPassesTheProcessRecordOfThisHostOnly(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	b := &Backend{instance: "me", host: "here", live: map[string]*handle{}, now: func() time.Time { return now }}
+	pod := func(host string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", CreationTimestamp: metav1.NewTime(now.Add(-time.Hour)),
+			Labels:      map[string]string{sandbox.LabelManaged: "true", sandbox.LabelInstance: "other"},
+			Annotations: map[string]string{sandbox.LabelInstanceProcess: "7/8/boot", LabelInstanceHost: host}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	}
+	var got []string
+	opts := ReapOptions{Grace: time.Minute, ExecutorGone: func(id, process string) (bool, string) {
+		got = append(got, id+" "+process)
+		return process != "", "its process exited"
+	}}
+	_, remove := b.reapReason(pod("here"), opts, now)
+	assert.True(t, remove, "a record from this host proves the executor gone")
+	_, remove = b.reapReason(pod("elsewhere"), opts, now)
+	assert.False(t, remove, "another host's record says nothing about this host's processes")
+	assert.Equal(t, []string{"other 7/8/boot", "other "}, got)
+}
+
 func TestReapReason(t *testing.T) {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	b := &Backend{instance: "me", live: map[string]*handle{"held": nil}, now: func() time.Time { return now }}
@@ -26,7 +47,7 @@ func TestReapReason(t *testing.T) {
 		}
 		return p
 	}
-	gone := func(id string) (bool, string) { return id == "dead", "its lock is free" }
+	gone := func(id, _ string) (bool, string) { return id == "dead", "its lock is free" }
 	future, past := now.Add(time.Hour), now.Add(-time.Hour)
 	tests := []struct {
 		name   string
