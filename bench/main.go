@@ -1,6 +1,8 @@
 // Command bench measures taskrun side by side with the plain tools it
 // replaces, in one run on one machine, and prints one Markdown table:
 //
+//   - `taskrun run -- true` through a resident `taskrun daemon`, in-process
+//     (--local) and `docker run --rm` with the same policy flags;
 //   - cold-run wall time of the Docker backend and of the full RunTask path
 //     against `docker run --rm` with the same image, command, policy flags
 //     and bind mount (alternated, medians);
@@ -102,6 +104,7 @@ func runAll(ctx context.Context, c config) ([]row, *breakdown, error) {
 	var errs []string
 	for _, s := range []section{
 		{"cold CLI run", coldCLI},
+		{"daemon CLI run", daemonCLI},
 		{"cold run", coldRun},
 		{"kubernetes cold run", kubernetesColdRun},
 		{"first byte", firstByteLatency},
