@@ -179,6 +179,20 @@ func TestDaemonCtrlCCancelsTheRun(t *testing.T) {
 	lines := bufio.NewScanner(stdout)
 	for i := 0; i < 5 && lines.Scan(); i++ {
 	}
+	// Another uid cannot cancel it: the daemon answers as if it did not
+	// exist, and the run goes on.
+	if curl, err := exec.LookPath("curl"); err == nil {
+		c := exec.Command(curl, "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", d.sock, "-X", "POST", "http://taskrun/v1/runs/"+runID+"/cancel")
+		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		code, err := c.Output()
+		require.NoError(t, err)
+		assert.Equal(t, "404", string(code), "uid %d cancelled another tenant's run", nobody)
+		for i := 0; i < 5; i++ {
+			require.True(t, lines.Scan(), "the run stopped after another uid's cancel: %s", &stderr)
+		}
+	} else {
+		t.Log("no curl: the other uid's cancel is not tried")
+	}
 	go func() { _, _ = io.Copy(io.Discard, stdout) }()
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	exited := make(chan error, 1)
