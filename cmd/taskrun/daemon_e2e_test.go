@@ -18,9 +18,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/internal/testdeadline"
+	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -208,6 +210,55 @@ func TestDaemonCtrlCCancelsTheRun(t *testing.T) {
 	assert.Contains(t, stderr.String(), string(model.StatusCancelled), "the summary reports the cancelled run")
 	assert.GreaterOrEqual(t, requireNumberedLines(t, e.outputLog(t, runID)), 5, "the cancelled run's output is stored")
 	e.requireNothingLeft(t, runID)
+}
+
+// TestDaemonSecondCtrlCDetaches sends two SIGINTs: the client exits at
+// once and the daemon finishes the cancelled run on its own.
+func TestDaemonSecondCtrlCDetaches(t *testing.T) {
+	e := newCrashEnv(t)
+	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
+	runID := "detach" + strings.ToLower(tenant(t)[:8])
+	// The agent ignores SIGTERM: the run's wind-down takes the engine's
+	// stop timeout, well after the client left.
+	cmd := d.client(t, 0, "--user", e.user, "--run-id", runID, "--image", testImage, "--", "sh", "-c",
+		`trap "" TERM; i=0; while true; do echo "line $i"; i=$((i+1)); sleep 0.02; done`)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr lockedbuf.Buffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := bufio.NewScanner(stdout)
+	for i := 0; i < 5 && lines.Scan(); i++ {
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		var exitErr *exec.ExitError
+		require.ErrorAs(t, err, &exitErr, "%s", &stderr)
+		assert.Equal(t, exitInterrupted, exitErr.ExitCode())
+	case <-time.After(5 * time.Second):
+		t.Fatalf("a second Ctrl-C did not end the client: %s", &stderr)
+	}
+	assert.Contains(t, stderr.String(), "the daemon finishes run "+runID)
+	out, err := exec.Command("docker", "ps", "-q", "--filter", "label="+sandbox.LabelRun+"="+runID).Output()
+	require.NoError(t, err)
+	assert.NotEmpty(t, strings.TrimSpace(string(out)), "the run was still winding down when the client left")
+	// The daemon finishes it: stored, nothing left.
+	jd, err := taskrun.OpenRunJournal(e.root)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := jd.Load(runID)
+		return errors.Is(err, journal.ErrNotFound)
+	}, testdeadline.Scale(2*time.Minute), 100*time.Millisecond, "the daemon never finished the run: %s", d.log)
+	e.requireNothingLeft(t, runID)
+	assert.GreaterOrEqual(t, requireNumberedLines(t, e.outputLog(t, runID)), 5)
+	assert.Contains(t, d.log.String(), "status=CANCELLED")
 }
 
 // TestDaemonRefusesWhatTheTenantMayNotAsk runs clients as uid 65534: their

@@ -121,6 +121,8 @@ func executeViaDaemon(ctx context.Context, a *app, o *runOptions) (*taskrun.Outc
 	liveErr, flushErr := a.live(a.stderr, o.raw)
 	defer flushErr()
 	defer flushOut()
+	// A second Ctrl-C leaves the cancelled run's wind-down to the daemon.
+	secondSignalNote.Store(fmt.Sprintf("the daemon finishes run %s (taskrun logs %s)", o.runID, o.runID))
 	start := time.Now()
 	res, err := c.Run(ctx, req, o.workspace, liveOut, liveErr)
 	if err != nil {
