@@ -214,6 +214,12 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		spec.Task.WorkspaceDir = home
 	}
 
+	// Read the body to its end: only then does net/http watch the
+	// connection and end r.Context() when the client goes away.
+	if n, err := io.Copy(io.Discard, io.LimitReader(br, 1<<20)); err != nil || n > 0 {
+		refuse(w, http.StatusBadRequest, fmt.Errorf("run request: %d bytes after the request and its workspace (%v)", n, err))
+		return
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// A client that goes away cancels its run; the run winds down here.

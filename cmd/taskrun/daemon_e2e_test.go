@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -259,6 +260,61 @@ func TestDaemonSecondCtrlCDetaches(t *testing.T) {
 	e.requireNothingLeft(t, runID)
 	assert.GreaterOrEqual(t, requireNumberedLines(t, e.outputLog(t, runID)), 5)
 	assert.Contains(t, d.log.String(), "status=CANCELLED")
+}
+
+// With no daemon at the socket (a stale socket of a killed one), taskrun run
+// runs in its own process, with its default root and store.
+func TestRunWithoutADaemonRunsInProcess(t *testing.T) {
+	e := newCrashEnv(t)
+	sock := filepath.Join(t.TempDir(), "taskrun.sock")
+	l, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	require.NoError(t, l.Close())
+	require.FileExists(t, sock)
+	d := &daemonProc{sock: sock}
+	cwd := t.TempDir()
+	cmd := d.client(t, 0, "--user", e.user, "--image", testImage, "--", "sh", "-c", "echo here")
+	cmd.Dir = cwd
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "here\n")
+	assert.DirExists(t, filepath.Join(cwd, ".taskrun", "store", "tenants", e.user), "the run used the in-process default store")
+	t.Cleanup(func() {
+		gc := e.command(t, nil, "gc", "--root", filepath.Join(cwd, ".taskrun", "runtime"))
+		_ = gc.Run()
+	})
+}
+
+// TestDaemonCancelsTheRunOfAClientThatWentAway kills the client (no
+// cancel request, just the connection closed), with and without a
+// workspace: the daemon cancels the run and cleans up.
+func TestDaemonCancelsTheRunOfAClientThatWentAway(t *testing.T) {
+	e := newCrashEnv(t)
+	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
+	ws := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "f"), []byte("x"), 0o644))
+	for i, extra := range [][]string{nil, {"--workspace", ws}} {
+		runID := fmt.Sprintf("gone%d%s", i, strings.ToLower(tenant(t)[:8]))
+		args := append(append([]string{"--user", e.user, "--run-id", runID, "--image", testImage}, extra...), "--")
+		cmd := d.client(t, 0, append(args, printer...)...)
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		lines := bufio.NewScanner(stdout)
+		for i := 0; i < 5 && lines.Scan(); i++ {
+		}
+		require.NoError(t, cmd.Process.Kill())
+		_ = cmd.Wait()
+		jd, err := taskrun.OpenRunJournal(e.root)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			_, err := jd.Load(runID)
+			return errors.Is(err, journal.ErrNotFound)
+		}, testdeadline.Scale(time.Minute), 50*time.Millisecond, "the daemon never ended the run: %s", d.log)
+		e.requireNothingLeft(t, runID)
+		assert.Regexp(t, `run ended.*run=`+runID+`.*status=CANCELLED.*client_gone=true|run=`+runID+`.*status=CANCELLED`, d.log.String())
+	}
 }
 
 // TestDaemonRefusesWhatTheTenantMayNotAsk runs clients as uid 65534: their
