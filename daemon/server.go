@@ -146,6 +146,7 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 // Serve serves l until ctx ends, then cancels the live runs, lets them
 // wind down within the host's shutdown grace and returns.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	s.keepWarm(ctx)
 	srv := &http.Server{Handler: s.handler(ctx), ConnContext: withPeer, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
@@ -260,6 +261,7 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		ended = out.Status
 	}
 	log.Info("run ended", "status", ended, "client_gone", r.Context().Err() != nil)
+	s.keepWarm(ctx)
 	fw.write(Frame{Result: res})
 }
 
@@ -344,6 +346,29 @@ func (s *Server) spec(peer Peer, req RunRequest) (executor.Spec, int, error) {
 		}
 	}
 	return spec, 0, nil
+}
+
+// warmID names the placeholder spec of the warm pool's key.
+const warmID = "warm"
+
+// keepWarm asks the host's warm pool, if it has one, to keep containers of
+// the default spec's key ready (the pool forgets a key left idle).
+func (s *Server) keepWarm(ctx context.Context) {
+	pool := s.cfg.Host.WarmPool()
+	if pool == nil || ctx.Err() != nil {
+		return
+	}
+	policy := s.cfg.Host.Defaults().Policy
+	tmpl, err := s.cfg.Host.WarmTemplate(ctx, executor.Spec{
+		Task: &model.Task{ID: warmID, UserID: warmID, ConversationID: warmID}, Run: &model.TaskRun{ID: warmID, TaskID: warmID},
+		SessionID: warmID, Updater: executor.LogUpdater{Log: s.log}, Policy: &policy,
+	})
+	if err == nil {
+		err = pool.Warm(tmpl)
+	}
+	if err != nil {
+		s.log.Warn("keep warm containers", "err", err)
+	}
 }
 
 // serveCancel cancels a live run of the peer's (root may cancel any).

@@ -36,6 +36,11 @@ it for that tenant; its model is scripted or this daemon's --model. The
 client sends its workspace's bytes, read as itself: the daemon never reads
 a path for a client.
 
+--warm N keeps N containers of the default --image, --runtime and policy
+started ahead of the runs, parked at the self-check, as taskrun worker
+--warm does: a client's run that asks for no other image or limits takes
+one. They are removed when the daemon stops.
+
 SIGTERM or SIGINT cancels the live runs, lets them wind down within
 --shutdown-grace and exits; a second signal exits at once, and the next
 start recovers.
@@ -49,6 +54,7 @@ type daemonOptions struct {
 	credentials []string
 	egress      egress.Operator
 	maxima      runlimits.Maxima
+	warm        int
 }
 
 func init() {
@@ -82,6 +88,7 @@ func (o *daemonOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.egressFile, "egress-policy", "", "JSON egress policy file: the rules and budgets clients' runs may ask for within (see docs/egress.md); its credentials go in --credential")
 	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, for the tenants named, who ask for it by id: id=ID,tenants="USER ...",host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"] (tenants=* for all); repeatable`)
 	addRunMaximaFlags(fs, &o.maxima)
+	fs.IntVar(&o.warm, "warm", 0, "warm containers kept ready for runs of the default --image, --runtime and policy (each holds a run's --memory until a run claims it); 0: every run starts cold")
 }
 
 func (o *daemonOptions) finish() error {
@@ -90,6 +97,14 @@ func (o *daemonOptions) finish() error {
 	}
 	if err := checkRunMaxima(o.maxima); err != nil {
 		return err
+	}
+	switch {
+	case o.warm < 0:
+		return fmt.Errorf("--warm %d: give 0 (no warm containers) or more", o.warm)
+	case o.warm > 0 && o.backend != backendDocker:
+		return errors.New("--warm parks containers on this host's engine: it needs --backend docker")
+	case o.warm > 0 && o.helpersDir == "":
+		return errors.New("--warm needs the self-check, where a warm container waits: drop --helpers-dir \"\" or --warm")
 	}
 	var err error
 	o.egress, err = egress.BuildOperator(o.egressFile, o.allows, o.credentials)
@@ -114,7 +129,7 @@ func runDaemon(ctx context.Context, a *app, o daemonOptions) error {
 		return err
 	}
 	defer l.Close()
-	host, err := o.openHost(ctx, a, hostOptions{})
+	host, err := o.openHost(ctx, a, hostOptions{warm: o.warm})
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
 )
 
 // The daemon tests run `taskrun daemon` and its clients as child processes,
@@ -284,6 +285,37 @@ func TestRunWithoutADaemonRunsInProcess(t *testing.T) {
 		gc := e.command(t, nil, "gc", "--root", filepath.Join(cwd, ".taskrun", "runtime"))
 		_ = gc.Run()
 	})
+}
+
+// `taskrun daemon --warm 1` parks a container of its default key; a
+// client's run that asks for nothing else claims it, the pool refills, and
+// the stopped daemon leaves no parked container.
+func TestDaemonWarmFlag(t *testing.T) {
+	e := newCrashEnv(t)
+	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"), "--warm", "1")
+	parked := func() []string {
+		out, err := exec.Command("docker", "ps", "-a", "--filter", "label=dev.taskrun.pool",
+			"--format", `{{.ID}} {{.Label "dev.taskrun.run-dir"}}`).Output()
+		require.NoError(t, err)
+		var ids []string
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if id, dir, _ := strings.Cut(line, " "); strings.HasPrefix(dir, e.root+"/") {
+				ids = append(ids, id)
+			}
+		}
+		return ids
+	}
+	require.Eventually(t, func() bool { return len(parked()) == 1 }, testdeadline.Scale(2*time.Minute), 50*time.Millisecond, "the daemon parks a container: %s", d.log)
+	out, stderr, code := d.runClient(t, 0, "--user", e.user, "--json", "--", "sh", "-c", "echo warm")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "warm\n")
+	var res jsonResult
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	claimed := slices.ContainsFunc(res.Timings, func(s timings.Span) bool { return s.Phase == timings.WarmClaim })
+	assert.True(t, claimed, "the run did not claim the parked container: %+v", res.Timings)
+	require.Eventually(t, func() bool { return len(parked()) == 1 }, testdeadline.Scale(2*time.Minute), 50*time.Millisecond, "the pool refills")
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	require.Eventually(t, func() bool { return len(parked()) == 0 }, testdeadline.Scale(time.Minute), 50*time.Millisecond, "the stopped daemon left a parked container")
 }
 
 // TestDaemonCancelsTheRunOfAClientThatWentAway kills the client (no
