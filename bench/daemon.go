@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,26 +38,17 @@ func daemonCLI(ctx context.Context, e *env) ([]row, error) {
 	}
 	sock := filepath.Join(dir, "taskrun.sock")
 	cenv := append(os.Environ(), daemon.EnvSocket+"="+sock)
-	dstore := "file://" + filepath.Join(dir, "store")
-	d := exec.Command(bin, "--quiet", "daemon", "--root", filepath.Join(dir, "runs"), "--store", dstore, "--image", e.c.image)
-	d.Env = cenv
-	d.Stdout, d.Stderr = io.Discard, io.Discard
-	if err := d.Start(); err != nil {
+	stop, err := startDaemon(ctx, bin, cenv, sock, dir, "cold", e.c.image)
+	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		_ = d.Process.Signal(syscall.SIGTERM)
-		_ = d.Wait()
-	}()
-	if err := waitSocket(ctx, sock); err != nil {
-		return nil, err
-	}
+	defer stop()
 	lstore := "file://" + filepath.Join(dir, "local-store")
 	run := func(local bool) variant {
 		return func(ctx context.Context, e *env, i int) (time.Duration, error) {
-			args := []string{"--quiet", "run", "--run-id", fmt.Sprintf("%s-d%v-%d", e.c.benchID, local, i), "--image", e.c.image, "--json"}
+			args := []string{"--quiet", "run", "--run-id", fmt.Sprintf("%s-d%v-%d", e.c.benchID, local, i), "--json"}
 			if local {
-				args = append(args, "--local", "--root", filepath.Join(dir, "local-runs"), "--store", lstore)
+				args = append(args, "--local", "--root", filepath.Join(dir, "local-runs"), "--store", lstore, "--image", e.c.image)
 			}
 			cmd := exec.CommandContext(ctx, bin, append(args, "--", "true")...)
 			cmd.Env = cenv
@@ -100,7 +92,43 @@ func daemonCLI(ctx context.Context, e *env) ([]row, error) {
 	}
 	n := fmt.Sprintf(" (median ratio of %d interleaved triples)", e.c.runs)
 	viaDaemon := pairRatio(ds[1], ds[0])
+	stop()
+
+	// The same through a daemon keeping one container warm: each run
+	// claims it.
+	wsock := filepath.Join(dir, "warm.sock")
+	cenv = append(os.Environ(), daemon.EnvSocket+"="+wsock)
+	stopWarm, err := startDaemon(ctx, bin, cenv, wsock, dir, "warm", e.c.image, "--warm", "1")
+	if err != nil {
+		return nil, err
+	}
+	defer stopWarm()
+	if _, err := run(false)(ctx, e, -2); err != nil {
+		return nil, err
+	}
+	// Let the pool park its container before the first measured run.
+	time.Sleep(3 * time.Second)
+	// Each warm run waits (unmeasured) for the refill to finish, so that
+	// the refill does not load the docker run that follows.
+	warmRun := func(ctx context.Context, e *env, i int) (time.Duration, error) {
+		d, err := run(false)(ctx, e, i)
+		time.Sleep(1500 * time.Millisecond)
+		return d, err
+	}
+	wds, err := alternate(ctx, e, e.c.runs, dockerRun, warmRun)
+	if err != nil {
+		return nil, err
+	}
+	viaWarm := pairRatio(wds[1], wds[0])
 	return []row{
+		{
+			what:     "`taskrun run -- true` through `taskrun daemon --warm 1`" + fmt.Sprintf(" (median ratio of %d interleaved pairs)", e.c.runs),
+			taskrun:  fmtDuration(median(wds[1])),
+			baseline: "docker run --rm, same policy flags: " + fmtDuration(median(wds[0])),
+			ratio:    fmt.Sprintf("%.2f×", viaWarm),
+			target:   fmt.Sprintf("≤ %.2f×", daemonTarget),
+			verdict:  verdict(viaWarm <= daemonTarget),
+		},
 		{
 			what:     "`taskrun run -- true` through `taskrun daemon` (no warm pool)" + n,
 			taskrun:  fmtDuration(median(ds[1])),
@@ -122,6 +150,30 @@ func daemonCLI(ctx context.Context, e *env) ([]row, error) {
 			ratio:    fmt.Sprintf("%.2f×", pairRatio(ds[1], ds[2])),
 		},
 	}, nil
+}
+
+// startDaemon starts `taskrun daemon` with its root and store under dir
+// (named by name) and waits until it serves at sock; stop ends it (once).
+func startDaemon(ctx context.Context, bin string, env []string, sock, dir, name, image string, extra ...string) (stop func(), err error) {
+	args := append([]string{"--quiet", "daemon", "--root", filepath.Join(dir, name+"-runs"), "--store", "file://" + filepath.Join(dir, name+"-store"), "--image", image}, extra...)
+	d := exec.Command(bin, args...)
+	d.Env = env
+	d.Stdout, d.Stderr = io.Discard, io.Discard
+	if err := d.Start(); err != nil {
+		return nil, err
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = d.Process.Signal(syscall.SIGTERM)
+			_ = d.Wait()
+		})
+	}
+	if err := waitSocket(ctx, sock); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
 }
 
 // pairRatio is the median of got[i]/base[i].
