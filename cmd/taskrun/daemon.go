@@ -14,6 +14,7 @@ import (
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/runlimits"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 const daemonHelp = `
@@ -32,7 +33,8 @@ the uid's user name. A client runs as its tenant only (root may name any
 --user); its limits are refused over the --max-run-* maxima; its egress can
 only narrow this daemon's --allow and --egress-policy (none given: runs
 have no network) and names credentials only by the id a --credential gives
-it for that tenant; its model is scripted or this daemon's --model. The
+it for that tenant; its model is scripted or this daemon's --model; its
+image must be local (--pull never) unless the operator sets --pull. The
 client sends its workspace's bytes, read as itself: the daemon never reads
 a path for a client.
 
@@ -84,6 +86,12 @@ func init() {
 
 func (o *daemonOptions) define(fs *pflag.FlagSet) {
 	o.executorFlags.define(fs, flagRole{})
+	// A pull uses the daemon's registry credentials: clients' runs use only
+	// local images unless the operator says otherwise.
+	o.pullSpec = string(sandbox.PullNever)
+	pull := fs.Lookup("pull")
+	pull.DefValue = o.pullSpec
+	pull.Usage = "pull a client's run image from its registry: missing, always or never (the default: only local images; a pull uses this daemon's registry credentials, so any local user could pull what they give access to)"
 	fs.StringArrayVar(&o.allows, "allow", nil, "let clients' runs ask to reach HOST[:PORT] through their egress proxy (no port: 80 and 443; *.suffix for every name below suffix); repeatable; none: runs have no network")
 	fs.StringVar(&o.egressFile, "egress-policy", "", "JSON egress policy file: the rules and budgets clients' runs may ask for within (see docs/egress.md); its credentials go in --credential")
 	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, for the tenants named, who ask for it by id: id=ID,tenants="USER ...",host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"] (tenants=* for all); repeatable`)
