@@ -50,6 +50,20 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	return &Client{path: path, http: &http.Client{Transport: tr}}, nil
 }
 
+// DialFirst dials the paths in order (see ClientSocketPaths) and returns
+// the first daemon that answers; errors.Is(err, ErrNoDaemon) when none
+// does. Any other failure (a socket it may not connect to) is returned.
+func DialFirst(ctx context.Context, paths []string) (*Client, error) {
+	for _, p := range paths {
+		c, err := Dial(ctx, p)
+		if errors.Is(err, ErrNoDaemon) {
+			continue
+		}
+		return c, err
+	}
+	return nil, fmt.Errorf("%w (tried %v)", ErrNoDaemon, paths)
+}
+
 // Path is the daemon's socket.
 func (c *Client) Path() string { return c.path }
 

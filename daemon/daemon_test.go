@@ -23,6 +23,32 @@ func TestSocketPath(t *testing.T) {
 	}
 }
 
+func TestClientSocketPaths(t *testing.T) {
+	t.Setenv(EnvSocket, "/tmp/x.sock")
+	assert.Equal(t, []string{"/tmp/x.sock"}, ClientSocketPaths())
+	t.Setenv(EnvSocket, "")
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+	if os.Geteuid() == 0 {
+		assert.Equal(t, []string{RootSocket}, ClientSocketPaths())
+	} else {
+		assert.Equal(t, []string{"/run/user/1000/taskrun.sock", RootSocket}, ClientSocketPaths())
+	}
+}
+
+func TestDialFirstTakesTheFirstThatAnswers(t *testing.T) {
+	dir := t.TempDir()
+	live := filepath.Join(dir, "live.sock")
+	l, err := Listen(live)
+	require.NoError(t, err)
+	defer l.Close()
+	c, err := DialFirst(context.Background(), []string{filepath.Join(dir, "none.sock"), live})
+	require.NoError(t, err)
+	assert.Equal(t, live, c.Path())
+	c.Close()
+	_, err = DialFirst(context.Background(), []string{filepath.Join(dir, "none.sock")})
+	require.ErrorIs(t, err, ErrNoDaemon)
+}
+
 func TestListenMakesTheSocketAndRefusesALiveOne(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "run", "taskrun")
 	path := filepath.Join(dir, "taskrun.sock")

@@ -62,6 +62,21 @@ func SocketPath() string {
 	return ""
 }
 
+// ClientSocketPaths are the sockets a client tries, in order:
+// $TASKRUN_HOST alone when set; else, as another user than root, its own
+// daemon's $XDG_RUNTIME_DIR/taskrun.sock and then the host's RootSocket;
+// as root, RootSocket.
+func ClientSocketPaths() []string {
+	if p := os.Getenv(EnvSocket); p != "" {
+		return []string{p}
+	}
+	var paths []string
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" && os.Geteuid() != 0 {
+		paths = append(paths, filepath.Join(d, "taskrun.sock"))
+	}
+	return append(paths, RootSocket)
+}
+
 // RunRequest is what a client asks the daemon to run: the run half of
 // `taskrun run`'s flags. A zero field takes the daemon's default.
 type RunRequest struct {

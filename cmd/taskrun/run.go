@@ -76,8 +76,9 @@ The run's stdout is copied live to stdout, its stderr to stderr. On a terminal,
 control characters and escape sequences in them are shown as text (ESC as ^[);
 --raw passes them through. The stored output log is always byte-exact.
 
-When a taskrun daemon answers at $TASKRUN_HOST (see taskrun daemon), the run
-executes there and this command is its thin client: same output, exit status
+When a taskrun daemon answers (see taskrun daemon) at $TASKRUN_HOST, else, as
+a user other than root, at $XDG_RUNTIME_DIR/taskrun.sock and then at
+/run/taskrun/taskrun.sock (as root: that one only), the run executes there and this command is its thin client: same output, exit status
 and stored objects; the run's user is your tenant (your user name) unless you
 are root; Ctrl-C cancels the run, a second Ctrl-C leaves it to the daemon.
 --local, or any flag naming a machine of its own (--root, --store, --backend,
@@ -130,7 +131,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, its value read on the host: host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"]; repeatable`)
 	fs.StringArrayVar(&o.envVars, "env", nil, "set NAME=VALUE in the agent's environment (a bare NAME takes the host's value); repeatable; visible to the agent, so never a secret")
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read variables from a file in docker's --env-file format (NAME=VALUE lines, # comments); repeatable")
-	fs.BoolVar(&o.local, "local", false, "run in this process even when a taskrun daemon answers at $"+daemon.EnvSocket+" (see taskrun daemon)")
+	fs.BoolVar(&o.local, "local", false, "run in this process even when a taskrun daemon answers (see taskrun daemon)")
 }
 
 // finish checks the parsed flags and takes args as the command to run.

@@ -99,8 +99,7 @@ func (o *runOptions) daemonRequest() (daemon.RunRequest, error) {
 // executeViaDaemon runs the task on the daemon at the socket; an error
 // wrapping daemon.ErrNoDaemon says none answers there.
 func executeViaDaemon(ctx context.Context, a *app, o *runOptions) (*taskrun.Outcome, error) {
-	path := daemon.SocketPath()
-	c, err := daemon.Dial(ctx, path)
+	c, err := daemon.DialFirst(ctx, daemon.ClientSocketPaths())
 	if errors.Is(err, daemon.ErrNoDaemon) {
 		return nil, err
 	}
@@ -108,6 +107,7 @@ func executeViaDaemon(ctx context.Context, a *app, o *runOptions) (*taskrun.Outc
 		return nil, fmt.Errorf("%w: %w; pass --local to run in this process", errCannotRun, err)
 	}
 	defer c.Close()
+	path := c.Path()
 	req, err := o.daemonRequest()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
