@@ -408,6 +408,35 @@ func TestDaemonRefusesWhatTheTenantMayNotAsk(t *testing.T) {
 	})
 }
 
+// A daemon that is stopped (SIGTERM) cancels its live runs, stores them and
+// gives their clients the result before it exits.
+func TestDaemonStopCancelsItsRunsAndAnswersTheirClients(t *testing.T) {
+	e := newCrashEnv(t)
+	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
+	runID := "dstop" + strings.ToLower(tenant(t)[:8])
+	cmd := d.client(t, 0, append([]string{"--user", e.user, "--run-id", runID, "--image", testImage, "--"}, printer...)...)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr lockedbuf.Buffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := bufio.NewScanner(stdout)
+	for i := 0; i < 5 && lines.Scan(); i++ {
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	err = cmd.Wait()
+	var exitErr *exec.ExitError
+	require.ErrorAs(t, err, &exitErr, "%s", &stderr)
+	assert.Equal(t, exitInterrupted, exitErr.ExitCode(), "%s", &stderr)
+	assert.Contains(t, stderr.String(), string(model.StatusCancelled))
+	e.requireNothingLeft(t, runID)
+	assert.GreaterOrEqual(t, requireNumberedLines(t, e.outputLog(t, runID)), 5)
+}
+
+// A daemon killed mid-run: its client says so, naming the run; the next
+// daemon recovers the run at start.
 func TestDaemonKilledMidRunIsRecoveredByTheNext(t *testing.T) {
 	e := newCrashEnv(t)
 	sock := filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock")
