@@ -3,6 +3,8 @@
 //
 //   - start-up of the taskrun binary (`taskrun version`, `taskrun run
 //     --help`) against `docker --version` (interleaved, median ratio);
+//   - `taskrun run -- true` through a resident `taskrun daemon`, in-process
+//     (--local) and `docker run --rm` with the same policy flags;
 //   - cold-run wall time of the Docker backend and of the full RunTask path
 //     against `docker run --rm` with the same image, command, policy flags
 //     and bind mount (alternated, medians);
@@ -107,6 +109,7 @@ func runAll(ctx context.Context, c config) ([]row, *breakdown, error) {
 	for _, s := range []section{
 		{"CLI start", cliStart},
 		{"cold CLI run", coldCLI},
+		{"daemon CLI run", daemonCLI},
 		{"cold run", coldRun},
 		{"kubernetes cold run", kubernetesColdRun},
 		{"first byte", firstByteLatency},

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,6 +28,10 @@ const (
 	exitCannotRun   = 125
 	exitInterrupted = 130
 )
+
+// secondSignalNote, when set (a string), replaces what the second
+// signal's message says happens to the command's work.
+var secondSignalNote atomic.Value
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
@@ -46,7 +51,11 @@ func main() {
 		<-sigs
 		cancel()
 		<-sigs
-		fmt.Fprintln(os.Stderr, "taskrun: second signal: exiting now; taskrun gc finishes what the journal holds")
+		if note, _ := secondSignalNote.Load().(string); note != "" {
+			fmt.Fprintln(os.Stderr, "taskrun: second signal: exiting now; "+note)
+		} else {
+			fmt.Fprintln(os.Stderr, "taskrun: second signal: exiting now; taskrun gc finishes what the journal holds")
+		}
 		os.Exit(exitInterrupted)
 	}()
 	shutdownBackstop = func(grace time.Duration, stderr io.Writer) {

@@ -17,6 +17,7 @@ import (
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/changeset"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/gateway"
@@ -58,6 +59,11 @@ type runOptions struct {
 	allows      []string
 	egressFile  string
 	credentials []string
+
+	// local forces the run into this process even when a daemon answers.
+	local bool
+	// flags are the parsed flags, to tell which were given.
+	flags *pflag.FlagSet
 }
 
 const runHelp = `
@@ -70,6 +76,15 @@ command to run instead of the image's default, flags included.
 The run's stdout is copied live to stdout, its stderr to stderr. On a terminal,
 control characters and escape sequences in them are shown as text (ESC as ^[);
 --raw passes them through. The stored output log is always byte-exact.
+
+When a taskrun daemon answers (see taskrun daemon) at $TASKRUN_HOST, else, as
+a user other than root, at $XDG_RUNTIME_DIR/taskrun.sock and then at
+/run/taskrun/taskrun.sock (as root: that one only), the run executes there and this command is its thin client: same output, exit status
+and stored objects; the run's user is your tenant (your user name) unless you
+are root; Ctrl-C cancels the run, a second Ctrl-C leaves it to the daemon.
+--local, or any flag naming a machine of its own (--root, --store, --backend,
+--helpers-dir, --uid-range, --runtime, --server, --credential, --model-*...),
+runs it in this process, as does the absence of a daemon.
 
 Exit status: the command's own, 124 on timeout, 125 when taskrun could not run
 the container (bad input, no Docker engine, a missing, refused or unpullable
@@ -84,7 +99,7 @@ func init() {
 		Help:          runHelp,
 		StopAtCommand: true,
 		Flags: func(fs *pflag.FlagSet) action {
-			o := &runOptions{}
+			o := &runOptions{flags: fs}
 			o.define(fs)
 			return func(ctx context.Context, a *app, args []string) int {
 				if err := o.finish(args); err != nil {
@@ -117,6 +132,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, its value read on the host: host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"]; repeatable`)
 	fs.StringArrayVar(&o.envVars, "env", nil, "set NAME=VALUE in the agent's environment (a bare NAME takes the host's value); repeatable; visible to the agent, so never a secret")
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read variables from a file in docker's --env-file format (NAME=VALUE lines, # comments); repeatable")
+	fs.BoolVar(&o.local, "local", false, "run in this process even when a taskrun daemon answers (see taskrun daemon)")
 }
 
 // finish checks the parsed flags and takes args as the command to run.
@@ -147,8 +163,8 @@ func (o *runOptions) finish(args []string) error {
 
 // parseRunFlags parses the arguments of `taskrun run`.
 func parseRunFlags(args []string) (runOptions, error) {
-	var o runOptions
 	fs := newFlagSet("taskrun run", io.Discard)
+	o := runOptions{flags: fs}
 	fs.SetInterspersed(false)
 	o.define(fs)
 	if err := fs.Parse(args); err != nil {
@@ -251,7 +267,10 @@ func runRun(ctx context.Context, a *app, o runOptions) int {
 		stop := context.AfterFunc(ctx, func() { shutdownBackstop(o.shutdownGrace, a.stderr) })
 		defer stop()
 	}
-	out, err := executeRun(ctx, a, o)
+	out, err := executeRun(ctx, a, &o)
+	if errors.Is(err, daemon.ErrNoDaemon) {
+		out, err = executeRunHere(ctx, a, o)
+	}
 	code := exitCode(out, err)
 	switch {
 	case o.jsonOut:
@@ -269,8 +288,41 @@ func runRun(ctx context.Context, a *app, o runOptions) int {
 	return code
 }
 
-// executeRun builds the run's dependencies from the flags and runs it.
-func executeRun(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, error) {
+// executeRun runs the task through the daemon when one answers and the
+// flags name no machine of their own, else in this process: an error
+// wrapping daemon.ErrNoDaemon says to run it here.
+func executeRun(ctx context.Context, a *app, o *runOptions) (*taskrun.Outcome, error) {
+	if err := o.checkRun(); err != nil {
+		return nil, err
+	}
+	if o.local || o.machineFlag() != "" {
+		return nil, daemon.ErrNoDaemon
+	}
+	return executeViaDaemon(ctx, a, o)
+}
+
+// checkRun refuses bad IDs and a missing workspace before connecting to
+// anything.
+func (o runOptions) checkRun() error {
+	if err := o.runRefFlags.validate(); err != nil {
+		return fmt.Errorf("%w: %w", errCannotRun, err)
+	}
+	if o.resumeFrom != "" {
+		if err := model.ValidateID("--resume-from run", o.resumeFrom); err != nil {
+			return fmt.Errorf("%w: %w", errCannotRun, err)
+		}
+	}
+	if o.workspace != "" {
+		if info, err := os.Stat(o.workspace); err != nil || !info.IsDir() {
+			return fmt.Errorf("%w: --workspace %q is not a directory; pass an existing directory", errCannotRun, o.workspace)
+		}
+	}
+	return nil
+}
+
+// executeRunHere builds the run's dependencies from the flags and runs it
+// in this process.
+func executeRunHere(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, error) {
 	// Refuse bad IDs before connecting to anything.
 	if err := o.runRefFlags.validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)

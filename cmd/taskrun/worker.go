@@ -200,13 +200,20 @@ func cmpOr(a, b string) string {
 // models resolves an assignment's model name: scripted ones always, and the
 // one --model configures.
 func (o *workerOptions) models(name string) (config.ModelEntry, error) {
-	if name == o.modelSpec && o.modelSpec != "" {
-		return o.model, nil
+	return operatorModel(o.modelSpec, o.model, name)
+}
+
+// operatorModel resolves a tenant's model name on a shared host: scripted
+// ones always, and the one the operator's --model (spec, configured as
+// conf) names.
+func operatorModel(spec string, conf config.ModelEntry, name string) (config.ModelEntry, error) {
+	if name == spec && spec != "" {
+		return conf, nil
 	}
 	var m config.ModelEntry
 	provider, _, _ := strings.Cut(name, ":")
 	if provider != config.ProviderScripted {
-		return m, fmt.Errorf("this worker serves scripted models and --model %q only", o.modelSpec)
+		return m, fmt.Errorf("this host serves scripted models and --model %q only", spec)
 	}
 	if err := parseModel(name, &m); err != nil {
 		return m, err

@@ -1,0 +1,156 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/taskrun/taskrun/workspace"
+)
+
+// Client talks to the daemon at one socket.
+type Client struct {
+	path string
+	http *http.Client
+}
+
+// Dial connects to the daemon at path once, to see that one answers:
+// errors.Is(err, ErrNoDaemon) when nothing listens there (no socket, or a
+// stale one).
+func Dial(ctx context.Context, path string) (*Client, error) {
+	if path == "" {
+		return nil, ErrNoDaemon
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%w (%s)", ErrNoDaemon, path)
+		}
+		return nil, fmt.Errorf("taskrun daemon at %s: %w", path, err)
+	}
+	c.Close()
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", path)
+		},
+		DisableCompression: true,
+	}
+	return &Client{path: path, http: &http.Client{Transport: tr}}, nil
+}
+
+// DialFirst dials the paths in order (see ClientSocketPaths) and returns
+// the first daemon that answers; errors.Is(err, ErrNoDaemon) when none
+// does. Any other failure (a socket it may not connect to) is returned.
+func DialFirst(ctx context.Context, paths []string) (*Client, error) {
+	for _, p := range paths {
+		c, err := Dial(ctx, p)
+		if errors.Is(err, ErrNoDaemon) {
+			continue
+		}
+		return c, err
+	}
+	return nil, fmt.Errorf("%w (tried %v)", ErrNoDaemon, paths)
+}
+
+// Path is the daemon's socket.
+func (c *Client) Path() string { return c.path }
+
+// Close releases the client's connections.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
+
+// Run asks the daemon to run req, with the workspace dir (packed here, as
+// the caller, when not empty), copies the run's output to stdout and stderr
+// as it comes and returns its result. When ctx ends, Run asks the daemon to
+// cancel the run and goes on reading until the result: a caller that
+// wants to leave at once (detach) just exits, and the daemon finishes the
+// run. A daemon that goes away before the result is ErrDaemonGone.
+func (c *Client) Run(ctx context.Context, req RunRequest, dir string, stdout, stderr io.Writer) (*Result, error) {
+	req.Workspace = dir != ""
+	if req.Workspace {
+		// Open it here, as the caller: a directory the caller cannot read
+		// is refused before anything is sent.
+		f, err := os.Open(dir)
+		if err == nil {
+			_, err = f.Readdirnames(1)
+			f.Close()
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("--workspace: %w", err)
+		}
+	}
+	line, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	body := io.Reader(bytes.NewReader(append(line, '\n')))
+	if req.Workspace {
+		pr, pw := io.Pipe()
+		go func() {
+			_, err := workspace.PackHome(ctx, dir, pw, workspace.PackOptions{})
+			pw.CloseWithError(err)
+		}()
+		defer pr.Close()
+		body = io.MultiReader(body, pr)
+	}
+	// The request outlives ctx: the result of a cancelled run still comes.
+	hreq, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodPost, "http://taskrun"+PathRuns, body)
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/x-ndjson")
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("%w: run %s: %w", ErrDaemonGone, req.RunID, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var eb ErrorBody
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
+			eb.Error = fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(data))
+		}
+		return nil, &RefusedError{Status: resp.StatusCode, Message: eb.Error}
+	}
+	stop := context.AfterFunc(ctx, func() { c.cancel(req.RunID) })
+	defer stop()
+	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
+	for {
+		var fr Frame
+		if err := dec.Decode(&fr); err != nil {
+			return nil, fmt.Errorf("%w: run %s has no result (%w): a restarted daemon recovers it; see taskrun runs", ErrDaemonGone, req.RunID, err)
+		}
+		switch {
+		case fr.Result != nil:
+			return fr.Result, nil
+		case fr.Stdout != nil:
+			_, _ = stdout.Write(fr.Stdout)
+		case fr.Stderr != nil:
+			_, _ = stderr.Write(fr.Stderr)
+		}
+	}
+}
+
+// cancel asks the daemon to cancel the run, on a connection of its own.
+func (c *Client) cancel(runID string) {
+	ctx, done := context.WithTimeout(context.Background(), 5*time.Second)
+	defer done()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/cancel", nil)
+	if err != nil {
+		return
+	}
+	if resp, err := c.http.Do(req); err == nil {
+		resp.Body.Close()
+	}
+}
