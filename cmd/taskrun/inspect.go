@@ -9,9 +9,11 @@ import (
 	"strings"
 	"time"
 
+	units "github.com/docker/go-units"
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/runindex"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/termsafe"
 	"github.com/taskrun/taskrun/timings"
 )
@@ -93,6 +95,7 @@ func writeRecord(w io.Writer, r *runindex.Record) {
 	line("Container", r.ContainerName)
 	line("Host", r.Host)
 	line("Isolation", r.Isolation)
+	line("Resources", usageText(r.Usage))
 	if len(r.Limits) > 0 {
 		var parts []string
 		for _, k := range sortedKeys(r.Limits) {
@@ -131,4 +134,15 @@ func sortedKeys(m map[string]any) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// usageText is what the run's container used, as its backend sampled it;
+// empty when it was not sampled.
+func usageText(u *sandbox.Usage) string {
+	if u == nil {
+		return ""
+	}
+	return fmt.Sprintf("CPU %.2f s, peak memory %s, I/O %s read %s written, peak %d processes (%d samples)",
+		u.CPUSeconds, units.BytesSize(float64(u.PeakMemoryBytes)), units.BytesSize(float64(u.ReadBytes)),
+		units.BytesSize(float64(u.WriteBytes)), u.PeakPids, u.Samples)
 }
