@@ -30,8 +30,8 @@
 //
 // # The pipeline
 //
-// For now Host.Run composes the root package's taskrun.RunTaskInput from
-// the host and the spec (Host.Input) and calls taskrun.Execute, so this
+// For now Host.Run composes the root package's Input from
+// the host and the spec (Host.Input) and calls Execute, so this
 // package imports the root. A later step moves the pipeline here and
 // flips the dependency: the root's RunTask then builds a Host.
 package executor
