@@ -153,13 +153,13 @@ func TestWarmTemplateKeysOnlyTheContainersShape(t *testing.T) {
 func TestTracedOrderOfAWarmRun(t *testing.T) {
 	t.Parallel()
 	h := &harness{runtest.New(t, runtest.Options{Warm: true})}
-	steps := &stepLog{}
+	steps := &runtest.StepLog{}
 	in := h.input(&controlplanetest.Recorder{}, "warmtrace1", "sh", "-c", "echo hi")
 	in.HelpersDir = testbin.Dir(t)
 	in.Logger = slog.New(steps)
 	_, err := h.Execute(context.Background(), in)
 	require.NoError(t, err)
-	got := slices.DeleteFunc(steps.take(), func(s string) bool { return s == "running" || s == "prepared" })
+	got := slices.DeleteFunc(steps.Take(), func(s string) bool { return s == "running" || s == "prepared" })
 	assert.Equal(t, []string{
 		"prestart:warm", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
 		"poststart:isolation", "started", "poststart:output", "poststart:diskwatch", "poststart:metrics",

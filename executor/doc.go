@@ -1,5 +1,6 @@
-// Package executor is the machine that runs taskrun runs: one Host per
-// executor process, built once, and a Spec per run handed to it.
+// Package executor runs taskrun runs: the run pipeline (Execute), and the
+// machine it runs on, one Host per executor process, built once, with a
+// Spec per run handed to it.
 //
 // # Host vs Spec
 //
@@ -30,8 +31,16 @@
 //
 // # The pipeline
 //
-// For now Host.Run composes the root package's taskrun.RunTaskInput from
-// the host and the spec (Host.Input) and calls taskrun.Execute, so this
-// package imports the root. A later step moves the pipeline here and
-// flips the dependency: the root's RunTask then builds a Host.
+// Execute runs one run end to end from an Input: the machine and the run
+// in one value. Host.Run composes that Input from the host and the spec
+// (Host.Input) and calls Execute; RetryPersist and RecoverRun finish a kept
+// or journaled run the same way. Execute plans, admits and journals the
+// run (run.go, plan.go, crashsafe.go) and hands it to the runner
+// (runner.go), the only code that sequences a run: each concern is a hook
+// (*_hook.go, hooks.go), and every state change leaves through one tracer
+// (trace.go).
+//
+// The module root, package taskrun, is the seed's facade over this
+// package: its RunTaskInput is Input, its RunTask calls Execute. This
+// package never imports the root.
 package executor

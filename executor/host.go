@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/attest"
 	"github.com/taskrun/taskrun/fencedstore"
 	"github.com/taskrun/taskrun/helpers"
@@ -31,7 +30,7 @@ type Store interface {
 
 // Defaults are what a Spec gets for each field it leaves zero.
 type Defaults struct {
-	// Image is the run image; taskrun.DefaultImage when empty.
+	// Image is the run image; DefaultImage when empty.
 	Image string
 	// Command is the command of a run that names neither a command nor an
 	// entrypoint (the image's own when empty).
@@ -39,13 +38,13 @@ type Defaults struct {
 	// Policy confines the container; sandbox.DefaultPolicy() when its
 	// MemoryBytes is zero.
 	Policy sandbox.Policy
-	// Timeout bounds a run's container; taskrun.DefaultTimeout when zero.
+	// Timeout bounds a run's container; DefaultTimeout when zero.
 	Timeout time.Duration
-	// MaxOutputBytes and DiskLimitBytes: see taskrun.RunTaskInput (zero:
+	// MaxOutputBytes and DiskLimitBytes: see Input (zero:
 	// the taskrun defaults).
 	MaxOutputBytes int64
 	DiskLimitBytes int64
-	// SessionExcludes: see taskrun.RunTaskInput.SessionExcludes.
+	// SessionExcludes: see Input.SessionExcludes.
 	SessionExcludes []string
 }
 
@@ -91,11 +90,11 @@ type Config struct {
 	// Defaults fill a Spec's zero fields.
 	Defaults Defaults
 	// Pull and AllowedImages are the operator's image rules for every run
-	// (taskrun.RunTaskInput).
+	// (Input).
 	Pull          sandbox.PullPolicy
 	AllowedImages []string
 	// PersistTimeout, ReportTimeout and ShutdownGrace bound a run's
-	// wind-down (taskrun.RunTaskInput; zero: the taskrun defaults).
+	// wind-down (Input; zero: the taskrun defaults).
 	PersistTimeout time.Duration
 	ReportTimeout  time.Duration
 	ShutdownGrace  time.Duration
@@ -149,13 +148,13 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		return nil, fmt.Errorf("%w: set at most one of Config.Helpers and Config.HelpersDir", ErrConfig)
 	}
 	if cfg.Defaults.Image == "" {
-		cfg.Defaults.Image = taskrun.DefaultImage
+		cfg.Defaults.Image = DefaultImage
 	}
 	if cfg.Defaults.Policy.MemoryBytes == 0 {
 		cfg.Defaults.Policy = sandbox.DefaultPolicy()
 	}
 	if cfg.Defaults.Timeout == 0 {
-		cfg.Defaults.Timeout = taskrun.DefaultTimeout
+		cfg.Defaults.Timeout = DefaultTimeout
 	}
 	if cfg.Defaults.Timeout < 0 {
 		return nil, fmt.Errorf("%w: Defaults.Timeout %v: give a positive duration such as 30m", ErrConfig, cfg.Defaults.Timeout)
@@ -251,14 +250,14 @@ func (h *Host) ShutdownGrace() time.Duration { return h.cfg.ShutdownGrace }
 // Logger is the host's log.
 func (h *Host) Logger() *slog.Logger { return h.cfg.Logger }
 
-// Run executes one run on the host, end to end, as taskrun.Execute does:
+// Run executes one run on the host, end to end, as Execute does:
 // its outcome is reported through spec.Updater, and the error is nil only
-// for a run that SUCCEEDED (errors.Is taskrun.ErrRunFailed otherwise).
-func (h *Host) Run(ctx context.Context, spec Spec) (*taskrun.Outcome, error) {
+// for a run that SUCCEEDED (errors.Is ErrRunFailed otherwise).
+func (h *Host) Run(ctx context.Context, spec Spec) (*Outcome, error) {
 	if err := h.canRun(); err != nil {
 		return nil, err
 	}
-	return taskrun.Execute(ctx, h.Input(spec))
+	return Execute(ctx, h.Input(spec))
 }
 
 // canRun refuses to run on a host built only to recover.
@@ -273,27 +272,27 @@ func (h *Host) canRun() error {
 }
 
 // RetryPersist finishes the run spec names whose storing failed, from
-// what it kept on the host (see taskrun.RetryPersist).
-func (h *Host) RetryPersist(ctx context.Context, spec Spec) (*taskrun.Outcome, error) {
+// what it kept on the host (see RetryPersist).
+func (h *Host) RetryPersist(ctx context.Context, spec Spec) (*Outcome, error) {
 	if h.cfg.Store == nil {
 		return nil, fmt.Errorf("%w: this host has no store to persist to: set Config.Store", ErrConfig)
 	}
-	return taskrun.RetryPersist(ctx, h.Input(spec))
+	return RetryPersist(ctx, h.Input(spec))
 }
 
 // WarmTemplate is the warm pool key of runs shaped like spec (see
-// taskrun.WarmTemplate): give it to WarmPool().Warm or WaitReady.
+// WarmTemplate): give it to WarmPool().Warm or WaitReady.
 func (h *Host) WarmTemplate(ctx context.Context, spec Spec) (warmpool.Template, error) {
-	return taskrun.WarmTemplate(ctx, h.Input(spec))
+	return WarmTemplate(ctx, h.Input(spec))
 }
 
-// Input is the taskrun.RunTaskInput of spec on this host: the spec's
+// Input is the Input of spec on this host: the spec's
 // per-run fields, the host's machine and the defaults for what spec leaves
 // zero. Run executes it; it is exported for callers still built on
-// RunTaskInput.
-func (h *Host) Input(spec Spec) taskrun.RunTaskInput {
+// Input.
+func (h *Host) Input(spec Spec) Input {
 	c, d := h.cfg, h.cfg.Defaults
-	in := taskrun.RunTaskInput{
+	in := Input{
 		Task: spec.Task, Run: spec.Run, SessionID: spec.SessionID,
 		Updater: spec.Updater, StreamSender: spec.StreamSender,
 		Model: spec.Model, Egress: spec.Egress,

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/instance"
@@ -47,9 +46,9 @@ func TestLayoutPlacesEverythingUnderTheRoot(t *testing.T) {
 	root := filepath.Join(dir, "runs")
 	assert.Equal(t, root, l.Root())
 	assert.Equal(t, filepath.Join(root, "journal"), l.JournalDir())
-	assert.Equal(t, taskrun.PoolDir(root), l.PoolDir())
+	assert.Equal(t, executor.PoolDir(root), l.PoolDir())
 	assert.Equal(t, filepath.Join(root, "executors"), l.ExecutorsDir())
-	assert.Equal(t, taskrun.DiskCapTemplatesDir(root), l.DiskCapTemplatesDir())
+	assert.Equal(t, executor.DiskCapTemplatesDir(root), l.DiskCapTemplatesDir())
 	assert.Equal(t, filepath.Join(root, "diskcap", "images"), l.DiskCapImagesDir())
 	assert.Equal(t, filepath.Join(root, "helpers"), l.HelpersDir())
 	assert.Equal(t, filepath.Join(root, "worker-workspaces"), l.WorkerWorkspacesDir())
@@ -71,7 +70,7 @@ func TestLayoutPlacesEverythingUnderTheRoot(t *testing.T) {
 	info, err := os.Stat(l.JournalDir())
 	require.NoError(t, err)
 	assert.True(t, info.IsDir())
-	same, err := taskrun.OpenRunJournal(root)
+	same, err := executor.OpenRunJournal(root)
 	require.NoError(t, err)
 	entry, err := jd.Create(journal.Record{RunID: "r1", UserID: "u", ConversationID: "c", TaskID: "t", StartedAt: time.Now()})
 	require.NoError(t, err)
@@ -250,7 +249,7 @@ func TestSpecValidate(t *testing.T) {
 	} {
 		s := ok
 		change(&s)
-		assert.ErrorIs(t, s.Validate(), taskrun.ErrInvalidInput, name)
+		assert.ErrorIs(t, s.Validate(), executor.ErrInvalidInput, name)
 	}
 }
 

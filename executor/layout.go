@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
@@ -69,16 +68,16 @@ func (l Layout) Root() string { return l.root }
 func (l Layout) Paths() *workspace.Paths { return workspace.NewPaths(l.root) }
 
 // JournalDir is the runs' crash journal.
-func (l Layout) JournalDir() string { return filepath.Join(l.root, taskrun.JournalDirName) }
+func (l Layout) JournalDir() string { return filepath.Join(l.root, JournalDirName) }
 
 // OpenJournal opens (creating it) the runs' crash journal.
-func (l Layout) OpenJournal() (*journal.Dir, error) { return taskrun.OpenRunJournal(l.root) }
+func (l Layout) OpenJournal() (*journal.Dir, error) { return OpenRunJournal(l.root) }
 
 // PoolDir is the warm pool's directory (warmpool.Config.Dir).
-func (l Layout) PoolDir() string { return taskrun.PoolDir(l.root) }
+func (l Layout) PoolDir() string { return PoolDir(l.root) }
 
 // ExecutorsDir holds the executor instances' lock files.
-func (l Layout) ExecutorsDir() string { return filepath.Join(l.root, taskrun.ExecutorsDirName) }
+func (l Layout) ExecutorsDir() string { return filepath.Join(l.root, ExecutorsDirName) }
 
 // StartInstance starts this process's executor instance: its lock under
 // ExecutorsDir, which proves it alive to every other executor of the root.
@@ -86,7 +85,7 @@ func (l Layout) StartInstance() (*instance.Instance, error) { return instance.St
 
 // DiskCapTemplatesDir holds the disk caps' pre-formatted templates
 // (warmpool.Config.DiskCapTemplates).
-func (l Layout) DiskCapTemplatesDir() string { return taskrun.DiskCapTemplatesDir(l.root) }
+func (l Layout) DiskCapTemplatesDir() string { return DiskCapTemplatesDir(l.root) }
 
 // DiskCapImagesDir holds the disk caps' images, swept once no run dir
 // names them.

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/fencedstore"
 	"github.com/taskrun/taskrun/instance"
@@ -24,7 +23,7 @@ import (
 )
 
 // RecoverDeadline bounds each recovered run's storing and reporting.
-const RecoverDeadline = taskrun.DefaultPersistTimeout + taskrun.DefaultReportTimeout
+const RecoverDeadline = DefaultPersistTimeout + DefaultReportTimeout
 
 // StartupRecoveryBudget bounds the runs Recover finishes: what it cannot
 // store within it is kept for RetryKept (or taskrun persist --all), so a
@@ -106,10 +105,10 @@ func (h *Host) ExecutorProcessGone(id, process string) (bool, string) {
 	return gone, why
 }
 
-// RecoveryInput is the RunTaskInput that names a journaled run, with its
+// RecoveryInput is the Input that names a journaled run, with its
 // store and control plane opened from the record (a leased run's writes
 // and reports fenced with its journaled lease); closeFn releases them.
-func (h *Host) RecoveryInput(ctx context.Context, rec journal.Record) (in taskrun.RunTaskInput, closeFn func(), err error) {
+func (h *Host) RecoveryInput(ctx context.Context, rec journal.Record) (in Input, closeFn func(), err error) {
 	jd, err := h.Journal()
 	if err != nil {
 		return in, nil, err
@@ -118,7 +117,7 @@ func (h *Host) RecoveryInput(ctx context.Context, rec journal.Record) (in taskru
 	if err != nil {
 		return in, nil, fmt.Errorf("run %s: store %s: %w", rec.RunID, rec.Store, err)
 	}
-	in = taskrun.RunTaskInput{
+	in = Input{
 		Task:            &model.Task{ID: rec.TaskID, UserID: rec.UserID, ConversationID: rec.ConversationID},
 		Run:             &model.TaskRun{ID: rec.RunID, TaskID: rec.TaskID},
 		SessionID:       rec.SessionID,
@@ -194,7 +193,7 @@ func (h *Host) recoverer(jd *journal.Dir, containers recovery.Containers) *recov
 				return err
 			}
 			defer closeFn()
-			_, err = taskrun.RecoverRun(ctx, in, rec)
+			_, err = RecoverRun(ctx, in, rec)
 			return err
 		},
 	}
@@ -244,10 +243,10 @@ func (h *Host) RetryKeptRuns(ctx context.Context, out io.Writer) (int, error) {
 			still++
 			continue
 		}
-		res, err := taskrun.RetryPersist(ctx, in)
+		res, err := RetryPersist(ctx, in)
 		closeFn()
 		switch {
-		case err == nil || (errors.Is(err, taskrun.ErrRunFailed) && !stillKept(jd, rec.RunID)):
+		case err == nil || (errors.Is(err, ErrRunFailed) && !stillKept(jd, rec.RunID)):
 			status := model.StatusSucceeded
 			if res != nil {
 				status = res.Status
@@ -338,7 +337,7 @@ type staleLeaseDone struct {
 	log *slog.Logger
 }
 
-// UpdateRunStatus implements taskrun.TaskRunUpdater.
+// UpdateRunStatus implements TaskRunUpdater.
 func (s staleLeaseDone) UpdateRunStatus(ctx context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
 	err := s.c.UpdateRunStatus(ctx, runID, req)
 	if fencedstore.Lost(err) {
@@ -369,7 +368,7 @@ func (s staleLeaseDone) End(ctx context.Context, runID string, total int64) erro
 // logs each status.
 type LogUpdater struct{ Log *slog.Logger }
 
-// UpdateRunStatus implements taskrun.TaskRunUpdater.
+// UpdateRunStatus implements TaskRunUpdater.
 func (u LogUpdater) UpdateRunStatus(_ context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
 	attrs := []any{"run", runID, "status", req.Status}
 	if req.Container != nil {

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/controlplane/servertest"
 	"github.com/taskrun/taskrun/executor"
@@ -97,7 +96,7 @@ func TestRecoveredAttemptNeverWritesOverAnEndedRun(t *testing.T) {
 
 			in, closeFn, err := h.RecoveryInput(ctx, rec)
 			require.NoError(t, err)
-			_, err = taskrun.RecoverRun(ctx, in, rec)
+			_, err = executor.RecoverRun(ctx, in, rec)
 			closeFn()
 			require.NoError(t, err, "a refused lease ends the recovery: nothing is left to retry")
 

@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/fencedstore"
@@ -29,7 +28,7 @@ type Spec struct {
 	SessionID string
 	// Updater receives the run's status (required); StreamSender, when
 	// set, its stdout as deltas.
-	Updater      taskrun.TaskRunUpdater
+	Updater      TaskRunUpdater
 	StreamSender workerclient.StreamSender
 	// Lease, when set, fences the run: every write of its objects confirms
 	// the lease first, and the journal keeps the lease for recovery.
@@ -38,7 +37,7 @@ type Spec struct {
 	// Egress what it may reach (zero: nothing).
 	Model  config.ModelEntry
 	Egress egress.Policy
-	// Image, Command, Entrypoint and Env: see taskrun.RunTaskInput.
+	// Image, Command, Entrypoint and Env: see Input.
 	Image      string
 	Command    []string
 	Entrypoint []string
@@ -51,7 +50,7 @@ type Spec struct {
 	MaxOutputBytes int64
 	DiskLimitBytes int64
 	// SessionExcludes replaces the host's default when non-nil;
-	// ChangeExcludes, KeepRunDir: see taskrun.RunTaskInput.
+	// ChangeExcludes, KeepRunDir: see Input.
 	SessionExcludes []string
 	ChangeExcludes  []string
 	KeepRunDir      bool
@@ -75,14 +74,14 @@ type Lease struct {
 }
 
 // Validate refuses a spec no host could run, with errors wrapping
-// taskrun.ErrInvalidInput. Host.Run applies the same rules (a refused run
+// ErrInvalidInput. Host.Run applies the same rules (a refused run
 // is reported FAILED through its Updater); Validate lets a caller refuse
 // bad input before it builds anything.
 func (s Spec) Validate() error {
 	var errs []error
 	missing := func(cond bool, what string) {
 		if cond {
-			errs = append(errs, fmt.Errorf("%w: Spec.%s is required", taskrun.ErrInvalidInput, what))
+			errs = append(errs, fmt.Errorf("%w: Spec.%s is required", ErrInvalidInput, what))
 		}
 	}
 	missing(s.Task == nil, "Task")
@@ -100,22 +99,22 @@ func (s Spec) Validate() error {
 	}
 	for _, id := range ids {
 		if err := model.ValidateID(id[0], id[1]); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", taskrun.ErrInvalidInput, err))
+			errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidInput, err))
 		}
 	}
 	if s.Run.TaskID != "" && s.Run.TaskID != s.Task.ID {
-		errs = append(errs, fmt.Errorf("%w: run %q belongs to task %q, not %q", taskrun.ErrInvalidInput, s.Run.ID, s.Run.TaskID, s.Task.ID))
+		errs = append(errs, fmt.Errorf("%w: run %q belongs to task %q, not %q", ErrInvalidInput, s.Run.ID, s.Run.TaskID, s.Task.ID))
 	}
 	if err := config.CheckEnv(s.Env); err != nil {
-		errs = append(errs, fmt.Errorf("%w: %w", taskrun.ErrInvalidInput, err))
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidInput, err))
 	}
 	if dir := s.Task.WorkspaceDir; dir != "" {
 		if info, err := os.Stat(dir); err != nil || !info.IsDir() {
-			errs = append(errs, fmt.Errorf("%w: workspace %q is not a directory; pass an existing directory", taskrun.ErrInvalidInput, dir))
+			errs = append(errs, fmt.Errorf("%w: workspace %q is not a directory; pass an existing directory", ErrInvalidInput, dir))
 		}
 	}
 	if s.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("%w: Spec.Timeout %v: give a positive duration, or zero for the host's default", taskrun.ErrInvalidInput, s.Timeout))
+		errs = append(errs, fmt.Errorf("%w: Spec.Timeout %v: give a positive duration, or zero for the host's default", ErrInvalidInput, s.Timeout))
 	}
 	return errors.Join(errs...)
 }

@@ -16,7 +16,7 @@ import (
 
 // Template is everything that shapes a pool container, fixed before any run
 // claims it. Runs whose Templates are equal share a key and its slots; the
-// root package builds a run's Template from the same plan its cold
+// executor builds a run's Template from the same plan its cold
 // container would be made from, so a warm container is confined exactly as
 // the cold one would be.
 type Template struct {

@@ -1,0 +1,226 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/journal"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
+)
+
+// ErrNothingKept is returned by RetryPersist for a run that has no kept
+// local copy: it was persisted already, or never ran on this host.
+var ErrNothingKept = errors.New("no kept local copy of the run")
+
+// keptRun is what RetryPersist needs to finish a run as Execute would have:
+// what supervise observed, the verdict before persisting, and the input that
+// shapes persisting.
+type keptRun struct {
+	Execution       execution       `json:"execution"`
+	Status          model.RunStatus `json:"status"`
+	Reason          string          `json:"reason,omitempty"`
+	RunError        string          `json:"run_error,omitempty"`
+	EndedAt         time.Time       `json:"ended_at"`
+	StartedAt       time.Time       `json:"started_at"`
+	SessionExcludes []string        `json:"session_excludes"`
+	KeepRunDir      bool            `json:"keep_run_dir,omitempty"`
+}
+
+// keepLocalState writes the execution, the verdict and the isolation record
+// next to the spools, before anything is uploaded, so that a failed upload
+// can be retried from the host alone.
+func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
+	kept := keptRun{
+		Execution: ex, Status: v.status, Reason: v.reason, EndedAt: v.ended,
+		StartedAt: wd.started, SessionExcludes: p.sessionExcludes, KeepRunDir: p.keepRunDir,
+	}
+	if v.err != nil {
+		kept.RunError = v.err.Error()
+	}
+	data, err := json.Marshal(kept)
+	if err != nil {
+		return err
+	}
+	if err := journal.WriteFileAtomic(filepath.Join(p.hostDir, keptRunName), data, 0o600); err != nil {
+		return err
+	}
+	if ex.isolation != nil {
+		rec, err := json.MarshalIndent(ex.isolation, "", "  ")
+		if err != nil {
+			return err
+		}
+		if int64(len(rec)) > wd.isolationRoom && wd.records != nil {
+			rec = fmt.Appendf(nil, "{\"error\":\"the isolation record of %d bytes is over its %d-byte room in the run's record budget\"}\n", len(rec), wd.isolationRoom)
+		}
+		return journal.WriteFileAtomic(filepath.Join(p.hostDir, AuditRecordName), rec, 0o600)
+	}
+	return nil
+}
+
+// RetryPersist finishes a run whose persistence failed: it uploads the
+// local copy Execute kept (output logs, trace, artifacts, output files,
+// session state, isolation record), removes it once everything is stored,
+// and reports the run's final status again through input.Updater, with the
+// verdict Execute reached before persisting. input names the same run as the
+// failed Execute (same IDs, session and Paths); the session excludes and
+// KeepRunDir of the original run apply; Sandbox, Image and Model are unused.
+// A journaled run is taken over from the journal (while a live process holds
+// it the error wraps journal.ErrBusy); a run whose executor died before
+// collecting is finished from its journal record, as FAILED.
+func RetryPersist(ctx context.Context, input Input) (*Outcome, error) {
+	p, err := newPlan(input)
+	if err != nil {
+		return nil, err
+	}
+	entry, err := claimJournal(p)
+	if err != nil {
+		return nil, err
+	}
+	if entry != nil {
+		p.adoptJournaledDirs(entry.Record())
+	}
+	kept, err := loadKept(p)
+	if errors.Is(err, ErrNothingKept) && entry != nil {
+		kept, err = keptFromRecord(entry.Record()), nil
+	}
+	if err != nil {
+		if entry != nil {
+			_ = entry.Close()
+		}
+		return nil, err
+	}
+	out, err, _, _ := retryKept(ctx, p, kept, entry)
+	return out, err
+}
+
+// RecoverRun finishes a run whose executor died, from its journal record
+// (see recovery.FinishFunc): it stores what the run left on the host,
+// reports rec.Status and rec.Reason (FAILED, "executor lost" when the
+// executor died before its verdict) and releases the run dir. input names
+// the run as RetryPersist's does; the record itself is the caller's to keep
+// or remove. The error is storing's or reporting's, not the run's own
+// failure.
+func RecoverRun(ctx context.Context, input Input, rec journal.Record) (*Outcome, error) {
+	p, err := newPlan(input)
+	if err != nil {
+		return nil, err
+	}
+	p.adoptJournaledDirs(rec)
+	if p.dirs.Dir != rec.RunDir {
+		return nil, fmt.Errorf("%w: run %s was journaled at %s, not %s; pass the --root it ran with", ErrInvalidInput, rec.RunID, rec.RunDir, p.dirs.Dir)
+	}
+	kept, err := loadKept(p)
+	switch {
+	case errors.Is(err, ErrNothingKept):
+		kept = keptFromRecord(rec)
+	case err != nil:
+		return nil, err
+	default:
+		kept.Status, kept.Reason = recordVerdict(rec)
+	}
+	if rec.Phase == journal.PhaseReport {
+		// Everything was stored and released: only the report is owed.
+		retry, wd, v := keptPhases(p, kept)
+		out, err := report(ctx, &tracer{p: retry, wd: wd}, kept.Execution, v, stored{}, nil)
+		if reportFailed(err) {
+			return out, err
+		}
+		return out, nil
+	}
+	out, _, persistErr, reportErr := retryKept(ctx, p, kept, nil)
+	return out, errors.Join(persistErr, reportErr)
+}
+
+// recordVerdict is a journaled run's status and reason: its verdict, or
+// FAILED when its executor died before reaching one.
+func recordVerdict(rec journal.Record) (model.RunStatus, string) {
+	if rec.Status == "" || rec.Status == model.StatusRunning {
+		return model.StatusFailed, rec.Reason
+	}
+	return rec.Status, rec.Reason
+}
+
+// keptFromRecord is the kept run of a journal record without run.json.
+func keptFromRecord(rec journal.Record) keptRun {
+	status, reason := recordVerdict(rec)
+	return keptRun{
+		Execution: execution{ContainerID: rec.ContainerID, Exit: sandbox.Result{ExitCode: -1}},
+		Status:    status, Reason: reason, RunError: reason, EndedAt: rec.UpdatedAt,
+		StartedAt: rec.StartedAt, SessionExcludes: rec.SessionExcludes, KeepRunDir: rec.KeepRunDir,
+	}
+}
+
+// loadKept reads the run.json Execute kept before persisting.
+func loadKept(p *plan) (keptRun, error) {
+	var kept keptRun
+	data, err := os.ReadFile(filepath.Join(p.hostDir, keptRunName))
+	if errors.Is(err, os.ErrNotExist) {
+		return kept, fmt.Errorf("%w: run %s has no %s under %s", ErrNothingKept, p.ref.RunID, keptRunName, p.hostDir)
+	}
+	if err != nil {
+		return kept, err
+	}
+	if err := json.Unmarshal(data, &kept); err != nil {
+		return kept, fmt.Errorf("read kept run %s: %w", p.ref.RunID, err)
+	}
+	return kept, nil
+}
+
+// keptHooks are the hooks that store records of a kept run (RetryPersist,
+// RecoverRun) from its local copy; each stores only what exists.
+func keptHooks(p *plan, wd *workdir) []hook {
+	return []hook{&selfCheckHook{p: p}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}, &filesHook{p: p, wd: wd}}
+}
+
+// keptPhases is the plan, workdir and verdict a kept run is finished with:
+// the original run's choices apply, not this call's.
+func keptPhases(p *plan, kept keptRun) (*plan, *workdir, verdict) {
+	retry := *p
+	retry.sessionExcludes, retry.keepRunDir = kept.SessionExcludes, kept.KeepRunDir
+	wd := &workdir{started: kept.StartedAt, owned: true} // the kept copy is this run's
+	v := verdict{status: kept.Status, reason: kept.Reason, ended: kept.EndedAt}
+	if kept.RunError != "" {
+		v.err = errors.New(kept.RunError)
+	}
+	return &retry, wd, v
+}
+
+// retryKept collects, releases and reports a kept run, journaling the
+// outcome in entry when there is one.
+func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry) (out *Outcome, err, persistErr, reportErr error) {
+	retry, wd, v := keptPhases(p, kept)
+	wd.journal = entry
+	tr := &tracer{p: retry, wd: wd}
+	if diskcap.HasImage(p.dirs.Dir) {
+		// A kept image waits unmounted: mount it (read-only) to read it.
+		release, err := diskcap.Reattach(ctx, p.dirs.Dir)
+		if err != nil {
+			tr.trace(ctx, transition{state: stateEnded, keep: true})
+			return nil, fmt.Errorf("reattach the kept run directory: %w", err), err, nil
+		}
+		wd.unmount = release
+	}
+	// Storing has the deadline it had at the end of the run, and is never
+	// left holding the mount: when it passes, or ctx is cancelled (the
+	// first SIGINT or SIGTERM of `taskrun persist`), collect returns and
+	// release unmounts the image before anything else.
+	collectCtx, cancelCollect := context.WithTimeout(ctx, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
+	st, persistErr := keepAndCollect(collectCtx, tr, kept.Execution, v, keptHooks(retry, wd))
+	cancelCollect()
+	tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
+	finishStream(ctx, retry, wd, kept.Execution)
+	releaseDir(retry, wd, persistErr, true)
+	out, err = report(ctx, tr, kept.Execution, v, st, persistErr)
+	if reportFailed(err) {
+		reportErr = err
+	}
+	tr.trace(ctx, transition{state: stateEnded, keep: persistErr != nil || reportErr != nil})
+	return out, err, persistErr, reportErr
+}

@@ -1,0 +1,143 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/taskrun/taskrun/agentmd"
+	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/journal"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/records"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/timings"
+	"github.com/taskrun/taskrun/uidpool"
+	"github.com/taskrun/taskrun/workspace"
+)
+
+// workdir is the run's directory on the host as prepare left it: what the
+// later phases may use and release must undo.
+type workdir struct {
+	// started is when the run began preparing.
+	started time.Time
+	// streamLoss says what of the stdout stream the control plane did not
+	// acknowledge (finishStream); nil when it holds it all.
+	streamLoss error
+	// owned is set once this run created its directory; only then may it be
+	// removed. A reused run ID must never touch the first run's files.
+	// released is set once releaseDir ran.
+	owned, released bool
+	// unmount releases the run dir's size-capped filesystem; nil when none
+	// is mounted (a watchdog enforces the cap instead, see watchDisk).
+	unmount func() error
+	// journal is the run's journal record; nil without a journal.
+	journal *journal.Entry
+	// records is the budget of the host-side records written for the run:
+	// spools, trace lines, the gateway record, the isolation record. Nil
+	// for a retry, which writes none.
+	records *records.Budget
+	// isolationRoom is the part of records set aside for the isolation
+	// record, so that a flood of output cannot cost the run its record.
+	isolationRoom int64
+	// lease is the host uid/gid the run holds from Input.UIDs until
+	// release; nil without a pool.
+	lease *uidpool.Lease
+	// owner is the uid/gid the agent runs as and that owns the directories
+	// it writes: the lease, or else the policy's numeric user.
+	owner workspace.Owner
+	// user is the container's user when not the policy's: the lease's.
+	user string
+}
+
+// policy is the run's policy with the agent's own user.
+func (wd *workdir) policy(p *plan) sandbox.Policy {
+	pol := p.policy
+	if wd.user != "" {
+		pol.User = wd.user
+	}
+	return pol
+}
+
+// prepareHook fills the run directory (prepare): the home, the prompt and
+// AGENTS.md.
+type prepareHook struct {
+	p  *plan
+	wd *workdir
+}
+
+func (h *prepareHook) name() string { return "prepare" }
+
+func (h *prepareHook) prestart(ctx context.Context, _ *prestartRequest, _ *prestartResponse) error {
+	return prepare(ctx, h.p, h.wd)
+}
+
+// prepare materializes the run directory: the user's persistent files and
+// the workspace or the resumed session, the prompt and AGENTS.md. The
+// engine may be creating the container meanwhile: it reads the directory
+// only when the container starts.
+func prepare(ctx context.Context, p *plan, wd *workdir) error {
+	if err := os.MkdirAll(p.hostDir, 0o700); err != nil {
+		return fmt.Errorf("create executor directory: %w", err)
+	}
+	stopMaterialize := p.timings.Start(timings.Materialize)
+	defer stopMaterialize()
+	if prev := p.in.Run.PreviousRunID; prev != "" {
+		// The previous run's home already holds the persistent files and the
+		// workspace as that run left them.
+		if err := restoreSession(ctx, p, prev, wd.owner); err != nil {
+			return diskcap.Explain(p.dirs.Dir, err)
+		}
+	} else if err := materializeHome(ctx, p, wd.owner); err != nil {
+		return diskcap.Explain(p.dirs.Dir, err)
+	}
+	stopMaterialize()
+	if err := os.WriteFile(filepath.Join(p.dirs.Dir, model.PromptFileName), []byte(p.in.Task.Prompt), 0o644); err != nil {
+		return fmt.Errorf("write prompt: %w", err)
+	}
+	instructions := agentmd.InstructionsDir(p.dirs.Home, p.in.Task.WorkspaceDir, p.in.Run.PreviousRunID != "")
+	if err := agentmd.WriteRunAgentsMd(p.dirs.Dir, instructions); err != nil {
+		return fmt.Errorf("write AGENTS.md: %w", err)
+	}
+	return nil
+}
+
+// materializeHome copies the user's persistent files, then the task's
+// workspace, into home, owned by owner.
+func materializeHome(ctx context.Context, p *plan, owner workspace.Owner) error {
+	opts := workspace.CopyOptions{Owner: &owner}
+	if dir := p.in.Paths.PersistentUserDir(p.ref.UserID); dirExists(dir) {
+		if _, err := workspace.CopyTree(ctx, dir, p.dirs.Home, opts); err != nil {
+			return fmt.Errorf("copy persistent user files: %w", err)
+		}
+	}
+	if dir := p.in.Task.WorkspaceDir; dir != "" {
+		if _, err := workspace.CopyTree(ctx, dir, p.dirs.Home, opts); err != nil {
+			return fmt.Errorf("copy workspace %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// restoreSession unpacks the previous run's session state into home, owned
+// by owner. A rejected archive entry fails the run: a partial restore is
+// never used.
+func restoreSession(ctx context.Context, p *plan, prevRunID string, owner workspace.Owner) error {
+	rc, err := p.in.Persist.OpenRunFile(ctx, p.ref.WithRun(prevRunID), SessionStateName)
+	if err != nil {
+		return fmt.Errorf("fetch session state of run %s: %w", prevRunID, err)
+	}
+	defer rc.Close()
+	opts := workspace.UnpackOptions{Owner: &owner}
+	if _, err := workspace.UnpackHome(ctx, rc, p.dirs.Home, opts); err != nil {
+		return fmt.Errorf("restore session state of run %s: %w", prevRunID, err)
+	}
+	return nil
+}
+
+func dirExists(dir string) bool {
+	info, err := os.Stat(dir)
+	return err == nil && info.IsDir()
+}
