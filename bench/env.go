@@ -13,7 +13,6 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -146,7 +145,7 @@ func (e *env) host(ctx context.Context, root string) (*executor.Host, error) {
 
 // spec is a run of cmd in the bench image with the bench labels and an
 // updater that keeps only the final status.
-func (e *env) spec(runID string, upd taskrun.TaskRunUpdater, cmd ...string) executor.Spec {
+func (e *env) spec(runID string, upd executor.TaskRunUpdater, cmd ...string) executor.Spec {
 	return executor.Spec{
 		Task:      &model.Task{ID: "bench", UserID: "bench", ConversationID: "bench"},
 		Run:       &model.TaskRun{ID: runID, TaskID: "bench"},

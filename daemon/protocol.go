@@ -30,7 +30,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -125,7 +125,7 @@ type Frame struct {
 // Result is how a run ended.
 type Result struct {
 	// Outcome is the run's outcome; nil when the run never started.
-	Outcome *taskrun.Outcome `json:"outcome,omitempty"`
+	Outcome *executor.Outcome `json:"outcome,omitempty"`
 	// Error is Host.Run's error, empty for a run that succeeded.
 	Error string `json:"error,omitempty"`
 	// CannotRun says no container ran (taskrun run's exit 125).

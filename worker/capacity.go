@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -71,15 +71,15 @@ func (w *Worker) runDisk(diskLimit, maxOutput int64) int64 {
 		diskLimit = w.cfg.Host.Defaults().DiskLimitBytes
 	}
 	if diskLimit == 0 {
-		diskLimit = taskrun.DefaultDiskLimitBytes
+		diskLimit = executor.DefaultDiskLimitBytes
 	}
 	if maxOutput == 0 {
 		maxOutput = w.cfg.Host.Defaults().MaxOutputBytes
 	}
 	if maxOutput == 0 {
-		maxOutput = taskrun.DefaultMaxOutputBytes
+		maxOutput = executor.DefaultMaxOutputBytes
 	}
-	return taskrun.DiskNeed(diskLimit, maxOutput)
+	return executor.DiskNeed(diskLimit, maxOutput)
 }
 
 // labels are the worker's labels with the images present now.

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
@@ -116,7 +115,7 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 	}
 	w.metrics.runs.WithLabelValues(string(status)).Inc()
 	w.metrics.duration.Observe(time.Since(granted).Seconds())
-	if err != nil && !errors.Is(err, taskrun.ErrRunFailed) {
+	if err != nil && !errors.Is(err, executor.ErrRunFailed) {
 		log.Warn("run ended with an error", "status", status, "err", err)
 	}
 }
@@ -136,7 +135,7 @@ func (w *Worker) refuse(ctx context.Context, g *gate, a *workerclient.Assignment
 	now := time.Now().UnixMilli()
 	hard, stop := graceContext(ctx, w.cfg.Host.ShutdownGrace())
 	defer stop()
-	rctx, cancel := context.WithTimeout(hard, taskrun.DefaultReportTimeout)
+	rctx, cancel := context.WithTimeout(hard, executor.DefaultReportTimeout)
 	defer cancel()
 	if err := g.UpdateRunStatus(rctx, a.Lease.RunID, &workerclient.PatchTaskRunRequest{
 		Status: model.StatusFailed, EndedAt: &now, Error: &msg,
@@ -361,7 +360,7 @@ func (g *gate) filter(err error) error {
 	return err
 }
 
-// UpdateRunStatus implements taskrun.TaskRunUpdater.
+// UpdateRunStatus implements executor.TaskRunUpdater.
 func (g *gate) UpdateRunStatus(ctx context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
 	if g.isLost() {
 		return nil

@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/gateway"
@@ -69,7 +68,7 @@ func (r flagRole) words() (pre, post string) {
 func (f *executorFlags) define(fs *pflag.FlagSet, r flagRole) {
 	pre, post := r.words()
 	f.policy = sandbox.DefaultPolicy()
-	f.maxOutput, f.disk = taskrun.DefaultMaxOutputBytes, taskrun.DefaultDiskLimitBytes
+	f.maxOutput, f.disk = executor.DefaultMaxOutputBytes, executor.DefaultDiskLimitBytes
 	addStoreFlag(fs, &f.store)
 	addRootFlag(fs, &f.root, defaultRoot)
 	f.attestKey.define(fs)
@@ -80,10 +79,10 @@ func (f *executorFlags) define(fs *pflag.FlagSet, r flagRole) {
 		pull, pullHelp = string(sandbox.PullNever), "pull a run's image from its registry: missing, always or never (the default: only local images; anything else tells the control plane this worker may pull)"
 		imageHelp = "default run image; it must exist locally"
 	}
-	fs.StringVar(&f.image, "image", taskrun.DefaultImage, imageHelp)
+	fs.StringVar(&f.image, "image", executor.DefaultImage, imageHelp)
 	fs.StringVar(&f.pullSpec, "pull", pull, pullHelp)
 	fs.StringArrayVar(&f.allowedImages, "allowed-images", nil, "allow only images matching PATTERN (NAME, NAME:TAG or NAME@sha256:HEX, * globs; see README); any other is refused before it is pulled; repeatable")
-	fs.DurationVar(&f.timeout, "timeout", taskrun.DefaultTimeout, pre+"run time limit: the run is stopped after this long")
+	fs.DurationVar(&f.timeout, "timeout", executor.DefaultTimeout, pre+"run time limit: the run is stopped after this long")
 	addSizeFlag(fs, &f.policy.MemoryBytes, "memory", pre+"memory limit"+post+", e.g. 512m or 2g (no swap)")
 	fs.Float64Var(&f.cpus, "cpus", float64(f.policy.NanoCPUs)/1e9, pre+"CPU limit"+post)
 	fs.Int64Var(&f.policy.PidsLimit, "pids", f.policy.PidsLimit, pre+"process limit"+post)

@@ -11,11 +11,12 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/spool"
+	"github.com/taskrun/taskrun/workspace"
 )
 
 const logsHelp = `
@@ -101,7 +102,7 @@ func followLive(ctx context.Context, a *app, st *persist.Store, rec *runindex.Re
 	if err != nil {
 		return a.usageError("logs", fmt.Errorf("--root: %w", err))
 	}
-	path, err := taskrun.SpoolPath(taskrun.NewRuntimePathsFromRoot(rootAbs), rec.Ref(), stderr)
+	path, err := executor.SpoolPath(workspace.NewPaths(rootAbs), rec.Ref(), stderr)
 	if err != nil {
 		return a.storeError("logs", err)
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/taskrun/taskrun"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/termsafe"
 )
@@ -14,7 +14,7 @@ import (
 // writeSummary prints where a finished run's results are. code is the
 // process's exit status, which the summary repeats. Everything that came
 // from the run (reason, keys) is escaped for the terminal.
-func writeSummary(w io.Writer, ref runRefFlags, store string, out *taskrun.Outcome, code int) {
+func writeSummary(w io.Writer, ref runRefFlags, store string, out *executor.Outcome, code int) {
 	if out == nil {
 		return
 	}
@@ -55,7 +55,7 @@ func writeSummary(w io.Writer, ref runRefFlags, store string, out *taskrun.Outco
 // traceKey is the store key of the run's trace: the stored object whose key
 // is the trace path in the tenant's run-global storage (or ends in it). It is
 // empty when the run stored no trace.
-func traceKey(out *taskrun.Outcome, user string) string {
+func traceKey(out *executor.Outcome, user string) string {
 	rel := out.Result.TracePath
 	if rel == "" {
 		return ""

@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/changeset"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/daemon"
@@ -141,7 +140,7 @@ func (o *runOptions) finish(args []string) error {
 	if err := o.executorFlags.finish(flagRole{}); err != nil {
 		return err
 	}
-	if o.backend == backendKubernetes && len(o.command) == 0 && o.entrypoint == "" && o.image == taskrun.DefaultImage {
+	if o.backend == backendKubernetes && len(o.command) == 0 && o.entrypoint == "" && o.image == executor.DefaultImage {
 		// A cluster's images cannot be inspected from here: name the
 		// reference agent's command (its image's CMD) explicitly.
 		o.command = []string{agentCommand}
@@ -291,7 +290,7 @@ func runRun(ctx context.Context, a *app, o runOptions) int {
 // executeRun runs the task through the daemon when one answers and the
 // flags name no machine of their own, else in this process: an error
 // wrapping daemon.ErrNoDaemon says to run it here.
-func executeRun(ctx context.Context, a *app, o *runOptions) (*taskrun.Outcome, error) {
+func executeRun(ctx context.Context, a *app, o *runOptions) (*executor.Outcome, error) {
 	if err := o.checkRun(); err != nil {
 		return nil, err
 	}
@@ -322,7 +321,7 @@ func (o runOptions) checkRun() error {
 
 // executeRunHere builds the run's dependencies from the flags and runs it
 // in this process.
-func executeRunHere(ctx context.Context, a *app, o runOptions) (*taskrun.Outcome, error) {
+func executeRunHere(ctx context.Context, a *app, o runOptions) (*executor.Outcome, error) {
 	// Refuse bad IDs before connecting to anything.
 	if err := o.runRefFlags.validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", errCannotRun, err)
@@ -430,7 +429,7 @@ func (a *app) live(w io.Writer, raw bool) (live io.Writer, flush func()) {
 var errCannotRun = errors.New("could not run")
 
 // exitCode maps an outcome to the process exit status, as `docker run` does.
-func exitCode(out *taskrun.Outcome, err error) int {
+func exitCode(out *executor.Outcome, err error) int {
 	switch {
 	case errors.Is(err, errCannotRun) || out == nil:
 		if err == nil {
@@ -471,7 +470,7 @@ type jsonResult struct {
 	// run has none.
 	Changes *workerclient.ChangeSet `json:"changes,omitempty"`
 	// Skipped lists the agent's files that were not stored, with why.
-	Skipped []taskrun.SkippedFile `json:"skipped,omitempty"`
+	Skipped []executor.SkippedFile `json:"skipped,omitempty"`
 	// Usage is what the run's container used (CPU time, peak memory,
 	// block I/O, peak pids); absent when its backend samples none.
 	Usage *sandbox.Usage `json:"usage,omitempty"`
@@ -483,11 +482,11 @@ type jsonResult struct {
 // jsonRunResult is the library's RunResult, except that the artifacts
 // directory is named only while it exists (it is removed once persisted).
 type jsonRunResult struct {
-	taskrun.RunResult
+	executor.RunResult
 	RunArtifactsDir string `json:"run_artifacts_dir,omitempty"`
 }
 
-func writeJSONResult(w io.Writer, ref runRefFlags, out *taskrun.Outcome, err error) {
+func writeJSONResult(w io.Writer, ref runRefFlags, out *executor.Outcome, err error) {
 	res := jsonResult{RunID: ref.runID, Status: model.StatusFailed, ExitCode: exitCode(out, err), Stored: []persist.ObjectInfo{}}
 	if out != nil {
 		res.Status = out.Status

@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -98,7 +98,7 @@ func (o *runOptions) daemonRequest() (daemon.RunRequest, error) {
 
 // executeViaDaemon runs the task on the daemon at the socket; an error
 // wrapping daemon.ErrNoDaemon says none answers there.
-func executeViaDaemon(ctx context.Context, a *app, o *runOptions) (*taskrun.Outcome, error) {
+func executeViaDaemon(ctx context.Context, a *app, o *runOptions) (*executor.Outcome, error) {
 	c, err := daemon.DialFirst(ctx, daemon.ClientSocketPaths())
 	if errors.Is(err, daemon.ErrNoDaemon) {
 		return nil, err
@@ -149,8 +149,8 @@ func executeViaDaemon(ctx context.Context, a *app, o *runOptions) (*taskrun.Outc
 }
 
 // remoteRunError is the daemon's error for a run that did not succeed: its
-// text as the daemon wrote it, and errors.Is taskrun.ErrRunFailed.
+// text as the daemon wrote it, and errors.Is executor.ErrRunFailed.
 type remoteRunError struct{ error }
 
-// Is makes errors.Is(err, taskrun.ErrRunFailed) hold.
-func (remoteRunError) Is(target error) bool { return target == taskrun.ErrRunFailed }
+// Is makes errors.Is(err, executor.ErrRunFailed) hold.
+func (remoteRunError) Is(target error) bool { return target == executor.ErrRunFailed }

@@ -13,9 +13,9 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/runlimits"
@@ -243,7 +243,7 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 		return exitUsage, fmt.Errorf("--token-file: %w", err)
 	}
 	ho := hostOptions{token: o.token, controlPlane: cp, warm: o.warm}
-	if o.backend == backendKubernetes && o.image == taskrun.DefaultImage {
+	if o.backend == backendKubernetes && o.image == executor.DefaultImage {
 		// A cluster's images cannot be inspected from here: name the
 		// reference agent's command (its image's CMD) explicitly.
 		ho.command = []string{agentCommand}

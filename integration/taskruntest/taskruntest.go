@@ -2,7 +2,7 @@
 // policy and read what it produced, next to the containers of a
 // testcontainers-go suite.
 //
-// A run goes through taskrun.Execute exactly as in production: a fresh
+// A run goes through executor.Execute exactly as in production: a fresh
 // hardened container from the Docker engine named by DOCKER_HOST, its output
 // spooled and streamed, its files persisted to a file:// blob store in a
 // temporary directory, and its status reported to a recording updater that
@@ -38,8 +38,8 @@ import (
 
 	"github.com/testcontainers/testcontainers-go"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -75,7 +75,7 @@ type Options struct {
 	// no registry unless it asks; sandbox.PullMissing or PullAlways pull.
 	Pull sandbox.PullPolicy
 	// AllowedImages, when non-empty, refuses any other image before it is
-	// pulled (taskrun.RunTaskInput.AllowedImages).
+	// pulled (executor.Input.AllowedImages).
 	AllowedImages []string
 	// Cmd replaces the image's default command when non-empty.
 	Cmd []string
@@ -124,7 +124,7 @@ type Result struct {
 	// Labels are the labels the run asked for on its container.
 	Labels map[string]string
 	// Outcome is taskrun's own account of the run.
-	Outcome *taskrun.Outcome
+	Outcome *executor.Outcome
 
 	store *persist.Store
 }
@@ -137,7 +137,7 @@ func (r *Result) Final() workerclient.PatchTaskRunRequest {
 	return r.Patches[len(r.Patches)-1]
 }
 
-// RunFile reads a stored run file, e.g. taskrun.OutputLogName.
+// RunFile reads a stored run file, e.g. executor.OutputLogName.
 func (r *Result) RunFile(ctx context.Context, name string) ([]byte, error) {
 	return readAll(r.store.OpenRunFile(ctx, r.Ref, name))
 }
@@ -209,8 +209,8 @@ func (e *Env) Labels(extra map[string]string) map[string]string {
 }
 
 // Run executes one run and returns what it produced. The error is
-// taskrun.Execute's: nil only for a SUCCEEDED run, matching
-// taskrun.ErrRunFailed for a run that failed or was cancelled, in which case
+// executor.Execute's: nil only for a SUCCEEDED run, matching
+// executor.ErrRunFailed for a run that failed or was cancelled, in which case
 // the Result is still complete.
 func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Image == "" {
@@ -218,7 +218,7 @@ func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	rec := &controlplanetest.Recorder{}
 	in := e.input(opts, rec)
-	out, err := taskrun.Execute(ctx, in)
+	out, err := executor.Execute(ctx, in)
 	if out == nil {
 		return nil, err
 	}
@@ -241,7 +241,7 @@ func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 }
 
 // input builds the RunTaskInput of opts.
-func (e *Env) input(opts Options, rec *controlplanetest.Recorder) taskrun.RunTaskInput {
+func (e *Env) input(opts Options, rec *controlplanetest.Recorder) executor.Input {
 	in := e.env.Input(defaultString(opts.RunID, "run-"+runtest.RandomID()), opts.Image, opts.Cmd...)
 	taskID := defaultString(opts.TaskID, DefaultTaskID)
 	in.Task.ID, in.Run.TaskID = taskID, taskID

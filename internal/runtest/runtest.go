@@ -25,7 +25,6 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 
-	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/internal/testbin"
@@ -206,14 +205,14 @@ func (e *Env) Close() error {
 	return errors.Join(e.Host.Close(context.Background()), e.Backend.Close(), e.Store.Close())
 }
 
-// Execute runs in through taskrun.Execute. With a warm pool it first waits
+// Execute runs in through executor.Execute. With a warm pool it first waits
 // until a container of in's key is parked, and fails unless the run took
 // it: a test meant for the warm path never passes on the cold one.
-func (e *Env) Execute(ctx context.Context, in taskrun.RunTaskInput) (*taskrun.Outcome, error) {
+func (e *Env) Execute(ctx context.Context, in executor.Input) (*executor.Outcome, error) {
 	if e.Pool == nil {
-		return taskrun.Execute(ctx, in)
+		return executor.Execute(ctx, in)
 	}
-	tmpl, err := taskrun.WarmTemplate(ctx, in)
+	tmpl, err := executor.WarmTemplate(ctx, in)
 	if err != nil {
 		return nil, fmt.Errorf("runtest: warm template: %w", err)
 	}
@@ -223,7 +222,7 @@ func (e *Env) Execute(ctx context.Context, in taskrun.RunTaskInput) (*taskrun.Ou
 		return nil, fmt.Errorf("runtest: %w", err)
 	}
 	before := e.Pool.Stats().Claims
-	out, runErr := taskrun.Execute(ctx, in)
+	out, runErr := executor.Execute(ctx, in)
 	if e.Pool.Stats().Claims == before {
 		return out, errors.Join(runErr, fmt.Errorf("runtest: run %s did not take a warm container (%+v)", in.Run.ID, e.Pool.Stats()))
 	}
@@ -231,12 +230,12 @@ func (e *Env) Execute(ctx context.Context, in taskrun.RunTaskInput) (*taskrun.Ou
 }
 
 // Paths is the layout of the Env's run directories.
-func (e *Env) Paths() taskrun.RuntimePaths { return e.Host.Layout().Paths() }
+func (e *Env) Paths() executor.RuntimePaths { return e.Host.Layout().Paths() }
 
 // Input is a run of cmd in image on the Env's host, stored in the Env and
 // placed by its IDs, with DefaultTimeout. The caller sets the Updater (and
 // whatever else the test needs).
-func (e *Env) Input(runID, image string, cmd ...string) taskrun.RunTaskInput {
+func (e *Env) Input(runID, image string, cmd ...string) executor.Input {
 	return e.Host.Input(executor.Spec{
 		Task:      &model.Task{ID: e.TaskID, UserID: e.Tenant, ConversationID: e.ConversationID},
 		Run:       &model.TaskRun{ID: runID, TaskID: e.TaskID},
@@ -257,7 +256,7 @@ func (e *Env) RunDir(runID string) string {
 	return e.Paths().RuntimeTaskRunDir(e.Tenant, e.ConversationID, e.TaskID, runID)
 }
 
-// RunFile reads a stored run object, e.g. taskrun.OutputLogName.
+// RunFile reads a stored run object, e.g. executor.OutputLogName.
 func (e *Env) RunFile(ctx context.Context, runID, name string) ([]byte, error) {
 	return readAll(e.Store.OpenRunFile(ctx, e.Ref(runID), name))
 }
