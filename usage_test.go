@@ -25,7 +25,9 @@ import (
 // usageAgent waits until the test made its cgroup count block I/O (see
 // countBlockIO), then burns CPU until its cgroup counted 2 s, puts 64 MiB into /tmp (a
 // tmpfs, charged to the container's memory), writes 20 MiB to its run
-// directory (synced, so the block I/O is the container's) and holds 10
+// directory (direct I/O, so the block I/O is the container's even when
+// another process's sync flushes the page cache: cgroup v1 charges that
+// writeback to the process that flushes) and holds 10
 // sleeping processes. It then prints its cgroup's own figures (cgroup v1:
 // the container's cgroup is mounted at /sys/fs/cgroup/<controller>) and
 // stays a while before it exits, so the sampler reads the same state.
@@ -38,7 +40,7 @@ while [ "$(cat $c/cpuacct/cpuacct.usage)" -lt 2000000000 ]; do
 	i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done
 done
 head -c 67108864 /dev/zero > /tmp/fill
-dd if=/dev/zero of="$HOME/disk" bs=1048576 count=20 conv=fsync 2>/dev/null
+dd if=/dev/zero of="$HOME/disk" bs=1048576 count=20 oflag=direct conv=fsync 2>/dev/null
 rm -f "$HOME/disk" "$HOME/go"
 for i in 1 2 3 4 5 6 7 8 9 10; do sleep 6 & done
 sleep 1.5
