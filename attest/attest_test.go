@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -430,7 +431,8 @@ func TestASignerNeverPrintsItsKey(t *testing.T) {
 		case *ecdsa.PrivateKey:
 			raw, err := k.Bytes()
 			require.NoError(t, err)
-			secrets = append(secrets, hex.EncodeToString(raw), fmt.Sprint(raw), k.D.String(), k.D.Text(16), fmt.Sprintf("%X", raw))
+			d := new(big.Int).SetBytes(raw)
+			secrets = append(secrets, hex.EncodeToString(raw), fmt.Sprint(raw), d.String(), d.Text(16), fmt.Sprintf("%X", raw))
 		}
 		wrapped, err := attest.NewSigner(priv.(crypto.Signer))
 		require.NoError(t, err)
