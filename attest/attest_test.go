@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -411,33 +412,62 @@ func TestUnusableKeysAreRefusedWithTheFix(t *testing.T) {
 	assert.ErrorIs(t, err, attest.ErrKey, "a private key given as --key is refused")
 }
 
-// Printing or logging a Signer shows its key ID, never the private key.
+// Printing or logging a Signer, with any verb or handler, as a pointer, a
+// copy or a field (exported or not) of another value, shows its key ID,
+// never the private key; so does one made by NewSigner around a key in
+// memory.
 func TestASignerNeverPrintsItsKey(t *testing.T) {
 	for _, alg := range []string{"ed25519", "ecdsa"} {
 		kp := newKeyPair(t, alg)
 		block, _ := pem.Decode(kp.privPEM)
 		priv, err := x509.ParsePKCS8PrivateKey(block.Bytes)
 		require.NoError(t, err)
-		var secret string
+		// Every way the key's secret could be spelled out.
+		var secrets []string
 		switch k := priv.(type) {
 		case ed25519.PrivateKey:
-			secret = fmt.Sprint(k.Seed())
+			secrets = append(secrets, fmt.Sprint(k.Seed()), fmt.Sprintf("%x", k.Seed()), fmt.Sprint([]byte(k)), fmt.Sprintf("%x", []byte(k)),
+				strings.Trim(fmt.Sprint(k.Seed()[:8]), "[]"))
 		case *ecdsa.PrivateKey:
 			raw, err := k.Bytes()
 			require.NoError(t, err)
-			secret = hex.EncodeToString(raw)
+			d := new(big.Int).SetBytes(raw)
+			secrets = append(secrets, hex.EncodeToString(raw), fmt.Sprint(raw), d.String(), d.Text(16), fmt.Sprintf("%X", raw))
 		}
-		holder := struct{ Key *attest.Signer }{kp.signer}
-		var logged bytes.Buffer
-		slog.New(slog.NewJSONHandler(&logged, nil)).Info("run", "key", kp.signer, "input", holder)
-		id, _ := kp.signer.KeyID()
-		for _, out := range []string{
-			fmt.Sprintf("%v", kp.signer), fmt.Sprintf("%+v", kp.signer), fmt.Sprintf("%#v", kp.signer),
-			fmt.Sprintf("%+v", holder), fmt.Sprintf("%#v", holder), logged.String(),
-		} {
-			assert.NotContains(t, out, secret, alg)
+		wrapped, err := attest.NewSigner(priv.(crypto.Signer))
+		require.NoError(t, err)
+		for name, s := range map[string]*attest.Signer{"LoadSigner": kp.signer, "NewSigner": wrapped} {
+			id, err := s.KeyID()
+			require.NoError(t, err)
+			type exported struct {
+				Key  *attest.Signer
+				Copy attest.Signer
+			}
+			type unexported struct {
+				key  *attest.Signer
+				copy attest.Signer
+			}
+			values := []any{s, *s, exported{s, *s}, unexported{s, *s}, &unexported{s, *s}, []attest.Signer{*s}, map[string]any{"k": *s}}
+			var outs []string
+			for _, v := range values {
+				for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%d", "%x", "%X", "%q", "%T %v"} {
+					outs = append(outs, fmt.Sprintf(verb, v))
+				}
+				var js, txt bytes.Buffer
+				slog.New(slog.NewJSONHandler(&js, nil)).Info("run", "key", v)
+				slog.New(slog.NewTextHandler(&txt, nil)).Info("run", "key", v)
+				outs = append(outs, js.String(), txt.String())
+			}
+			for _, out := range outs {
+				for _, secret := range secrets {
+					require.NotContains(t, out, secret, "%s %s", alg, name)
+				}
+			}
+			assert.Contains(t, fmt.Sprintf("%v", s), id)
+			assert.Contains(t, fmt.Sprintf("%d", *s), id)
+			var logged bytes.Buffer
+			slog.New(slog.NewJSONHandler(&logged, nil)).Info("run", "key", s)
+			assert.Contains(t, logged.String(), id)
 		}
-		assert.Contains(t, fmt.Sprintf("%v", kp.signer), id)
-		assert.Contains(t, logged.String(), id)
 	}
 }

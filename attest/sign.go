@@ -16,7 +16,11 @@ import (
 func Sign(ctx context.Context, s *Signer, subjects []Subject, pred Predicate) ([]byte, error) {
 	pred.Executor.KeyID = ""
 	if s != nil {
-		pred.Executor.KeyID = s.keyID
+		id, err := s.KeyID()
+		if err != nil {
+			return nil, err
+		}
+		pred.Executor.KeyID = id
 	}
 	payload, err := Statement(subjects, pred)
 	if err != nil {
