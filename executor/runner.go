@@ -58,7 +58,7 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	}
 	// The gateway hook is inert without a model, but times its (empty)
 	// start for every run, so every run lists the same phases.
-	hooks = append(hooks, &selfCheckHook{p: p, wd: wd}, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &filesHook{p: p, wd: wd})
+	hooks = append(hooks, &selfCheckHook{p: p, wd: wd}, &workspaceHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &filesHook{p: p, wd: wd})
 	if p.limits.disk > 0 {
 		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
 	}

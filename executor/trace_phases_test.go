@@ -53,7 +53,7 @@ func TestTracedOrderOfARun(t *testing.T) {
 	// container before the start is journaled; the self-check's report is
 	// read (exited:isolation) before the output's spools close.
 	started := []string{
-		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:workspace", "prestart:changes", "prestart:output", "prestart:gateway",
 		"poststart:isolation", "started", "poststart:output", "poststart:metrics",
 		"exited:isolation", "exited:output", "exited:gateway", "exited:metrics", "remove", "judged",
 		"keep", "collect:files", "seal:files", "removed", "collected",
@@ -106,7 +106,7 @@ func TestTracedOrderOfARun(t *testing.T) {
 		_, err := executor.Execute(context.Background(), in)
 		require.ErrorIs(t, err, sandboxfake.ErrStart)
 		assert.Equal(t, []string{
-			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:workspace", "prestart:changes", "prestart:output", "prestart:gateway",
 			"exited:isolation", "exited:output", "exited:gateway", "exited:metrics", "judged", "collected",
 			"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 		}, steps.Take())
