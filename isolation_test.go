@@ -13,6 +13,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -83,7 +84,7 @@ func TestRunTaskProbeContradictionRefusesRun(t *testing.T) {
 	out, err := taskrun.Execute(context.Background(), in)
 	require.ErrorIs(t, err, taskrun.ErrIsolation)
 	assert.Equal(t, model.StatusFailed, out.Status)
-	assert.Equal(t, taskrun.ProbeRefusedExitCode, out.Exit.ExitCode)
+	assert.Equal(t, executor.ProbeRefusedExitCode, out.Exit.ExitCode)
 	assert.Contains(t, out.Reason, "self-check refused")
 	_, err = h.Store.OpenRunFile(context.Background(), h.Ref("refused1"), "output/agent-ran")
 	assert.ErrorIs(t, err, persist.ErrNotFound, "the agent must never start")

@@ -19,7 +19,6 @@ import (
 	"github.com/taskrun/taskrun/agentmd"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/journal"
-	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -95,9 +94,7 @@ const (
 	DefaultPersistTimeout = executor.DefaultPersistTimeout
 	DefaultReportTimeout  = executor.DefaultReportTimeout
 	MaxResultOutputBytes  = executor.MaxResultOutputBytes
-	MaxPatchOutputBytes   = executor.MaxPatchOutputBytes
 	TruncationMarker      = executor.TruncationMarker
-	ProbeRefusedExitCode  = executor.ProbeRefusedExitCode
 )
 
 // Names of a run's objects in PersistStorage, and of the executors'
@@ -137,17 +134,3 @@ func OpenRunJournal(root string) (*journal.Dir, error) { return executor.OpenRun
 
 // PoolDir is the warm pool's directory under the runs root.
 func PoolDir(root string) string { return executor.PoolDir(root) }
-
-// DiskCapTemplatesDir is the disk cap templates' directory under the runs
-// root.
-func DiskCapTemplatesDir(root string) string { return executor.DiskCapTemplatesDir(root) }
-
-// SpoolPath is the executor's spool of a live run's stdout (or stderr) on
-// this host (executor.SpoolPath).
-func SpoolPath(paths RuntimePaths, ref model.RunRef, stderr bool) (string, error) {
-	return executor.SpoolPath(paths, ref, stderr)
-}
-
-// DiskNeed is the free space under the runs root a run needs to be admitted
-// (executor.DiskNeed).
-func DiskNeed(diskLimit, maxOutput int64) int64 { return executor.DiskNeed(diskLimit, maxOutput) }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/diskcap"
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/journal"
@@ -273,7 +274,7 @@ func TestRunTaskDiskCapHolds(t *testing.T) {
 	_, err = fmt.Sscanf(out.Result.OutputStr[strings.Index(out.Result.OutputStr, "records in\n")+len("records in\n"):], "%d+", &written)
 	require.NoError(t, err)
 	assert.Less(t, written, 32, "dd wrote %d MiB into a 32 MiB cap", written)
-	templates, err := filepath.Glob(filepath.Join(taskrun.DiskCapTemplatesDir(h.Root), fmt.Sprintf("ext4-*-%d.img", 32<<20)))
+	templates, err := filepath.Glob(filepath.Join(executor.DiskCapTemplatesDir(h.Root), fmt.Sprintf("ext4-*-%d.img", 32<<20)))
 	require.NoError(t, err)
 	assert.Len(t, templates, 1, "the run's filesystem was copied from the runs root's template of its size")
 }

@@ -161,7 +161,7 @@ func TestTracedOrderOfAWarmRun(t *testing.T) {
 	require.NoError(t, err)
 	got := slices.DeleteFunc(steps.Take(), func(s string) bool { return s == "running" || s == "prepared" })
 	assert.Equal(t, []string{
-		"prestart:warm", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+		"prestart:warm", "prestart:isolation", "prestart:workspace", "prestart:changes", "prestart:output", "prestart:gateway",
 		"poststart:isolation", "started", "poststart:output", "poststart:diskwatch", "poststart:metrics",
 		"exited:isolation", "exited:output", "exited:gateway", "exited:diskwatch", "exited:metrics", "remove", "judged",
 		"keep", "collect:files", "seal:files", "removed", "collected",

@@ -109,6 +109,32 @@ type stored struct {
 	droppedSkips int64
 }
 
+// keepAndCollect keeps the run's local copy (keepLocalState), then
+// collects it (collect): the local copy comes before any upload, so a
+// failed upload can be retried by RetryPersist. It matters only then: a
+// full host disk that refuses it fails the persist only together with an
+// upload.
+func keepAndCollect(ctx context.Context, tr *tracer, ex execution, v verdict, hooks []hook) (stored, error) {
+	if ex.ContainerID == "" {
+		return stored{}, nil // the agent never ran: there is nothing of it to keep
+	}
+	p := tr.p
+	tr.step("keep")
+	stopLocal := p.timings.Start(timings.KeepLocal)
+	localErr := keepLocalState(p, tr.wd, ex, v)
+	stopLocal()
+	st, err := collect(ctx, tr, ex, v, hooks)
+	if localErr != nil && err == nil {
+		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
+	} else if localErr != nil {
+		err = errors.Join(err, fmt.Errorf("persist local copy: %w", localErr))
+	}
+	if err != nil {
+		p.log.Error("persist failed; the run directory is kept for a retry", "dir", p.dirs.Dir, "err", err)
+	}
+	return st, err
+}
+
 // collect stores whatever the run produced, even after a failure: the
 // Collect hooks store the executor's records (output logs, change set,
 // gateway and egress records, isolation record) while the beside hooks
@@ -120,37 +146,12 @@ func collect(ctx context.Context, tr *tracer, ex execution, v verdict, hooks []h
 	defer p.timings.Start(timings.Persist)()
 	req := &collectRequest{Kept: c.kept, Global: c.global, Put: c.put, Stored: c.stored}
 	var records, files persistSteps
-	var recResp, filesResp collectResponse
-	var wg sync.WaitGroup
-	wg.Go(func() { collectAll(ctx, hooks, req, &recResp, records.do) })
-	for _, h := range hooks {
-		if bh, ok := h.(besideCollectHook); ok {
-			tr.step("collect:" + h.name())
-			bh.collectBeside(ctx, req, &filesResp, files.do)
-		}
-	}
-	wg.Wait()
-	for _, h := range hooks {
-		if sh, ok := h.(sealHook); ok {
-			tr.step("seal:" + h.name())
-			sh.seal(ctx, &sealRequest{Objects: c.objects, Exec: ex, Verdict: v}, &filesResp, files.do)
-		}
-	}
+	recResp, filesResp := collectEvents(ctx, tr, hooks, req, &sealRequest{Objects: c.objects, Exec: ex, Verdict: v}, &records, &files)
 	c.out.changes, c.out.output = recResp.Changes, recResp.Output
 	c.out.artifacts, c.out.artifactsDir, c.out.tracePath = filesResp.Artifacts, filesResp.ArtifactsDir, filesResp.TracePath
 	c.out.skipped, c.out.droppedSkips = filesResp.Skipped, filesResp.DroppedSkips
 	slices.SortFunc(c.out.objects, func(a, b persist.ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
 	return c.out, errors.Join(append(records.errs, files.errs...)...)
-}
-
-// collectAll has every Collect hook, in order, store its records; persist
-// gets each one's error with what it stored.
-func collectAll(ctx context.Context, hooks []hook, req *collectRequest, resp *collectResponse, persist func(err error, what string)) {
-	for _, h := range hooks {
-		if ch, ok := h.(collectHook); ok {
-			persist(ch.collect(ctx, req, resp), h.name()+" record")
-		}
-	}
 }
 
 // persistSteps gathers the errors of a sequence of collect steps.

@@ -25,20 +25,11 @@ const cleanupTimeout = 2 * time.Minute
 // is for callers that present the result (the CLI) or need the container's
 // exit code. Host.Run composes input from a host and a spec.
 //
-// A run is a pipeline of phases, sequenced here and nowhere else:
-//
-//	plan      the input validated, defaulted and frozen (plan.go); a warm
-//	          container claimed from input.WarmPool, if one is ready (warm.go)
-//	prepare   the run's uid and directory on the host (prepare.go), while
-//	          the engine creates the container where it can (launch.go)
-//	supervise the container, its streams and its live checks (supervise.go)
-//	judge     the verdict on what happened (report.go)
-//	collect   everything the run produced, into blob storage (collect.go)
-//	release   the local files, once stored (release.go)
-//	report    the final status and PATCH (report.go)
-//
-// Each phase reads what the earlier ones returned and writes only its own
-// result. Whatever fails, the later phases still run: a failed run persists
+// Execute plans the run (plan.go), claims a warm container when the
+// input's pool has one ready (warm.go), admits and journals it
+// (crashsafe.go), and hands it to the runner (runner.go), which sequences
+// the rest over the run's hooks (hooks.go, *_hook.go). Whatever fails
+// after admission, the later events still happen: a failed run persists
 // what exists and reports a final status.
 func Execute(ctx context.Context, input Input) (*Outcome, error) {
 	rec := input.Timings

@@ -3,8 +3,8 @@ package executor
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/taskrun/taskrun/journal"
@@ -58,7 +58,7 @@ func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
 	}
 	// The gateway hook is inert without a model, but times its (empty)
 	// start for every run, so every run lists the same phases.
-	hooks = append(hooks, &selfCheckHook{p: p, wd: wd}, &prepareHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &filesHook{p: p, wd: wd})
+	hooks = append(hooks, &selfCheckHook{p: p, wd: wd}, &workspaceHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &filesHook{p: p, wd: wd})
 	if p.limits.disk > 0 {
 		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
 	}
@@ -127,32 +127,6 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	r.tr.trace(ctx, transition{state: stateEnded, keep: persistErr != nil || reportFailed(err)})
 	out.Timings = p.timings.Spans()
 	return out, err
-}
-
-// keepAndCollect keeps the run's local copy (keepLocalState), then
-// collects it (collect): the local copy comes before any upload, so a
-// failed upload can be retried by RetryPersist. It matters only then: a
-// full host disk that refuses it fails the persist only together with an
-// upload.
-func keepAndCollect(ctx context.Context, tr *tracer, ex execution, v verdict, hooks []hook) (stored, error) {
-	if ex.ContainerID == "" {
-		return stored{}, nil // the agent never ran: there is nothing of it to keep
-	}
-	p := tr.p
-	tr.step("keep")
-	stopLocal := p.timings.Start(timings.KeepLocal)
-	localErr := keepLocalState(p, tr.wd, ex, v)
-	stopLocal()
-	st, err := collect(ctx, tr, ex, v, hooks)
-	if localErr != nil && err == nil {
-		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
-	} else if localErr != nil {
-		err = errors.Join(err, fmt.Errorf("persist local copy: %w", localErr))
-	}
-	if err != nil {
-		p.log.Error("persist failed; the run directory is kept for a retry", "dir", p.dirs.Dir, "err", err)
-	}
-	return st, err
 }
 
 // prestart runs the Prestart hooks in order, starting the container's
@@ -241,4 +215,32 @@ func configureAll(hooks []hook, spec *sandbox.Spec) {
 			c.configure(req)
 		}
 	}
+}
+
+// collectEvents runs the Collect hooks (the executor's records) beside
+// the beside-Collect hooks (the agent's files), then, once both are done,
+// the Seal hooks; each step's error goes to its sequence's steps.
+func collectEvents(ctx context.Context, tr *tracer, hooks []hook, req *collectRequest, seal *sealRequest, records, files *persistSteps) (recResp, filesResp collectResponse) {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for _, h := range hooks {
+			if ch, ok := h.(collectHook); ok {
+				records.do(ch.collect(ctx, req, &recResp), h.name()+" record")
+			}
+		}
+	})
+	for _, h := range hooks {
+		if bh, ok := h.(besideCollectHook); ok {
+			tr.step("collect:" + h.name())
+			bh.collectBeside(ctx, req, &filesResp, files.do)
+		}
+	}
+	wg.Wait()
+	for _, h := range hooks {
+		if sh, ok := h.(sealHook); ok {
+			tr.step("seal:" + h.name())
+			sh.seal(ctx, seal, &filesResp, files.do)
+		}
+	}
+	return recResp, filesResp
 }

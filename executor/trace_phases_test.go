@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/internal/runtest"
+	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox/sandboxfake"
 )
@@ -49,7 +53,7 @@ func TestTracedOrderOfARun(t *testing.T) {
 	// container before the start is journaled; the self-check's report is
 	// read (exited:isolation) before the output's spools close.
 	started := []string{
-		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+		"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:workspace", "prestart:changes", "prestart:output", "prestart:gateway",
 		"poststart:isolation", "started", "poststart:output", "poststart:metrics",
 		"exited:isolation", "exited:output", "exited:gateway", "exited:metrics", "remove", "judged",
 		"keep", "collect:files", "seal:files", "removed", "collected",
@@ -102,7 +106,7 @@ func TestTracedOrderOfARun(t *testing.T) {
 		_, err := executor.Execute(context.Background(), in)
 		require.ErrorIs(t, err, sandboxfake.ErrStart)
 		assert.Equal(t, []string{
-			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:prepare", "prestart:changes", "prestart:output", "prestart:gateway",
+			"prestart:uid", "prestart:rundir", "create", "prestart:dirs", "prestart:isolation", "prestart:workspace", "prestart:changes", "prestart:output", "prestart:gateway",
 			"exited:isolation", "exited:output", "exited:gateway", "exited:metrics", "judged", "collected",
 			"stop:gateway", "stop:output", "stop:rundir", "stop:uid", "reported", "ended",
 		}, steps.Take())
@@ -133,4 +137,46 @@ func TestTracedOrderOfARun(t *testing.T) {
 		assert.Equal(t, "precious", u.runFile(t, "trace-kept", executor.OutputLogName))
 		assert.NoDirExists(t, u.runDir("trace-kept"))
 	})
+	t.Run("recovered", func(t *testing.T) {
+		// The executor died while its container ran: recovery keeps what
+		// the run left, stores it, reports the run FAILED, then lets go of
+		// it. A run that died after everything was stored is only reported.
+		u := newUnit(t)
+		rec := deadExecutorRecord(t, u, "trace-lost", journal.PhaseSupervise)
+		steps := &runtest.StepLog{}
+		in := u.input("trace-lost", nil)
+		in.Sandbox, in.Logger = nil, slog.New(steps)
+		out, err := executor.RecoverRun(context.Background(), in, rec)
+		require.NoError(t, err)
+		assert.Equal(t, model.StatusFailed, out.Status)
+		assert.Equal(t, []string{"keep", "collect:files", "seal:files", "collected", "reported", "ended"}, steps.Take())
+		assert.Equal(t, "the lost run's output", u.runFile(t, "trace-lost", executor.OutputLogName))
+		assert.NoDirExists(t, u.runDir("trace-lost"))
+
+		rec = deadExecutorRecord(t, u, "trace-unreported", journal.PhaseReport)
+		in = u.input("trace-unreported", nil)
+		in.Sandbox, in.Logger = nil, slog.New(steps)
+		_, err = executor.RecoverRun(context.Background(), in, rec)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"reported"}, steps.Take())
+	})
+}
+
+// deadExecutorRecord lays out what an executor that died in phase left of
+// run runID on u's host, its run dir and spool, and returns the run's
+// journal record.
+func deadExecutorRecord(t *testing.T, u *unit, runID string, phase journal.Phase) journal.Record {
+	t.Helper()
+	dir := u.runDir(runID)
+	for _, sub := range []string{"home", "artifacts", "global", "output"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, sub), 0o755))
+	}
+	spool := dir + ".executor"
+	require.NoError(t, os.MkdirAll(spool, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(spool, "stdout.log"), []byte("the lost run's output"), 0o600))
+	return journal.Record{
+		RunID: runID, UserID: "user1", ConversationID: "conv1", TaskID: "task1", SessionID: "s1",
+		RunDir: dir, SpoolDir: spool, Phase: phase, ContainerID: "the-dead-executors-container",
+		StartedAt: time.Now().Add(-time.Minute), UpdatedAt: time.Now(),
+	}
 }
