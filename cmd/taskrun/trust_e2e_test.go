@@ -37,12 +37,15 @@ import (
 func awaitRun(t *testing.T, c *client.Client, id string, within time.Duration, done func(controlplane.Run) bool, what string) controlplane.Run {
 	t.Helper()
 	var r controlplane.Run
-	require.Eventually(t, func() bool {
-		var err error
-		r, err = c.GetRun(context.Background(), id)
-		return err == nil && done(r)
-	}, within, 100*time.Millisecond, "run %s: %s (last: %s %q)", id, what, r.Status, r.Error)
-	return r
+	var err error
+	for end := time.Now().Add(within); ; time.Sleep(100 * time.Millisecond) {
+		if r, err = c.GetRun(context.Background(), id); err == nil && done(r) {
+			return r
+		}
+		if time.Now().After(end) {
+			t.Fatalf("run %s: %s within %s (last: %s %q, err %v)", id, what, within, r.Status, r.Error, err)
+		}
+	}
 }
 
 func terminal(r controlplane.Run) bool { return r.Status.Terminal() }
