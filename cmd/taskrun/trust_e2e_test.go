@@ -54,7 +54,7 @@ func terminal(r controlplane.Run) bool { return r.Status.Terminal() }
 // with a valid credential of its own and the run's current epoch, cannot
 // report for a run leased to another worker, neither with a guessed lease
 // token nor with the real one (as leaked from the holder's journal). Each
-// forged PATCH is refused (403), the run's stored status and output are
+// forged renewal and PATCH is refused (403), the run's stored status and output are
 // unchanged, and the holder finishes the run normally.
 //
 // Protection: fencing by holder (the lease token and the name of the
@@ -94,8 +94,10 @@ func TestForgedReportsByAnotherWorkerAreRefusedByServe(t *testing.T) {
 	forged := "forged output"
 	body, err := json.Marshal(workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded, Output: &forged})
 	require.NoError(t, err)
-	for name, token := range map[string]string{"a guessed lease token": rand.Text() + rand.Text(), "the holder's lease token": leaked} {
-		req, err := http.NewRequest(http.MethodPatch, serve.url+"/v1/task-runs/"+id, bytes.NewReader(body))
+	// intrude sends method path as the intruder, with the run's current
+	// epoch and token, and returns the status code.
+	intrude := func(method, path, token string, body []byte) int {
+		req, err := http.NewRequest(method, serve.url+path, bytes.NewReader(body))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+intruderToken)
 		req.Header.Set("Content-Type", "application/json")
@@ -104,7 +106,12 @@ func TestForgedReportsByAnotherWorkerAreRefusedByServe(t *testing.T) {
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()
-		assert.Contains(t, []int{http.StatusForbidden, http.StatusConflict}, resp.StatusCode, "forged PATCH with %s", name)
+		return resp.StatusCode
+	}
+	refused := []int{http.StatusForbidden, http.StatusConflict}
+	for name, token := range map[string]string{"a guessed lease token": rand.Text() + rand.Text(), "the holder's lease token": leaked} {
+		assert.Contains(t, refused, intrude(http.MethodPost, "/v1/leases/"+id+"/renew", token, nil), "forged renewal with %s", name)
+		assert.Contains(t, refused, intrude(http.MethodPatch, "/v1/task-runs/"+id, token, body), "forged PATCH with %s", name)
 
 		r, err := c.GetRun(ctx, id)
 		require.NoError(t, err)
