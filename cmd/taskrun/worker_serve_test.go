@@ -41,13 +41,33 @@ type serveProc struct {
 }
 
 // startServeProcs starts replicas `taskrun serve` processes on db, all
-// sharing store, with extra flags, and waits until each is ready.
+// sharing store, with extra flags, and waits until each is ready. They
+// accept the fleet's workerToken (as worker default) and env.user's
+// fleetUserToken.
 func startServeProcs(t *testing.T, env *crashEnv, db string, replicas int, ttl time.Duration, extra ...string) []*serveProc {
+	return startServeProcsWith(t, env, serveCreds{}, db, replicas, ttl, extra...)
+}
+
+// serveCreds are the credentials serve processes accept besides the
+// defaults: more workers (name to token) and more users (user to token).
+type serveCreds struct {
+	workers, users map[string]string
+}
+
+// startServeProcsWith is startServeProcs accepting creds as well.
+func startServeProcsWith(t *testing.T, env *crashEnv, creds serveCreds, db string, replicas int, ttl time.Duration, extra ...string) []*serveProc {
 	t.Helper()
 	dir := t.TempDir()
 	wtok, utok := filepath.Join(dir, "w.tok"), filepath.Join(dir, "u.tok")
-	require.NoError(t, os.WriteFile(wtok, []byte(workerToken+"\n"), 0o600))
-	require.NoError(t, os.WriteFile(utok, []byte(env.user+" "+fleetUserToken+"\n"), 0o600))
+	workers, users := "default "+workerToken+"\n", env.user+" "+fleetUserToken+"\n"
+	for _, name := range slices.Sorted(maps.Keys(creds.workers)) {
+		workers += name + " " + creds.workers[name] + "\n"
+	}
+	for _, user := range slices.Sorted(maps.Keys(creds.users)) {
+		users += user + " " + creds.users[user] + "\n"
+	}
+	require.NoError(t, os.WriteFile(wtok, []byte(workers), 0o600))
+	require.NoError(t, os.WriteFile(utok, []byte(users), 0o600))
 	var procs []*serveProc
 	for i := range replicas {
 		addr := freeAddr(t)
