@@ -91,9 +91,9 @@ func TestFullStoreKeepsTheRunUntilPersistStoresIt(t *testing.T) {
 			case runErr = <-done:
 			case <-time.After(testdeadline.Scale(5 * time.Minute)):
 				_ = run.Process.Kill()
-				t.Fatalf("taskrun run did not end with the store full: %s", tail(stderr.String(), 20))
+				t.Fatalf("taskrun run did not end with the store full: %s", tail(stderr.String(), 2000))
 			}
-			t.Logf("taskrun run: exit %d; stderr:\n%s", exitCode(runErr), tail(stderr.String(), 12))
+			t.Logf("taskrun run: exit %d; stderr:\n%s", exitCode(runErr), tail(stderr.String(), 1500))
 			assert.Error(t, runErr, "a run the store could not keep is not reported stored")
 			assert.Equal(t, lines, requireNumberedLines(t, stdout.String()), "the run printed every line")
 
@@ -104,9 +104,7 @@ func TestFullStoreKeepsTheRunUntilPersistStoresIt(t *testing.T) {
 			require.NoError(t, err, "the journal keeps the run the store refused")
 			assert.Equal(t, journal.PhaseKept, rec.Phase)
 			assert.NotEmpty(t, rec.Reason)
-			if kind == "file" {
-				assert.Contains(t, rec.Reason+stderr.String(), "no space left on device", "the reason names the full store")
-			}
+			assert.Contains(t, strings.ToLower(rec.Reason), "no space left on device", "the reason names the full store")
 			t.Logf("kept: phase %s, reason %q", rec.Phase, rec.Reason)
 			ps, err := exec.Command("docker", "ps", "-aq", "--filter", "label=dev.taskrun.run="+runID).Output()
 			require.NoError(t, err)
@@ -117,7 +115,7 @@ func TestFullStoreKeepsTheRunUntilPersistStoresIt(t *testing.T) {
 
 			// A retry while the store is still full keeps it again.
 			again, err := e.command(t, "persist", "--all", "--root", e.root).CombinedOutput()
-			t.Logf("persist --all into the full store: exit %d: %s", exitCode(err), tail(string(again), 6))
+			t.Logf("persist --all into the full store: exit %d: %s", exitCode(err), tail(string(again), 300))
 			assert.Contains(t, string(again), "1 run(s) still kept")
 			_, err = jd.Load(runID)
 			require.NoError(t, err, "a failed retry keeps the run: %s", again)
