@@ -43,7 +43,11 @@ for pkg in $pkgs; do
 	echo "go test -count=1 -timeout $TEST_TIMEOUT -v -run '$run' $pkg" >&2
 	log="$work/$(echo "$pkg" | tr '/.' '__').log"
 	TASKRUN_WORKER_E2E_RUNS=${TASKRUN_WORKER_E2E_RUNS:-100} TASKRUN_FAULTS_LONG=${TASKRUN_FAULTS_LONG:-1} \
-		$GO test -count=1 -timeout "$TEST_TIMEOUT" -v -run "$run" "$pkg" >"$log" 2>&1 || status=1
+		$GO test -count=1 -timeout "$TEST_TIMEOUT" -v -run "$run" "$pkg" >"$log" 2>&1 || {
+		status=1
+		# The log goes with the work dir: keep what says why.
+		grep -E -B40 '^--- FAIL' "$log" | tail -80 | sed 's/^/  | /' >&2 || true
+	}
 	grep -E '^(--- (FAIL|SKIP)|FAIL|ok)' "$log" | sed 's/^/  /' >&2 || true
 done
 
