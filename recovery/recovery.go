@@ -37,6 +37,7 @@ import (
 	"github.com/taskrun/taskrun/diskcap"
 	"github.com/taskrun/taskrun/journal"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // ReasonExecutorLost is the reason reported for a run whose executor died.
@@ -64,7 +65,9 @@ type Containers interface {
 	// StopOrphan stops the container; one that is gone or stopped is fine.
 	StopOrphan(ctx context.Context, id string, grace time.Duration) error
 	// OrphanLogs copies the engine's log of the container's stdout and
-	// stderr to the writers.
+	// stderr to the writers. An error wrapping sandbox.ErrContainerGone
+	// means the container, and its log, went away (or the engine marked it
+	// dead or for removal) since OrphanExists saw it.
 	OrphanLogs(ctx context.Context, id string, stdout, stderr io.Writer) error
 	// RemoveOrphan removes the container; one that is gone is fine.
 	RemoveOrphan(ctx context.Context, id string) error
@@ -243,6 +246,11 @@ func (r *Recoverer) settleContainer(ctx context.Context, e *journal.Entry, res *
 	}
 	n, err := r.saveLogs(ctx, rec)
 	res.RecoveredBytes = n
+	if errors.Is(err, sandbox.ErrContainerGone) {
+		// Its log went with it: the spools keep what the executor read.
+		r.log().Warn("the container went away before its log was read; the spools keep what the executor read", "run", rec.RunID, "container", rec.ContainerID, "err", err)
+		err = nil
+	}
 	if err != nil {
 		// The container keeps the only copy of that output: leave it.
 		return fmt.Errorf("save the output of container %s: %w", rec.ContainerID, err)

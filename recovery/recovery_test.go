@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -259,5 +260,47 @@ func TestRecoverOnlyReportsARunThatStoredEverything(t *testing.T) {
 	assert.Equal(t, journal.PhaseReport, finished[0].Phase, "only the report is owed")
 	assert.Equal(t, model.StatusSucceeded, finished[0].Status, "the run's verdict stands")
 	_, err = jd.Load(runID)
+	require.ErrorIs(t, err, journal.ErrNotFound, "a recovered run leaves no record")
+}
+
+// goneBeforeItsLog is an engine on which the container goes away between
+// recovery seeing it and reading its log, as under load when another
+// recovery removes it, or the engine marks it dead or for removal.
+type goneBeforeItsLog struct {
+	*docker.Backend
+}
+
+func (g goneBeforeItsLog) OrphanLogs(ctx context.Context, id string, stdout, stderr io.Writer) error {
+	if err := g.RemoveOrphan(ctx, id); err != nil {
+		return err
+	}
+	return g.Backend.OrphanLogs(ctx, id, stdout, stderr)
+}
+
+// A container that went away before its log was read does not fail the
+// recovery (as `taskrun gc` once did under load, with the engine's "can not
+// get logs from container which is dead or marked for removal"): the run is
+// stored with what its spool holds, FAILED "executor lost", and its record
+// is removed.
+func TestRecoverFinishesARunWhoseContainerWentAwayBeforeItsLog(t *testing.T) {
+	f := newFixture(t)
+	f.die(t)
+	var finished []journal.Record
+	r := &recovery.Recoverer{
+		Journal: f.journal, Containers: goneBeforeItsLog{f.backend}, StopGrace: time.Second,
+		Finish: func(ctx context.Context, rec journal.Record) error {
+			finished = append(finished, rec)
+			requireWholeOutput(t, filepath.Join(rec.SpoolDir, recovery.StdoutSpoolName), 1)
+			return diskcap.Release(rec.RunDir)
+		},
+	}
+	res, err := r.Recover(t.Context(), false)
+	require.NoError(t, err)
+	require.Len(t, res, 1)
+	assert.Equal(t, recovery.ActionRecovered, res[0].Action, res[0].Why)
+	require.Len(t, finished, 1)
+	assert.Equal(t, model.StatusFailed, finished[0].Status)
+	assert.Equal(t, recovery.ReasonExecutorLost, finished[0].Reason)
+	_, err = f.journal.Load(f.rec.RunID)
 	require.ErrorIs(t, err, journal.ErrNotFound, "a recovered run leaves no record")
 }

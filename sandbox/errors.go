@@ -19,4 +19,8 @@ var (
 	// under the sandbox policy (not executable by the run's uid, missing,
 	// or a missing interpreter or loader).
 	ErrImageUnusable = errors.New("image cannot start in the sandbox")
+	// ErrContainerGone means the container no longer exists, or the engine
+	// already marked it dead or for removal: what it held (its log) is
+	// gone with it.
+	ErrContainerGone = errors.New("container is gone")
 )

@@ -7,7 +7,8 @@
 # A case's tests are read from its row: backticked `./pkg` names a package,
 # backticked `TestName` a test of the last package named. Environment:
 # GO (default go), TEST_TIMEOUT (default 40m), FAULTS_RUN (a regexp of case
-# IDs to run, e.g. FAULTS_RUN='H0[67]|B06'; default all).
+# IDs to run, e.g. FAULTS_RUN='H0[67]|B06'; default all), TASKRUN_FAULTS_LONG
+# (default 1: the 200-run case runs; 0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -41,8 +42,12 @@ for pkg in $pkgs; do
 	fi
 	echo "go test -count=1 -timeout $TEST_TIMEOUT -v -run '$run' $pkg" >&2
 	log="$work/$(echo "$pkg" | tr '/.' '__').log"
-	TASKRUN_WORKER_E2E_RUNS=${TASKRUN_WORKER_E2E_RUNS:-100} \
-		$GO test -count=1 -timeout "$TEST_TIMEOUT" -v -run "$run" "$pkg" >"$log" 2>&1 || status=1
+	TASKRUN_WORKER_E2E_RUNS=${TASKRUN_WORKER_E2E_RUNS:-100} TASKRUN_FAULTS_LONG=${TASKRUN_FAULTS_LONG:-1} \
+		$GO test -count=1 -timeout "$TEST_TIMEOUT" -v -run "$run" "$pkg" >"$log" 2>&1 || {
+		status=1
+		# The log goes with the work dir: keep what says why.
+		grep -E -B40 '^--- FAIL' "$log" | tail -80 | sed 's/^/  | /' >&2 || true
+	}
 	grep -E '^(--- (FAIL|SKIP)|FAIL|ok)' "$log" | sed 's/^/  /' >&2 || true
 done
 

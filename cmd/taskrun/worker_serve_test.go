@@ -232,7 +232,9 @@ func workerFleetAgainstServe(t *testing.T, env *crashEnv, serves []*serveProc) {
 	_, ok := m["taskrun_worker_lease_acquisitions_total"]
 	assert.True(t, ok)
 
-	// SIGTERM drains every worker; each exits 0.
+	// SIGTERM drains every worker, once the restarted one recovered; each
+	// exits 0.
+	awaitRecovered(t, restarted)
 	for _, p := range fleet.procs {
 		if p != victim {
 			require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))

@@ -123,6 +123,22 @@ func (f *workerFleet) startOn(server, root string, slots int, extra ...string) *
 	return p
 }
 
+// awaitRecovered waits until worker p finished its start-up recovery (its
+// /readyz answers 200: recovered and not draining), so that a signal sent
+// next meets a worker that leases, not one still finishing what a killed
+// one left.
+func awaitRecovered(t *testing.T, p *workerProc) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + p.metrics + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, testdeadline.Scale(2*time.Minute), 50*time.Millisecond, "the restarted worker never finished its recovery")
+}
+
 // scrape parses the worker's /metrics.
 func scrape(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
@@ -416,6 +432,7 @@ func TestWorkerFleetSurvivesAKilledWorker(t *testing.T) {
 	}
 
 	// Drain: a live run finishes, nothing more is leased, every worker exits 0.
+	awaitRecovered(t, restarted)
 	longID := prefix + "long"
 	cp.Enqueue(workerclient.Assignment{
 		Task: model.Task{ID: "tlong", UserID: env.user, ConversationID: "c1"}, Run: model.TaskRun{ID: longID, TaskID: "tlong"},

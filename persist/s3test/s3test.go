@@ -73,10 +73,17 @@ func Start(t testing.TB) string {
 // stops the server in t.Cleanup.
 func StartServer(t testing.TB) *Server {
 	t.Helper()
+	return StartServerIn(t, t.TempDir())
+}
+
+// StartServerIn is StartServer with the server's posix backend under dir
+// (e.g. a small filesystem, to fill the store up).
+func StartServerIn(t testing.TB, dir string) *Server {
+	t.Helper()
 	bin := findBinary(t)
 	SetCredentialEnv(t)
 	addr := ClosedAddr(t)
-	root := filepath.Join(t.TempDir(), "gw")
+	root := filepath.Join(dir, "gw")
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		t.Fatalf("s3test: make server root: %v", err)
 	}

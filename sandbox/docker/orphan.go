@@ -8,6 +8,8 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // OrphanState is what the engine knows of a container left behind by an
@@ -65,8 +67,13 @@ func (b *Backend) StopOrphan(ctx context.Context, id string, grace time.Duration
 // OrphanLogs copies everything the engine's json-file log kept of container
 // id's stdout and stderr to the writers. The log is capped (Policy.LogMaxSize
 // times LogMaxFile): of a container that printed more, only the tail is kept.
+// A container that is gone, or that the engine marked dead or for removal
+// (it refuses its log with a conflict), is sandbox.ErrContainerGone.
 func (b *Backend) OrphanLogs(ctx context.Context, id string, stdout, stderr io.Writer) error {
 	rc, err := b.api.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true})
+	if isNotFound(err) || isConflict(err) {
+		return fmt.Errorf("logs of container %s: %w: %w", shortID(id), sandbox.ErrContainerGone, err)
+	}
 	if err != nil {
 		return fmt.Errorf("logs of container %s: %w", shortID(id), err)
 	}
