@@ -57,7 +57,8 @@ func TestServerRecordsEndToEnd(t *testing.T) {
 	image := labelledImage(t, ".cache, **/*.pyc")
 	serves := startServeProcs(t, env, "sqlite://"+filepath.Join(t.TempDir(), "cp.db"), 1, fleetLeaseTTL())
 	url := serves[0].url
-	newWorkerFleet(t, env, url).startOn(url, "", 1)
+	// The worker offers the labelled image (it pulls none: it is local).
+	newWorkerFleet(t, env, url).startOn(url, "", 1, "--labels", "image="+image)
 	t.Setenv(envToken, fleetUserToken)
 
 	ws := t.TempDir()
@@ -133,7 +134,7 @@ func TestServerRecordsEndToEnd(t *testing.T) {
 		code, local, stderr := runCLI(t, "inspect", "--store", env.store, "--user", env.user, runID)
 		require.Equal(t, exitOK, code, stderr)
 		assert.Equal(t, local, remote)
-		assert.Contains(t, remote, "Changes:        2 files (1 added, 0 deleted, 1 modified")
+		assert.Contains(t, remote, "Changes:       2 files (1 added, 0 deleted, 1 modified")
 		tally := regexp.MustCompile(`\d+ passed, \d+ failed, \d+ not applicable`)
 		inspected := tally.FindString(remote)
 		require.NotEmpty(t, inspected, remote)
