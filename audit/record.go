@@ -3,6 +3,7 @@ package audit
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/taskrun/taskrun/probe"
@@ -75,6 +76,34 @@ func (r Record) Recheck() Report {
 	rep := Check(r.Posture, r.Host, r.Options)
 	rep.Findings = append(rep.Findings, r.probeFinding())
 	return rep
+}
+
+// Report is the run's verdict as recorded: the stored findings, then the
+// self-check's (TR:probe), in the order Recheck returns them. It is what
+// every view of a run counts: the run index's verdict (taskrun inspect, the
+// web interface's header), the web interface's table and taskrun audit
+// --record (which re-judge the facts with today's rules, as Recheck) agree
+// with it while the rules are unchanged.
+func (r Record) Report() Report {
+	findings := append(slices.Clone(r.Findings), r.probeFinding())
+	return Report{ContainerID: r.ContainerID, Findings: findings}
+}
+
+// Verdict is the one-line isolation verdict of the run index: Report's
+// tally (TallyLine), and what the self-check said.
+func (r Record) Verdict() string {
+	if len(r.ProbeContradictions) > 0 {
+		return fmt.Sprintf("refused: the self-check contradicts the host (%d contradictions)", len(r.ProbeContradictions))
+	}
+	rep := r.Report()
+	tally := TallyLine(rep.Findings)
+	switch {
+	case rep.Failed():
+		return tally
+	case r.Probe == nil:
+		return tally + " (no in-sandbox self-check)"
+	}
+	return tally + "; the self-check agrees"
 }
 
 func (r Record) probeFinding() Finding {

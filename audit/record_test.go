@@ -1,7 +1,9 @@
 package audit
 
 import (
+	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,4 +41,35 @@ func TestRecordRoundTripAndRecheck(t *testing.T) {
 
 	_, err = ParseRecord([]byte(`{"version":99}`))
 	assert.Error(t, err)
+}
+
+// TestOneCountEverywhere: the run index's verdict (inspect, the web
+// interface's header), the recorded report and taskrun audit --record's
+// re-check (the web interface's table) count the same rules, the
+// self-check's included, for a run that passed, one with a failing rule,
+// one without a self-check and one whose self-check contradicted the host.
+func TestOneCountEverywhere(t *testing.T) {
+	pr := &probe.Report{Nonce: "n", UID: 10001, Seccomp: 2, PidsMax: 256}
+	failing := compliant()
+	failing.Privileged = true
+	for name, rec := range map[string]Record{
+		"passed":        NewRecord("run-1", compliant(), fullHost, Options{}, pr, nil, time.Now()),
+		"failing rule":  NewRecord("run-1", failing, fullHost, Options{}, pr, nil, time.Now()),
+		"no self-check": NewRecord("run-1", compliant(), fullHost, Options{}, nil, nil, time.Now()),
+		"contradiction": NewRecord("run-1", compliant(), fullHost, Options{}, pr, []string{"pids.max is 512"}, time.Now()),
+	} {
+		t.Run(name, func(t *testing.T) {
+			recorded, today := rec.Report(), rec.Recheck()
+			require.Len(t, recorded.Findings, len(RuleIDs())+1, "every rule and the self-check")
+			assert.Equal(t, TallyLine(today.Findings), TallyLine(recorded.Findings))
+			var table bytes.Buffer
+			require.NoError(t, today.WriteTable(&table))
+			assert.Contains(t, table.String(), "\n"+TallyLine(recorded.Findings)+"\n", "taskrun audit --record")
+			if len(rec.ProbeContradictions) == 0 {
+				assert.True(t, strings.HasPrefix(rec.Verdict(), TallyLine(recorded.Findings)), "the run index's verdict %q", rec.Verdict())
+			}
+			pass, fail, na := today.Counts()
+			assert.Equal(t, len(RuleIDs())+1, pass+fail+na)
+		})
+	}
 }

@@ -13,7 +13,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -141,6 +144,52 @@ type Options struct {
 // DefaultExcludes are the change set's default Options.Exclude: the state
 // directory of taskrun's reference agent.
 var DefaultExcludes = []string{".taskrun-agent"}
+
+// LabelExclude is the image label with which an agent image names paths
+// (caches, its own state) that are no change to the user's code: a list of
+// patterns, relative to home, in the syntax of Options.Exclude, separated
+// by commas or white space, such as ".cache, .npm, **/__pycache__". A run
+// of the image leaves them out of its change set, in addition to the run's
+// own excludes; the change set lists every pattern it applied.
+const LabelExclude = "dev.taskrun.changes.exclude"
+
+// maxLabelExcludes bounds the patterns an image label may give.
+const maxLabelExcludes = 64
+
+// ImageExcludes returns the patterns an image's LabelExclude gives (none
+// without the label), checked as Options.Exclude is.
+func ImageExcludes(labels map[string]string) ([]string, error) {
+	v, ok := labels[LabelExclude]
+	if !ok {
+		return nil, nil
+	}
+	patterns := strings.FieldsFunc(v, func(r rune) bool { return r == ',' || unicode.IsSpace(r) })
+	if len(patterns) > maxLabelExcludes {
+		return nil, fmt.Errorf("changeset: image label %s gives %d patterns, more than %d", LabelExclude, len(patterns), maxLabelExcludes)
+	}
+	if _, err := workspace.Matcher(patterns); err != nil {
+		return nil, fmt.Errorf("changeset: image label %s: %w", LabelExclude, err)
+	}
+	return patterns, nil
+}
+
+// WithImageExcludes is the run's excludes (nil: DefaultExcludes) followed
+// by the image's, without repeats.
+func WithImageExcludes(run, image []string) []string {
+	if len(image) == 0 {
+		return run
+	}
+	if run == nil {
+		run = DefaultExcludes
+	}
+	out := slices.Clone(run)
+	for _, p := range image {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
 
 // scanExclude is the scans' filter: .git directories and what the manifest
 // excludes.

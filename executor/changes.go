@@ -2,7 +2,6 @@ package executor
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -143,22 +142,13 @@ func runKey(p *plan, name string) string {
 	return k
 }
 
-// isolationVerdict summarises the isolation record for the run index.
+// isolationVerdict summarises the isolation record for the run index, as
+// audit.Record.Verdict counts it.
 func isolationVerdict(r *audit.Record) string {
 	if r == nil {
 		return ""
 	}
-	_, failed, _ := audit.Tally(r.Findings)
-	tally := audit.TallyLine(r.Findings)
-	switch {
-	case len(r.ProbeContradictions) > 0:
-		return fmt.Sprintf("refused: the self-check contradicts the host (%d contradictions)", len(r.ProbeContradictions))
-	case failed > 0:
-		return tally
-	case r.Probe == nil:
-		return tally + " (no in-sandbox self-check)"
-	}
-	return tally + "; the self-check agrees"
+	return r.Verdict()
 }
 
 // writeIndex stores rec in the run index when the store keeps one. The

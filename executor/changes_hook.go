@@ -35,6 +35,11 @@ func (h *changesHook) prestart(ctx context.Context, _ *prestartRequest, _ *prest
 // change set, never the run.
 func snapshotChanges(ctx context.Context, p *plan) {
 	opts := changeset.Options{Exclude: p.in.ChangeExcludes}
+	if img, err := changeset.ImageExcludes(p.image.Labels); err != nil {
+		p.log.Warn("the image's change-set excludes are ignored", "err", err)
+	} else {
+		opts.Exclude = changeset.WithImageExcludes(opts.Exclude, img)
+	}
 	if p.in.Run.PreviousRunID == "" {
 		// A resumed run starts from its session, not from the workspace's
 		// base commit.

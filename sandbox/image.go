@@ -47,6 +47,9 @@ type Image struct {
 	RepoDigest string `json:"repo_digest,omitempty"`
 	// Pulled is set when the backend pulled the image for this run.
 	Pulled bool `json:"pulled,omitempty"`
+	// Labels are the image's configured labels (LABEL in its Dockerfile),
+	// such as changeset.LabelExclude.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Digest is what a run record names the image by: the repo digest when the

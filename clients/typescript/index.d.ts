@@ -154,6 +154,10 @@ export declare class Client {
   listRuns(opts?: CallOptions & { status?: RunStatus; limit?: number }): Promise<Run[]>;
   cancel(runId: string, opts?: CallOptions): Promise<Run>;
   workers(opts?: CallOptions): Promise<Worker[]>;
+  record(runId: string, opts?: CallOptions): Promise<Record<string, unknown>>;
+  patch(runId: string, opts?: CallOptions): Promise<Uint8Array>;
+  changes(runId: string, opts?: CallOptions): Promise<Record<string, unknown>>;
+  file(runId: string, path: string, opts?: CallOptions): Promise<Uint8Array>;
   readOutput(runId: string, offset?: number, opts?: CallOptions): Promise<Uint8Array>;
   follow(runId: string, offset?: number, opts?: CallOptions & { maxReconnects?: number }): AsyncGenerator<OutputChunk, void, undefined>;
   wait(runId: string, opts?: CallOptions & { timeoutMs?: number; pollIntervalMs?: number }): Promise<Run>;

@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/changeset"
-	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/termsafe"
 )
 
@@ -24,22 +23,23 @@ func init() {
 		Name:     "apply",
 		Synopsis: "apply what a run changed to a checkout of its workspace",
 		Args:     "RUN DIR",
-		Help:     applyHelp + runLookupHelp,
+		Help:     applyHelp + runLookupHelp + serverReadHelp,
 		Flags: func(fs *pflag.FlagSet) action {
-			var run storedRunFlags
+			var run readRunFlags
 			run.define(fs)
 			return func(ctx context.Context, a *app, args []string) int {
 				if len(args) != 2 {
 					return a.usageError("apply", errors.New("name a run and a directory: taskrun apply RUN DIR"))
 				}
-				st, rec, code := run.openRun(ctx, a, "apply", args[0])
-				if st == nil {
+				rr, code := run.open(ctx, a, "apply", args[0])
+				if rr == nil {
 					return code
 				}
-				defer st.Close()
-				rc, err := runindex.OpenPatch(ctx, st, rec)
+				defer rr.Close()
+				rec := rr.rec
+				rc, err := rr.openPatch(ctx)
 				if err != nil {
-					return a.storeError("apply", err)
+					return a.readError("apply", err)
 				}
 				defer rc.Close()
 				if err := changeset.Apply(ctx, args[1], rc); err != nil {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/termsafe"
 )
 
@@ -33,10 +32,10 @@ func init() {
 		Name:     "cp",
 		Synopsis: "copy an artifact, output file or home file of a run out of the store",
 		Args:     "RUN:PATH DEST",
-		Help:     cpHelp + runLookupHelp,
+		Help:     cpHelp + runLookupHelp + serverReadHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
-				run     storedRunFlags
+				run     readRunFlags
 				jsonOut bool
 			)
 			run.define(fs)
@@ -52,14 +51,15 @@ func init() {
 				if jsonOut && args[1] == "-" {
 					return a.usageError("cp", errors.New("--json prints to stdout: give DEST as a file or directory"))
 				}
-				st, rec, code := run.openRun(ctx, a, "cp", runID)
-				if st == nil {
+				rr, code := run.open(ctx, a, "cp", runID)
+				if rr == nil {
 					return code
 				}
-				defer st.Close()
-				rc, err := runindex.OpenFile(ctx, st, rec, rel)
+				defer rr.Close()
+				rec := rr.rec
+				rc, err := rr.openFile(ctx, rel)
 				if err != nil {
-					return a.storeError("cp", err)
+					return a.readError("cp", err)
 				}
 				defer rc.Close()
 				res, err := copyOut(rc, args[1], path.Base(rel), a.stdout)

@@ -6,8 +6,6 @@ import (
 	"io"
 
 	"github.com/spf13/pflag"
-
-	"github.com/taskrun/taskrun/runindex"
 )
 
 const diffHelp = `
@@ -22,10 +20,10 @@ func init() {
 		Name:     "diff",
 		Synopsis: "print what a run changed in its workspace, as a git patch",
 		Args:     "RUN",
-		Help:     diffHelp + runLookupHelp,
+		Help:     diffHelp + runLookupHelp + serverReadHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
-				run     storedRunFlags
+				run     readRunFlags
 				jsonOut bool
 			)
 			run.define(fs)
@@ -35,20 +33,20 @@ func init() {
 				if !ok {
 					return exitUsage
 				}
-				st, rec, code := run.openRun(ctx, a, "diff", runID)
-				if st == nil {
+				rr, code := run.open(ctx, a, "diff", runID)
+				if rr == nil {
 					return code
 				}
-				defer st.Close()
+				defer rr.Close()
 				var rc io.ReadCloser
 				var err error
 				if jsonOut {
-					rc, err = runindex.OpenChanges(ctx, st, rec)
+					rc, err = rr.openChanges(ctx)
 				} else {
-					rc, err = runindex.OpenPatch(ctx, st, rec)
+					rc, err = rr.openPatch(ctx)
 				}
 				if err != nil {
-					return a.storeError("diff", err)
+					return a.readError("diff", err)
 				}
 				defer rc.Close()
 				out, flush := a.terminalSafe(a.stdout)

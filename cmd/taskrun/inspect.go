@@ -30,10 +30,10 @@ func init() {
 		Name:     "inspect",
 		Synopsis: "print a run's record: status, reason, limits, image, tokens, stored objects",
 		Args:     "RUN",
-		Help:     inspectHelp + runLookupHelp,
+		Help:     inspectHelp + runLookupHelp + serverReadHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
-				run     storedRunFlags
+				run     readRunFlags
 				jsonOut bool
 			)
 			run.define(fs)
@@ -43,14 +43,15 @@ func init() {
 				if !ok {
 					return exitUsage
 				}
-				st, rec, code := run.openRun(ctx, a, "inspect", runID)
-				if st == nil {
+				rr, code := run.open(ctx, a, "inspect", runID)
+				if rr == nil {
 					return code
 				}
-				defer st.Close()
-				execs, err := runindex.Execs(ctx, st, rec)
+				defer rr.Close()
+				rec := rr.rec
+				execs, err := rr.execs(ctx)
 				if err != nil {
-					return a.storeError("inspect", err)
+					return a.readError("inspect", err)
 				}
 				rec.Execs = execs
 				if jsonOut {

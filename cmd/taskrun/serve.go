@@ -47,6 +47,11 @@ run attestations: a run's page in the web interface then shows whether its
 attestation verifies (signature, run, every attested object re-hashed from
 --store) and which key signed it. GET /v1/runs/{id}/attestation serves the
 envelope itself (docs/attestation.md).
+
+What a worker stored of a run in --store is served to the run's user: its
+record (GET /v1/runs/{id}/record), change set (/patch, /changes) and files
+(/files/PATH), each object up to --max-file; taskrun inspect, diff, apply
+and cp read them with --server.
 `
 
 // Environment variables serve reads tokens from when no file is given.
@@ -68,6 +73,7 @@ type serveOptions struct {
 	workerTokens, userTokens string
 	leaseTTL, queueTTL       time.Duration
 	maxWorkspace, maxOutput  int64
+	maxFile                  int64
 	maxima                   runlimits.Maxima
 	runtimes                 []string
 	attestPubs               []string
@@ -79,7 +85,7 @@ func init() {
 		Synopsis: "serve the control plane: user API, worker leases, metrics",
 		Help:     serveHelp,
 		Flags: func(fs *pflag.FlagSet) action {
-			o := serveOptions{leaseTTL: 15 * time.Second, queueTTL: 24 * time.Hour, runtimes: []string{"runc", "runsc"}, maxWorkspace: server.DefaultLimits.MaxWorkspaceBytes, maxOutput: server.DefaultLimits.MaxOutputBytes}
+			o := serveOptions{leaseTTL: 15 * time.Second, queueTTL: 24 * time.Hour, runtimes: []string{"runc", "runsc"}, maxWorkspace: server.DefaultLimits.MaxWorkspaceBytes, maxOutput: server.DefaultLimits.MaxOutputBytes, maxFile: server.DefaultLimits.MaxFileBytes}
 			fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to listen on")
 			fs.StringVar(&o.db, "db", defaultDB, "database: sqlite:///PATH or postgres://USER@HOST/DB")
 			addStoreFlag(fs, &o.store)
@@ -88,6 +94,7 @@ func init() {
 			fs.DurationVar(&o.leaseTTL, "lease-ttl", o.leaseTTL, "lease length; workers renew every third of it")
 			addSizeFlag(fs, &o.maxWorkspace, "max-workspace", "largest workspace archive a submission may upload")
 			addSizeFlag(fs, &o.maxOutput, "max-output", "largest output stream held per run")
+			addSizeFlag(fs, &o.maxFile, "max-file", "largest stored object of a run (patch, change list, file) the user API serves")
 			addRunMaximaFlags(fs, &o.maxima)
 			fs.DurationVar(&o.queueTTL, "queue-ttl", o.queueTTL, "longest a run waits QUEUED before it ends FAILED, no worker having taken it (0: for ever)")
 			fs.StringArrayVar(&o.attestPubs, "attest-pub", nil, "PEM public key the web interface checks runs' attestations with, as taskrun verify --key (repeatable; none: the signer is shown, not checked)")
@@ -179,7 +186,7 @@ func runServe(ctx context.Context, a *app, o serveOptions) int {
 	defer blobs.Close()
 	cfg := server.Config{Store: store, Blobs: blobs, Tokens: tk, LeaseTTL: o.leaseTTL, Log: a.log,
 		QueueTTL: o.queueTTL, Runtimes: o.runtimes,
-		Limits: server.Limits{MaxWorkspaceBytes: o.maxWorkspace, MaxOutputBytes: o.maxOutput}, RunMaxima: o.maxima}
+		Limits: server.Limits{MaxWorkspaceBytes: o.maxWorkspace, MaxOutputBytes: o.maxOutput, MaxFileBytes: o.maxFile}, RunMaxima: o.maxima}
 	wrap := func(h http.Handler) http.Handler { return h }
 	if serveUI != nil {
 		if cfg.UI, wrap, err = serveUI(store, blobs, keys, a.log); err != nil {

@@ -1,7 +1,8 @@
 // Package client is the Go client of the control plane's user API
 // (docs/control-plane-api.md, "User API"): submit tasks, list and read runs,
-// read or follow a run's output, read its attestation, cancel a run. The
-// worker side is workerclient.
+// read or follow a run's output, read its attestation and what it stored
+// (record, change set, files), cancel a run. The worker side is
+// workerclient.
 package client
 
 import (
@@ -15,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/taskrun/taskrun/controlplane"
@@ -73,7 +75,10 @@ func New(baseURL, token string, hc *http.Client) (*Client, error) {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType string) (*http.Response, error) {
-	u := c.base.JoinPath(path)
+	return c.doURL(ctx, method, c.base.JoinPath(path), path, q, body, contentType)
+}
+
+func (c *Client) doURL(ctx context.Context, method string, u *url.URL, path string, q url.Values, body io.Reader, contentType string) (*http.Response, error) {
 	if q != nil {
 		u.RawQuery = q.Encode()
 	}
@@ -258,4 +263,82 @@ func (c *Client) Wait(ctx context.Context, id string, interval time.Duration) (c
 		case <-t.C:
 		}
 	}
+}
+
+// maxRecordBytes bounds a run's index record read, as the store's run index
+// bounds it.
+const maxRecordBytes = 4 << 20
+
+// Record returns the run's record as its worker stored it in the shared
+// store's run index (the JSON `taskrun inspect --json` prints: status,
+// reason, image, limits, isolation verdict, change summary, stored
+// objects). A run with no stored record yet answers an *HTTPError 404.
+func (c *Client) Record(ctx context.Context, id string) (json.RawMessage, error) {
+	rc, err := c.open(ctx, id, "record")
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, maxRecordBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read run %s's record: %w", id, err)
+	}
+	if len(data) > maxRecordBytes {
+		return nil, fmt.Errorf("run %s's record is over %d bytes", id, maxRecordBytes)
+	}
+	return data, nil
+}
+
+// OpenPatch opens the run's change set as a git patch (changes.patch). The
+// caller closes it.
+func (c *Client) OpenPatch(ctx context.Context, id string) (io.ReadCloser, error) {
+	return c.open(ctx, id, "patch")
+}
+
+// OpenChanges opens the run's change list (changes.json). The caller closes
+// it.
+func (c *Client) OpenChanges(ctx context.Context, id string) (io.ReadCloser, error) {
+	return c.open(ctx, id, "changes")
+}
+
+// OpenFile opens one file of the run, named relative to the run as `taskrun
+// cp` names it: artifacts/PATH, output/result.md, home/PATH or another
+// object the run stored (its record lists them). The caller closes it.
+func (c *Client) OpenFile(ctx context.Context, id, path string) (io.ReadCloser, error) {
+	if err := model.ValidateID("run", id); err != nil {
+		return nil, err
+	}
+	elems := strings.Split(path, "/")
+	for i, e := range elems {
+		if e == "" || e == "." || e == ".." {
+			return nil, fmt.Errorf("client: file path %q: give a clean relative path such as artifacts/report.md", path)
+		}
+		elems[i] = url.PathEscape(e)
+	}
+	base := c.base.JoinPath("v1", "runs", id, "files")
+	u := *base
+	u.Path = base.Path + "/" + path
+	u.RawPath = base.EscapedPath() + "/" + strings.Join(elems, "/")
+	return c.get(ctx, &u, "/v1/runs/"+id+"/files/"+path)
+}
+
+// open GETs /v1/runs/{id}/{what}.
+func (c *Client) open(ctx context.Context, id, what string) (io.ReadCloser, error) {
+	if err := model.ValidateID("run", id); err != nil {
+		return nil, err
+	}
+	p := "/v1/runs/" + id + "/" + what
+	return c.get(ctx, c.base.JoinPath(p), p)
+}
+
+func (c *Client) get(ctx context.Context, u *url.URL, path string) (io.ReadCloser, error) {
+	resp, err := c.doURL(ctx, http.MethodGet, u, path, nil, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp.Body, nil
 }

@@ -43,6 +43,9 @@ type Limits struct {
 	// MaxQueuedPerUser caps a user's runs waiting in the queue: one more
 	// submission is answered 429.
 	MaxQueuedPerUser int
+	// MaxFileBytes caps one stored object of a run served by the record
+	// routes (patch, change list, file); a larger one is answered 413.
+	MaxFileBytes int64
 }
 
 // DefaultLimits are the limits of a zero Config.
@@ -55,6 +58,7 @@ var DefaultLimits = Limits{
 	MaxFollowers:       1024,
 	MaxListLimit:       controlplane.MaxListLimit,
 	MaxQueuedPerUser:   1000,
+	MaxFileBytes:       256 << 20,
 }
 
 // Config configures a Server.
@@ -141,7 +145,7 @@ func New(cfg Config) (*Server, error) {
 			*f.p = *f.d
 		}
 	}
-	for _, f := range []struct{ p, d *int64 }{{&l.MaxTaskBytes, &d.MaxTaskBytes}, {&l.MaxWorkspaceBytes, &d.MaxWorkspaceBytes}, {&l.MaxOutputBytes, &d.MaxOutputBytes}} {
+	for _, f := range []struct{ p, d *int64 }{{&l.MaxTaskBytes, &d.MaxTaskBytes}, {&l.MaxWorkspaceBytes, &d.MaxWorkspaceBytes}, {&l.MaxOutputBytes, &d.MaxOutputBytes}, {&l.MaxFileBytes, &d.MaxFileBytes}} {
 		if *f.p <= 0 {
 			*f.p = *f.d
 		}
@@ -168,6 +172,10 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /v1/runs/{id}", s.requireUser(http.HandlerFunc(s.handleGetRun)))
 	mux.Handle("GET /v1/runs/{id}/output", s.requireUser(http.HandlerFunc(s.handleOutput)))
 	mux.Handle("GET /v1/runs/{id}/attestation", s.requireUser(http.HandlerFunc(s.handleAttestation)))
+	mux.Handle("GET /v1/runs/{id}/record", s.requireUser(http.HandlerFunc(s.handleRecord)))
+	mux.Handle("GET /v1/runs/{id}/patch", s.requireUser(http.HandlerFunc(s.handleChangesPatch)))
+	mux.Handle("GET /v1/runs/{id}/changes", s.requireUser(http.HandlerFunc(s.handleChanges)))
+	mux.Handle("GET /v1/runs/{id}/files/{path...}", s.requireUser(http.HandlerFunc(s.handleFile)))
 	mux.Handle("POST /v1/runs/{id}/cancel", s.requireUser(http.HandlerFunc(s.handleCancel)))
 	mux.Handle("GET /v1/workers", s.requireUser(http.HandlerFunc(s.handleWorkers)))
 	// Operations.

@@ -58,7 +58,7 @@ func (b *Backend) ResolveImage(ctx context.Context, ref string, pull sandbox.Pul
 		info, err := b.api.ImageInspect(ctx, ref)
 		switch {
 		case err == nil:
-			img.ID, img.RepoDigest = info.ID, repoDigest(named, info)
+			img.ID, img.RepoDigest, img.Labels = info.ID, repoDigest(named, info), imageLabels(info)
 			return img, nil
 		case isConnectionFailed(err):
 			return img, b.createError(sandbox.Spec{Image: ref}, err)
@@ -80,8 +80,16 @@ func (b *Backend) ResolveImage(ctx context.Context, ref string, pull sandbox.Pul
 	if err != nil {
 		return img, fmt.Errorf("%w: %q was pulled but cannot be inspected: %w", sandbox.ErrImagePull, ref, err)
 	}
-	img.ID, img.RepoDigest, img.Pulled = info.ID, repoDigest(named, info), true
+	img.ID, img.RepoDigest, img.Pulled, img.Labels = info.ID, repoDigest(named, info), true, imageLabels(info)
 	return img, nil
+}
+
+// imageLabels are the labels of the image's configuration.
+func imageLabels(info dockerimage.InspectResponse) map[string]string {
+	if info.Config == nil {
+		return nil
+	}
+	return info.Config.Labels
 }
 
 // pull pulls named from its registry, authenticated from the docker config,

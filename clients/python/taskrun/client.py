@@ -333,6 +333,47 @@ class Client:
         """
         return Run.from_json(self._json("POST", "/v1/runs/" + _check_id(run_id) + "/cancel"))
 
+    def record(self, run_id: str) -> dict[str, Any]:
+        """Return the run's record as its worker stored it (the JSON ``taskrun
+        inspect --json`` prints: status, reason, image digest, limits, the
+        isolation verdict, the change summary, every stored object).
+
+        Raises:
+            NotFoundError: no such run, another user's, or none stored yet.
+        """
+        return dict(self._json("GET", "/v1/runs/" + _check_id(run_id) + "/record"))
+
+    def patch(self, run_id: str) -> bytes:
+        """Return what the run changed in its workspace, as a git patch
+        (``changes.patch``; ``git apply`` applies it)."""
+        return self._read("/v1/runs/" + _check_id(run_id) + "/patch")
+
+    def changes(self, run_id: str) -> dict[str, Any]:
+        """Return the run's change list (``changes.json``): every changed path
+        with its kind, modes, sizes and SHA-256, and the patterns excluded."""
+        return dict(self._json("GET", "/v1/runs/" + _check_id(run_id) + "/changes"))
+
+    def file(self, run_id: str, path: str) -> bytes:
+        """Return one file the run stored, named as ``taskrun cp`` names it:
+        ``artifacts/PATH``, ``output/result.md``, ``home/PATH`` (its final
+        home) or another object its record lists.
+
+        Raises:
+            ValueError: ``path`` is not a clean relative path.
+        """
+        parts = path.split("/")
+        if any(p in ("", ".", "..") or "\\" in p for p in parts):
+            raise ValueError(f"path {path!r}: give a clean relative path such as artifacts/report.md")
+        quoted = "/".join(urllib.parse.quote(p, safe="") for p in parts)
+        return self._read("/v1/runs/" + _check_id(run_id) + "/files/" + quoted)
+
+    def _read(self, path: str) -> bytes:
+        with self._open("GET", path) as resp:
+            try:
+                return resp.read()
+            except (OSError, HTTPException) as e:
+                raise TransportError(f"GET {path}: reading the answer: {e}") from e
+
     def workers(self) -> list[dict[str, Any]]:
         """Return the workers heard from in the last 24 hours, most recently
         seen first: their ``id``, ``capacity``, ``labels`` and ``last_seen``."""

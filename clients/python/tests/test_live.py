@@ -170,6 +170,35 @@ class LiveTest(unittest.TestCase):
         ws = run.raw["spec"]["workspace"]
         self.assertEqual(ws["size"], len(buf.getvalue()))
 
+    def test_the_runs_record_and_patch(self) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+            data = b"old\n"
+            info = tarfile.TarInfo("notes.txt")
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tf.addfile(info, io.BytesIO(data))
+        run_id = self.submit('echo new > "$HOME/notes.txt"', workspace=buf.getvalue())
+        self.assertEqual(self.client.wait(run_id, timeout=120).status, "SUCCEEDED")
+        deadline = time.monotonic() + 30
+        while True:  # the worker stores the record as the run ends
+            try:
+                record = self.client.record(run_id)
+                break
+            except NotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        self.assertEqual(record["run_id"], run_id)
+        self.assertEqual(record["status"], "SUCCEEDED")
+        patch = self.client.patch(run_id)
+        self.assertIn(b"-old\n+new\n", patch)
+        self.assertEqual(self.client.changes(run_id)["summary"]["modified"], 1)
+        self.assertEqual(self.client.file(run_id, "home/notes.txt"), b"new\n")
+        with self.assertRaises(ValueError):
+            self.client.file(run_id, "../other/changes.json")
+        with self.assertRaises(NotFoundError):
+            self.other.patch(run_id)
+
     def test_another_tenant_gets_not_found(self) -> None:
         run_id = self.submit("echo mine")
         for call in (

@@ -266,6 +266,59 @@ export class Client {
   }
 
   /**
+   * The run's record as its worker stored it (what `taskrun inspect --json`
+   * prints). NotFoundError for another user's run, or one with none stored yet.
+   * @param {string} runId @param {{signal?: AbortSignal}} [opts]
+   * @returns {Promise<Record<string, unknown>>}
+   */
+  async record(runId, opts = {}) {
+    return this.json('GET', `/v1/runs/${checkId(runId)}/record`, { signal: opts.signal });
+  }
+
+  /**
+   * What the run changed in its workspace, as a git patch (changes.patch).
+   * @param {string} runId @param {{signal?: AbortSignal}} [opts]
+   * @returns {Promise<Uint8Array>}
+   */
+  async patch(runId, opts = {}) {
+    return this.bytes(`/v1/runs/${checkId(runId)}/patch`, opts.signal);
+  }
+
+  /**
+   * The run's change list (changes.json).
+   * @param {string} runId @param {{signal?: AbortSignal}} [opts]
+   * @returns {Promise<Record<string, unknown>>}
+   */
+  async changes(runId, opts = {}) {
+    return this.json('GET', `/v1/runs/${checkId(runId)}/changes`, { signal: opts.signal });
+  }
+
+  /**
+   * One file the run stored, named as `taskrun cp` names it: artifacts/PATH,
+   * output/result.md, home/PATH or another object its record lists. Throws a
+   * TypeError for a path that is not clean and relative.
+   * @param {string} runId @param {string} path @param {{signal?: AbortSignal}} [opts]
+   * @returns {Promise<Uint8Array>}
+   */
+  async file(runId, path, opts = {}) {
+    const parts = String(path).split('/');
+    if (parts.some((p) => p === '' || p === '.' || p === '..' || p.includes('\\'))) {
+      throw new TypeError(`path ${JSON.stringify(path)}: give a clean relative path such as artifacts/report.md`);
+    }
+    return this.bytes(`/v1/runs/${checkId(runId)}/files/${parts.map(encodeURIComponent).join('/')}`, opts.signal);
+  }
+
+  /** @private @param {string} path @param {AbortSignal} [signal] */
+  async bytes(path, signal) {
+    const resp = await this.open('GET', path, { signal });
+    try {
+      return new Uint8Array(await resp.arrayBuffer());
+    } catch (e) {
+      throw new TransportError(`GET ${path}: reading the answer: ${e}`, { cause: e });
+    }
+  }
+
+  /**
    * The workers heard from in the last 24 hours, most recently seen first.
    * @param {{signal?: AbortSignal}} [opts]
    * @returns {Promise<import('../index.js').Worker[]>}

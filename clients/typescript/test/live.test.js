@@ -167,6 +167,27 @@ describe('against serve and a worker', { skip }, () => {
     assert.equal(run.spec.workspace?.size, ws.length);
   });
 
+  it("reads the run's record and patch", async () => {
+    const id = await submit('echo new > "$HOME/notes.txt"', { workspace: tarGz('notes.txt', Buffer.from('old\n')) });
+    assert.equal((await client.wait(id, { timeoutMs: 120000 })).status, 'SUCCEEDED');
+    let record;
+    for (const deadline = Date.now() + 30000; ; ) {
+      try {
+        record = await client.record(id); // the worker stores it as the run ends
+        break;
+      } catch (e) {
+        if (!(e instanceof NotFoundError) || Date.now() > deadline) throw e;
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    }
+    assert.equal(record.run_id, id);
+    assert.ok(Buffer.from(await client.patch(id)).toString().includes('-old\n+new\n'));
+    assert.equal(/** @type {any} */ (await client.changes(id)).summary.modified, 1);
+    assert.equal(Buffer.from(await client.file(id, 'home/notes.txt')).toString(), 'new\n');
+    await assert.rejects(client.file(id, '../other/changes.json'), TypeError);
+    await assert.rejects(other.patch(id), NotFoundError);
+  });
+
   it("answers another tenant's calls on a run with NotFoundError", async () => {
     const id = await submit('echo mine');
     for (const call of [
