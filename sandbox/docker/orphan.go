@@ -8,6 +8,8 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 // OrphanState is what the engine knows of a container left behind by an
@@ -81,3 +83,5 @@ func (b *Backend) OrphanLogs(ctx context.Context, id string, stdout, stderr io.W
 func (b *Backend) RemoveOrphan(ctx context.Context, id string) error {
 	return b.removeContainer(ctx, id)
 }
+
+var _ sandbox.Orphans = (*Backend)(nil)
