@@ -131,9 +131,17 @@ func (e *env) tempDir(prefix string) (string, error) {
 // default --uid-range) and the in-sandbox self-check (-helpers-dir, the
 // helpers `make build` installs beside taskrun).
 func (e *env) hostConfig(root string) executor.Config {
+	return benchHostConfig(root, e.backend, e.store, e.uids, e.c.helpersDir, e.c.image)
+}
+
+// benchHostConfig is the one host configuration of every section and of
+// the throughput child: `taskrun run`'s, on backend and store, with runs
+// under root, a uid of each run's own from uids and the self-check's
+// helpers from helpersDir, running image unless a spec names another.
+func benchHostConfig(root string, backend sandbox.Backend, store executor.Store, uids *uidpool.Pool, helpersDir, image string) executor.Config {
 	return executor.Config{
-		Root: root, Backend: e.backend, Store: e.store, UIDs: e.uids, HelpersDir: e.c.helpersDir,
-		Defaults: executor.Defaults{Image: e.c.image, Timeout: 5 * time.Minute},
+		Root: root, Backend: backend, Store: store, UIDs: uids, HelpersDir: helpersDir,
+		Defaults: executor.Defaults{Image: image, Timeout: 5 * time.Minute},
 		Pull:     sandbox.PullNever,
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/spool"
+	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -203,7 +204,7 @@ func (e *env) child(ctx context.Context, mode, serverURL string) (transfer, floa
 	}
 	cmd := exec.CommandContext(ctx, self, childCommand,
 		"-mode", mode, "-image", e.c.image, "-size", strconv.Itoa(e.c.sizeMiB),
-		"-dir", dir, "-bench", e.c.benchID, "-server", serverURL)
+		"-dir", dir, "-bench", e.c.benchID, "-server", serverURL, "-helpers-dir", e.c.helpersDir)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()
@@ -223,8 +224,8 @@ func (e *env) child(ctx context.Context, mode, serverURL string) (transfer, floa
 
 // childOptions are the flags of the executor child.
 type childOptions struct {
-	mode, image, dir, benchID, server string
-	sizeMiB                           int
+	mode, image, dir, benchID, server, helpersDir string
+	sizeMiB                                       int
 }
 
 // childMain is the executor child: it runs one large-output container and
@@ -238,6 +239,7 @@ func childMain(args []string) int {
 	fs.StringVar(&o.dir, "dir", "", "scratch directory")
 	fs.StringVar(&o.benchID, "bench", "", "bench label value")
 	fs.StringVar(&o.server, "server", "", "control plane URL")
+	fs.StringVar(&o.helpersDir, "helpers-dir", "", "the self-check's helpers (the bench's -helpers-dir)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -300,8 +302,8 @@ func childBackend(ctx context.Context, o childOptions) (transfer, error) {
 	return got, errors.Join(res.Err, h.Close(ctx), readErr)
 }
 
-// childRunTask runs dd through RunTask with the HTTP client and stream
-// sender pointed at the parent's control plane.
+// childRunTask runs dd through the bench's host (benchHostConfig) with the
+// HTTP client and stream sender pointed at the parent's control plane.
 func childRunTask(ctx context.Context, o childOptions) error {
 	backend, err := docker.New(ctx)
 	if err != nil {
@@ -313,10 +315,16 @@ func childRunTask(ctx context.Context, o childOptions) error {
 		return err
 	}
 	defer store.Close()
-	host, err := executor.New(ctx, executor.Config{
-		Root: filepath.Join(o.dir, "runtime"), Backend: backend, Store: store,
-		Defaults: executor.Defaults{Image: o.image, Timeout: 5 * time.Minute},
-	})
+	root := filepath.Join(o.dir, "runtime")
+	layout, err := executor.NewLayout(root)
+	if err != nil {
+		return err
+	}
+	uids, err := uidpool.New(layout.UIDLeaseDir(), uidpool.DefaultRange())
+	if err != nil {
+		return err
+	}
+	host, err := executor.New(ctx, benchHostConfig(root, backend, store, uids, o.helpersDir, o.image))
 	if err != nil {
 		return err
 	}

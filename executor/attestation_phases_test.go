@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -90,7 +91,9 @@ func TestPhasesEveryRunIsAttested(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			u := newUnit(t)
+			// The cancelled agent exits 0 on SIGTERM: a grace long enough that
+			// its exit never races the SIGKILL on a loaded machine.
+			u := newUnit(t, sandboxfake.WithMaxStopGrace(time.Minute))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			runID := "attested-" + tc.name

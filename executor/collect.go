@@ -114,16 +114,16 @@ type stored struct {
 // failed upload can be retried by RetryPersist. It matters only then: a
 // full host disk that refuses it fails the persist only together with an
 // upload.
-func keepAndCollect(ctx context.Context, tr *tracer, ex execution, v verdict, hooks []hook) (stored, error) {
+func (r *runner) keepAndCollect(ctx context.Context, ex execution, v verdict) (stored, error) {
 	if ex.ContainerID == "" {
 		return stored{}, nil // the agent never ran: there is nothing of it to keep
 	}
-	p := tr.p
-	tr.step("keep")
+	p := r.p
+	r.tr.step("keep")
 	stopLocal := p.timings.Start(timings.KeepLocal)
-	localErr := keepLocalState(p, tr.wd, ex, v)
+	localErr := keepLocalState(p, r.wd, ex, v)
 	stopLocal()
-	st, err := collect(ctx, tr, ex, v, hooks)
+	st, err := r.collect(ctx, ex, v)
 	if localErr != nil && err == nil {
 		p.log.Warn("could not keep a local copy of the run's outcome; everything was stored", "err", localErr)
 	} else if localErr != nil {
@@ -140,13 +140,13 @@ func keepAndCollect(ctx context.Context, tr *tracer, ex execution, v verdict, ho
 // gateway and egress records, isolation record) while the beside hooks
 // store the agent's files; then the Seal hooks store what covers them all.
 // Each step runs regardless of the others; their errors are joined.
-func collect(ctx context.Context, tr *tracer, ex execution, v verdict, hooks []hook) (stored, error) {
-	p := tr.p
+func (r *runner) collect(ctx context.Context, ex execution, v verdict) (stored, error) {
+	p := r.p
 	c := &collector{p: p}
 	defer p.timings.Start(timings.Persist)()
 	req := &collectRequest{Kept: c.kept, Global: c.global, Put: c.put, Stored: c.stored}
 	var records, files persistSteps
-	recResp, filesResp := collectEvents(ctx, tr, hooks, req, &sealRequest{Objects: c.objects, Exec: ex, Verdict: v}, &records, &files)
+	recResp, filesResp := r.collectEvents(ctx, req, &sealRequest{Objects: c.objects, Exec: ex, Verdict: v}, &records, &files)
 	c.out.changes, c.out.output = recResp.Changes, recResp.Output
 	c.out.artifacts, c.out.artifactsDir, c.out.tracePath = filesResp.Artifacts, filesResp.ArtifactsDir, filesResp.TracePath
 	c.out.skipped, c.out.droppedSkips = filesResp.Skipped, filesResp.DroppedSkips

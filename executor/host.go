@@ -106,7 +106,8 @@ type Config struct {
 	// ControlPlane is journaled with every run (without credentials), so
 	// recovery can report to it; a run's lease adds its fence.
 	ControlPlane *journal.ControlPlane
-	// Reaper, on a backend other than Docker, removes the sandboxes of gone
+	// Reaper, on a backend that does not list its containers
+	// (sandbox.Capabilities.ListsContainers), removes the sandboxes of gone
 	// executors at Recover.
 	Reaper Reaper
 	// Token is the control plane token recovery uses for a journaled run

@@ -96,7 +96,8 @@ func RetryPersist(ctx context.Context, input Input) (*Outcome, error) {
 		}
 		return nil, err
 	}
-	out, err, _, _ := retryKept(ctx, p, kept, entry)
+	r, v := keptRunner(p, kept, entry)
+	out, err, _, _ := r.finishKept(ctx, kept.Execution, v)
 	return out, err
 }
 
@@ -125,16 +126,16 @@ func RecoverRun(ctx context.Context, input Input, rec journal.Record) (*Outcome,
 	default:
 		kept.Status, kept.Reason = recordVerdict(rec)
 	}
+	r, v := keptRunner(p, kept, nil)
 	if rec.Phase == journal.PhaseReport {
 		// Everything was stored and released: only the report is owed.
-		retry, wd, v := keptPhases(p, kept)
-		out, err := report(ctx, &tracer{p: retry, wd: wd}, kept.Execution, v, stored{}, nil)
+		out, err := r.report(ctx, kept.Execution, v, stored{}, nil)
 		if reportFailed(err) {
 			return out, err
 		}
 		return out, nil
 	}
-	out, _, persistErr, reportErr := retryKept(ctx, p, kept, nil)
+	out, _, persistErr, reportErr := r.finishKept(ctx, kept.Execution, v)
 	return out, errors.Join(persistErr, reportErr)
 }
 
@@ -179,25 +180,24 @@ func keptHooks(p *plan, wd *workdir) []hook {
 	return []hook{&selfCheckHook{p: p}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}, &filesHook{p: p, wd: wd}}
 }
 
-// keptPhases is the plan, workdir and verdict a kept run is finished with:
+// keptRunner is the runner a kept run is finished with, over the kept
+// hooks, journaling in entry when there is one, and the verdict it reached:
 // the original run's choices apply, not this call's.
-func keptPhases(p *plan, kept keptRun) (*plan, *workdir, verdict) {
+func keptRunner(p *plan, kept keptRun, entry *journal.Entry) (*runner, verdict) {
 	retry := *p
 	retry.sessionExcludes, retry.keepRunDir = kept.SessionExcludes, kept.KeepRunDir
-	wd := &workdir{started: kept.StartedAt, owned: true} // the kept copy is this run's
+	wd := &workdir{started: kept.StartedAt, owned: true, journal: entry} // the kept copy is this run's
 	v := verdict{status: kept.Status, reason: kept.Reason, ended: kept.EndedAt}
 	if kept.RunError != "" {
 		v.err = errors.New(kept.RunError)
 	}
-	return &retry, wd, v
+	return &runner{p: &retry, wd: wd, tr: &tracer{p: &retry, wd: wd}, hooks: keptHooks(&retry, wd), createAt: -1}, v
 }
 
-// retryKept collects, releases and reports a kept run, journaling the
-// outcome in entry when there is one.
-func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry) (out *Outcome, err, persistErr, reportErr error) {
-	retry, wd, v := keptPhases(p, kept)
-	wd.journal = entry
-	tr := &tracer{p: retry, wd: wd}
+// finishKept collects, releases and reports a kept run whose execution
+// was ex and verdict v.
+func (r *runner) finishKept(ctx context.Context, ex execution, v verdict) (out *Outcome, err, persistErr, reportErr error) {
+	p, wd, tr := r.p, r.wd, r.tr
 	if diskcap.HasImage(p.dirs.Dir) {
 		// A kept image waits unmounted: mount it (read-only) to read it.
 		release, err := diskcap.Reattach(ctx, p.dirs.Dir)
@@ -212,12 +212,12 @@ func retryKept(ctx context.Context, p *plan, kept keptRun, entry *journal.Entry)
 	// first SIGINT or SIGTERM of `taskrun persist`), collect returns and
 	// release unmounts the image before anything else.
 	collectCtx, cancelCollect := context.WithTimeout(ctx, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
-	st, persistErr := keepAndCollect(collectCtx, tr, kept.Execution, v, keptHooks(retry, wd))
+	st, persistErr := r.keepAndCollect(collectCtx, ex, v)
 	cancelCollect()
 	tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
-	finishStream(ctx, retry, wd, kept.Execution)
-	releaseDir(retry, wd, persistErr, true)
-	out, err = report(ctx, tr, kept.Execution, v, st, persistErr)
+	finishStream(ctx, p, wd, ex)
+	releaseDir(p, wd, persistErr, true)
+	out, err = r.report(ctx, ex, v, st, persistErr)
 	if reportFailed(err) {
 		reportErr = err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/recovery"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
@@ -30,23 +31,25 @@ const RecoverDeadline = DefaultPersistTimeout + DefaultReportTimeout
 // hung store never holds a new run.
 const StartupRecoveryBudget = 30 * time.Second
 
-// Reaper removes the sandboxes of executors proven gone on a backend other
-// than Docker (the Kubernetes backend's Pods); see Config.Reaper.
+// Reaper removes the sandboxes of executors proven gone on a backend that
+// does not list its containers (the Kubernetes backend's Pods); see
+// Config.Reaper.
 type Reaper interface {
 	// ReapGone removes the sandboxes whose executor gone proves gone, by its
 	// ID and, when the sandbox carries it, its process record.
 	ReapGone(ctx context.Context, gone func(executorID, process string) (bool, string)) error
 }
 
-// Recover is the start-up garbage collection of a host: on the Docker
-// backend it finishes the journaled runs whose executor is gone (storing
-// and reporting them within StartupRecoveryBudget), removes their and the
-// gone executors' leftover containers and the gone executors' locks; on
-// another backend it asks Config.Reaper to remove the gone executors'
-// sandboxes. Failures are logged: they never stop the host.
+// Recover is the start-up garbage collection of a host: on a backend that
+// lists its containers (sandbox.Capabilities.ListsContainers) it finishes
+// the journaled runs whose executor is gone (storing and reporting them
+// within StartupRecoveryBudget), removes their and the gone executors'
+// leftover containers and the gone executors' locks; on another backend it
+// asks Config.Reaper to remove the gone executors' sandboxes. Failures are
+// logged: they never stop the host.
 func (h *Host) Recover(ctx context.Context) {
-	d, ok := h.cfg.Backend.(*docker.Backend)
-	if !ok {
+	o, ok := h.cfg.Backend.(sandbox.Orphans)
+	if !ok || !sandbox.CapabilitiesOf(h.cfg.Backend).ListsContainers {
 		if h.cfg.Reaper != nil {
 			if err := h.cfg.Reaper.ReapGone(ctx, h.ExecutorProcessGone); err != nil {
 				h.log.Warn("reap leftover sandboxes", "err", err)
@@ -55,7 +58,7 @@ func (h *Host) Recover(ctx context.Context) {
 		return
 	}
 	recoverCtx, cancel := context.WithTimeout(ctx, StartupRecoveryBudget)
-	results, err := h.RecoverRuns(recoverCtx, d, false, io.Discard)
+	results, err := h.recoverRuns(recoverCtx, o, false, io.Discard)
 	cancel()
 	for _, res := range results {
 		if res.Action == recovery.ActionRecovered || res.Action == recovery.ActionFailed {
@@ -65,11 +68,11 @@ func (h *Host) Recover(ctx context.Context) {
 	if err != nil {
 		h.log.Warn("recover runs of gone executors", "err", err)
 	}
-	rep, err := d.Reap(ctx, h.ReapOptions(docker.DefaultReapGrace, false, false, results))
+	removed, err := o.ReapGone(ctx, h.ExecutorProcessGone, spared(results))
 	if err != nil {
 		h.log.Warn("reap leftover containers", "err", err)
-	} else if len(rep.Removed) > 0 {
-		h.log.Info("removed leftover containers", "count", len(rep.Removed))
+	} else if removed > 0 {
+		h.log.Info("removed leftover containers", "count", removed)
 	}
 	h.RemoveGoneExecutors()
 }
@@ -204,13 +207,19 @@ func (h *Host) recoverer(jd *journal.Dir, containers recovery.Containers) *recov
 // live. d may be nil when Docker is unreachable: runs that still have a
 // container then wait.
 func (h *Host) RecoverRuns(ctx context.Context, d *docker.Backend, dryRun bool, out io.Writer) ([]recovery.Result, error) {
-	jd, err := h.Journal()
-	if err != nil {
-		return nil, err
-	}
 	var containers recovery.Containers
 	if d != nil {
 		containers = d
+	}
+	return h.recoverRuns(ctx, containers, dryRun, out)
+}
+
+// recoverRuns is RecoverRuns on the containers of any backend; containers
+// is nil when none is reachable.
+func (h *Host) recoverRuns(ctx context.Context, containers recovery.Containers, dryRun bool, out io.Writer) ([]recovery.Result, error) {
+	jd, err := h.Journal()
+	if err != nil {
+		return nil, err
 	}
 	results, err := h.recoverer(jd, containers).Recover(ctx, dryRun)
 	for _, res := range results {
@@ -270,13 +279,19 @@ func stillKept(jd *journal.Dir, runID string) bool {
 // ReapOptions are the reaper's rules for this host: own and gone
 // executors' containers, sparing those a recovery still needs.
 func (h *Host) ReapOptions(grace time.Duration, all, dryRun bool, results []recovery.Result) docker.ReapOptions {
-	opts := docker.ReapOptions{Grace: grace, All: all, DryRun: dryRun, ExecutorGone: h.ExecutorProcessGone}
+	return docker.ReapOptions{Grace: grace, All: all, DryRun: dryRun, ExecutorGone: h.ExecutorProcessGone, Spare: spared(results)}
+}
+
+// spared is the containers a recovery still needs: those of the runs it
+// neither finished nor kept.
+func spared(results []recovery.Result) []string {
+	var spare []string
 	for _, res := range results {
 		if res.ContainerID != "" && res.Action != recovery.ActionRecovered && res.Action != recovery.ActionKept {
-			opts.Spare = append(opts.Spare, res.ContainerID)
+			spare = append(spare, res.ContainerID)
 		}
 	}
-	return opts
+	return spare
 }
 
 // SweepPools removes the warm pool slots that gone executors left under

@@ -131,8 +131,8 @@ func cancelReason(ctx context.Context) string {
 // report settles the final status from the verdict and the persist error,
 // builds the Outcome and its PATCH, traces it (stateReported) and returns
 // the outcome with the run's error.
-func report(ctx context.Context, tr *tracer, ex execution, v verdict, st stored, persistErr error) (*Outcome, error) {
-	p, wd := tr.p, tr.wd
+func (r *runner) report(ctx context.Context, ex execution, v verdict, st stored, persistErr error) (*Outcome, error) {
+	p, wd := r.p, r.wd
 	out := outcome(p, ex, v, st, persistErr)
 	if wd.streamLoss != nil {
 		// The terminal report follows the whole output, or says what of it
@@ -150,7 +150,7 @@ func report(ctx context.Context, tr *tracer, ex execution, v verdict, st stored,
 	if out.Status != model.StatusSucceeded {
 		err = &RunError{Status: out.Status, Reason: out.Reason, Err: errors.Join(v.err, persistErr, wd.streamLoss)}
 	}
-	if perr := tr.trace(ctx, transition{state: stateReported, ex: &ex, v: &v, out: out, req: req, st: &st}); perr != nil {
+	if perr := r.tr.trace(ctx, transition{state: stateReported, ex: &ex, v: &v, out: out, req: req, st: &st}); perr != nil {
 		err = errors.Join(err, reportError{perr})
 	}
 	return out, err

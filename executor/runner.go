@@ -107,7 +107,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	// a deadline of its own, so a slow store cannot starve the final report.
 	collectCtx, cancelCollect := context.WithTimeout(hard, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
 	stopCollect := p.timings.Start(timings.Collect)
-	st, persistErr := keepAndCollect(collectCtx, r.tr, ex, v, r.hooks)
+	st, persistErr := r.keepAndCollect(collectCtx, ex, v)
 	stopCollect()
 	cancelCollect()
 	// The container was removed while the outputs were collected; the
@@ -123,7 +123,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 
 	reportCtx, cancelReport := context.WithTimeout(hard, deadline(p.in.ReportTimeout, DefaultReportTimeout))
 	defer cancelReport()
-	out, err := report(reportCtx, r.tr, ex, v, st, persistErr)
+	out, err := r.report(reportCtx, ex, v, st, persistErr)
 	r.tr.trace(ctx, transition{state: stateEnded, keep: persistErr != nil || reportFailed(err)})
 	out.Timings = p.timings.Spans()
 	return out, err
@@ -220,7 +220,8 @@ func configureAll(hooks []hook, spec *sandbox.Spec) {
 // collectEvents runs the Collect hooks (the executor's records) beside
 // the beside-Collect hooks (the agent's files), then, once both are done,
 // the Seal hooks; each step's error goes to its sequence's steps.
-func collectEvents(ctx context.Context, tr *tracer, hooks []hook, req *collectRequest, seal *sealRequest, records, files *persistSteps) (recResp, filesResp collectResponse) {
+func (r *runner) collectEvents(ctx context.Context, req *collectRequest, seal *sealRequest, records, files *persistSteps) (recResp, filesResp collectResponse) {
+	hooks, tr := r.hooks, r.tr
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for _, h := range hooks {

@@ -34,6 +34,11 @@ type Capabilities struct {
 	// Stats says the backend's handles implement StatsReader: the run's
 	// resource usage is sampled while its container lives.
 	Stats bool
+	// ListsContainers says the backend implements Orphans: it finds, stops,
+	// reads and removes a container by ID after the executor that started
+	// it died, and removes the containers of executors proven gone, so a
+	// host recovers the runs of its dead executors on it.
+	ListsContainers bool
 }
 
 // Capable is implemented by a Backend that states its Capabilities.

@@ -36,6 +36,26 @@ type Backend interface {
 	Start(ctx context.Context, spec Spec, policy Policy, streams Streams) (Handle, error)
 }
 
+// Orphans is implemented by a backend that lists its containers
+// (Capabilities.ListsContainers): what a host's recovery does with the
+// containers its dead executors left.
+type Orphans interface {
+	// OrphanExists reports whether container id still exists.
+	OrphanExists(ctx context.Context, id string) (bool, error)
+	// StopOrphan stops container id (SIGTERM, SIGKILL after grace); one
+	// that is gone or stopped is fine.
+	StopOrphan(ctx context.Context, id string, grace time.Duration) error
+	// OrphanLogs copies the engine's log of container id's stdout and
+	// stderr to the writers.
+	OrphanLogs(ctx context.Context, id string, stdout, stderr io.Writer) error
+	// RemoveOrphan removes container id; one that is gone is fine.
+	RemoveOrphan(ctx context.Context, id string) error
+	// ReapGone removes the containers whose executor gone proves gone (by
+	// its ID and, when the container carries it, its process record),
+	// sparing the containers in spare, and returns how many it removed.
+	ReapGone(ctx context.Context, gone func(executorID, process string) (bool, string), spare []string) (int, error)
+}
+
 // Creator is implemented by backends that can create a container before
 // starting it. Backend.Start stays the one-call equivalent.
 type Creator interface {

@@ -376,5 +376,7 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		ChecksImages:   true,
 		LimitsPids:     true,
 		Stats:          true,
+		// ListsContainers: orphan.go and ReapGone.
+		ListsContainers: true,
 	}
 }

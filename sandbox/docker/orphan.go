@@ -88,3 +88,5 @@ func (b *Backend) OrphanLogs(ctx context.Context, id string, stdout, stderr io.W
 func (b *Backend) RemoveOrphan(ctx context.Context, id string) error {
 	return b.removeContainer(ctx, id)
 }
+
+var _ sandbox.Orphans = (*Backend)(nil)

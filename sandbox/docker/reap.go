@@ -18,6 +18,13 @@ import (
 // being started by another executor may not be registered anywhere yet.
 const DefaultReapGrace = time.Minute
 
+// ReapGone implements sandbox.Orphans: it reaps, after DefaultReapGrace,
+// the containers of the executors gone proves gone, sparing spare.
+func (b *Backend) ReapGone(ctx context.Context, gone func(executorID, process string) (bool, string), spare []string) (int, error) {
+	rep, err := b.Reap(ctx, ReapOptions{Grace: DefaultReapGrace, ExecutorGone: gone, Spare: spare})
+	return len(rep.Removed), err
+}
+
 // ReapOptions narrows and tunes a Reap.
 type ReapOptions struct {
 	// Labels restricts the reaper to objects that also carry all of these
