@@ -25,7 +25,9 @@ $XDG_RUNTIME_DIR/taskrun.sock). While it answers there, taskrun run is its
 thin client: same flags, same streamed output, same exit status, same
 stored objects; taskrun run --local runs in its own process instead. At
 start it recovers what a killed daemon (or any gone executor of --root)
-left, as taskrun gc does.
+left, as taskrun gc does. Under systemd socket activation (LISTEN_FDS, a
+taskrun.socket unit: see examples/systemd) it serves the one unix socket
+systemd passed instead of binding its own.
 
 The socket is open to every local user (mode 0666) and is not
 root-equivalent: each connection's peer uid (SO_PEERCRED) is its tenant,
@@ -131,10 +133,20 @@ func (o *daemonOptions) daemonModel(name string) (config.ModelEntry, error) {
 
 // runDaemon serves until ctx ends.
 func runDaemon(ctx context.Context, a *app, o daemonOptions) error {
-	path := daemon.SocketPath()
-	l, err := daemon.Listen(path)
+	// A socket systemd passed (taskrun.socket) comes first; else the
+	// daemon binds its own.
+	l, err := daemon.ActivationListener()
 	if err != nil {
 		return err
+	}
+	var path string
+	if l != nil {
+		path = l.Addr().String()
+	} else {
+		path = daemon.SocketPath()
+		if l, err = daemon.Listen(path); err != nil {
+			return err
+		}
 	}
 	defer l.Close()
 	host, err := o.openHost(ctx, a, hostOptions{warm: o.warm})
