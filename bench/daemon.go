@@ -19,8 +19,11 @@ import (
 
 // daemonTarget is the daemon's goal: `taskrun run -- true` through a
 // resident daemon no slower than `docker run --rm` with the same policy
-// flags, with no warm pool.
-const daemonTarget = 1.0
+// flags, with no warm pool; daemonWarmTarget is its goal for a warm hit.
+const (
+	daemonTarget     = 1.0
+	daemonWarmTarget = 0.5
+)
 
 // daemonCLI compares `taskrun run -- true` through a `taskrun daemon`
 // (default flags: self-check, audit, disk cap, own uid), the same command
@@ -126,8 +129,8 @@ func daemonCLI(ctx context.Context, e *env) ([]row, error) {
 			taskrun:  fmtDuration(median(wds[1])),
 			baseline: "docker run --rm, same policy flags: " + fmtDuration(median(wds[0])),
 			ratio:    fmt.Sprintf("%.2f×", viaWarm),
-			target:   fmt.Sprintf("≤ %.2f×", daemonTarget),
-			verdict:  verdict(viaWarm <= daemonTarget),
+			target:   fmt.Sprintf("≤ %.2f×", daemonWarmTarget),
+			verdict:  verdict(viaWarm <= daemonWarmTarget),
 		},
 		{
 			what:     "`taskrun run -- true` through `taskrun daemon` (no warm pool)" + n,

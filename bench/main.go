@@ -4,7 +4,9 @@
 //   - start-up of the taskrun binary (`taskrun version`, `taskrun run
 //     --help`) against `docker --version` (interleaved, median ratio);
 //   - `taskrun run -- true` through a resident `taskrun daemon`, in-process
-//     (--local) and `docker run --rm` with the same policy flags;
+//     (--local) and `docker run --rm` with the same policy flags, warm hit
+//     and pool empty; and runs per minute of 20 such runs 8 at a time,
+//     through the daemon against in-process;
 //   - cold-run wall time of the Docker backend and of the full RunTask path
 //     against `docker run --rm` with the same image, command, policy flags
 //     and bind mount (alternated, medians);
@@ -52,6 +54,7 @@ type config struct {
 	copyRounds  int
 	workerRuns  int
 	warmRuns    int
+	daemonRuns  int
 	helpersDir  string
 	taskrunBin  string
 	only        string
@@ -73,6 +76,7 @@ func main() {
 	flag.StringVar(&c.taskrunBin, "taskrun", "bin/taskrun", "the taskrun binary of the cold CLI comparison (`make build`)")
 	flag.IntVar(&c.workerRuns, "worker-runs", 24, "runs in the worker throughput comparison")
 	flag.IntVar(&c.warmRuns, "warm-n", 20, "claims (and cold runs, and docker runs) in the warm pool comparison; runs per path in its throughput check")
+	flag.IntVar(&c.daemonRuns, "daemon-runs", 20, "taskrun run processes (8 at a time) through the daemon, and in-process, in the daemon throughput comparison")
 	flag.StringVar(&c.helpersDir, "helpers-dir", "bin", "directory of the static taskrun-probe and taskrun-relay (make build); the warm pool parks at the self-check")
 	flag.StringVar(&c.only, "only", "", "run only the sections whose name contains this, e.g. \"cold\"")
 	flag.Parse()
@@ -110,6 +114,7 @@ func runAll(ctx context.Context, c config) ([]row, *breakdown, error) {
 		{"CLI start", cliStart},
 		{"cold CLI run", coldCLI},
 		{"daemon CLI run", daemonCLI},
+		{"daemon throughput", daemonThroughput},
 		{"cold run", coldRun},
 		{"kubernetes cold run", kubernetesColdRun},
 		{"first byte", firstByteLatency},

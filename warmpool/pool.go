@@ -4,7 +4,9 @@
 //
 // For each key (a Template: image, policy, helpers, disk cap, timeout,
 // labels: everything that shapes a container) the pool keeps up to
-// Config.PerKey slots ready, and no more than Config.MaxSlots in all. A slot
+// Config.PerKey slots ready, and no more than Config.MaxSlots in all (with
+// Config.MemoryBudget, as many as the key's recent claims, within the
+// budget's memory: see Config.MemoryBudget). A slot
 // is filled in the background, in this order:
 //
 //  1. a host uid is leased for it (with Template.LeaseUIDs), never shared
@@ -107,7 +109,20 @@ type Config struct {
 	// UIDs leases each slot a host uid for Templates with LeaseUIDs.
 	UIDs *uidpool.Pool
 	// PerKey is how many ready slots each key keeps; DefaultPerKey when 0.
+	// With a MemoryBudget it is the most a key keeps.
 	PerKey int
+	// MemoryBudget, when positive, sizes the keys from their recent demand
+	// instead: each key wanted keeps as many slots as it had claims (runs
+	// served warm or not) in the last DemandWindow, at least one, up to
+	// PerKey, while the slots of all keys hold at most MemoryBudget bytes
+	// of memory limits (a parked container keeps its run's memory limit,
+	// Template.Policy.MemoryBytes). When demand is over the budget, the
+	// budget is shared a slot at a time, the most demanded key first; ready
+	// slots over a key's share are removed (Stats.Shrunk).
+	MemoryBudget int64
+	// DemandWindow is how far back claims count as a key's demand;
+	// DefaultDemandWindow when 0.
+	DemandWindow time.Duration
 	// MaxSlots caps the parked and filling slots of all keys together;
 	// DefaultMaxSlots when 0.
 	MaxSlots int
@@ -143,6 +158,9 @@ type Stats struct {
 	// Recycled those replaced after MaxIdle.
 	Died     int `json:"died"`
 	Recycled int `json:"recycled"`
+	// Shrunk counts ready slots removed because their key's share of the
+	// MemoryBudget fell below them.
+	Shrunk int `json:"shrunk"`
 }
 
 // Pool keeps slots ready per key. It is safe for concurrent use.
@@ -177,7 +195,12 @@ type keyState struct {
 	lastUsed time.Time
 	failures int
 	retryAt  time.Time
+	// claims are the times of the key's recent claims (MemoryBudget).
+	claims []time.Time
 }
+
+// maxClaimTimes bounds keyState.claims.
+const maxClaimTimes = 1024
 
 // New starts a pool; Close stops it and removes every parked container.
 func New(cfg Config) (*Pool, error) {
@@ -199,6 +222,12 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if cfg.ParkTimeout <= 0 {
 		cfg.ParkTimeout = DefaultParkTimeout
+	}
+	if cfg.DemandWindow <= 0 {
+		cfg.DemandWindow = DefaultDemandWindow
+	}
+	if cfg.MemoryBudget < 0 {
+		return nil, fmt.Errorf("%w: MemoryBudget %d: give 0 (PerKey slots per key) or a number of bytes", ErrConfig, cfg.MemoryBudget)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -223,6 +252,21 @@ func orDefault(v, def int) int {
 		return def
 	}
 	return v
+}
+
+// SetMemoryBudget sets Config.MemoryBudget of a running pool (for a pool
+// its owner did not configure, such as an executor.Host's): positive sizes
+// the keys from their recent demand within that many bytes, 0 goes back to
+// PerKey slots per key.
+func (p *Pool) SetMemoryBudget(bytes int64) error {
+	if bytes < 0 {
+		return fmt.Errorf("%w: MemoryBudget %d: give 0 (PerKey slots per key) or a number of bytes", ErrConfig, bytes)
+	}
+	p.mu.Lock()
+	p.cfg.MemoryBudget = bytes
+	p.mu.Unlock()
+	p.kick()
+	return nil
 }
 
 // Backend is the backend the pool's containers run on; a run uses the pool
@@ -281,6 +325,10 @@ func (p *Pool) Claim(ctx context.Context, t Template) (*Slot, error) {
 		return nil, err
 	}
 	ks := p.want(t)
+	if len(ks.claims) == maxClaimTimes {
+		ks.claims = ks.claims[1:]
+	}
+	ks.claims = append(ks.claims, time.Now())
 	for len(ks.ready) > 0 {
 		s := ks.ready[0]
 		ks.ready = ks.ready[1:]
@@ -386,8 +434,14 @@ func (p *Pool) schedule() {
 			delete(p.keys, ks.key)
 		}
 	}
+	target := func(*keyState) int { return p.cfg.PerKey }
+	if p.cfg.MemoryBudget > 0 {
+		total -= p.shrink(now)
+		share := p.shares(now)
+		target = func(ks *keyState) int { return share[ks.key] }
+	}
 	for _, ks := range p.keys {
-		for len(ks.ready)+ks.filling < p.cfg.PerKey && total < p.cfg.MaxSlots &&
+		for len(ks.ready)+ks.filling < target(ks) && total < p.cfg.MaxSlots &&
 			p.filling < p.cfg.FillConcurrency && !now.Before(ks.retryAt) && now.Sub(ks.lastUsed) <= p.cfg.MaxIdle {
 			ks.filling++
 			p.filling++
@@ -396,6 +450,43 @@ func (p *Pool) schedule() {
 			go p.fillOne(ks)
 		}
 	}
+}
+
+// shares sizes the keys from their recent demand within the memory
+// budget (caller holds mu).
+func (p *Pool) shares(now time.Time) map[string]int {
+	demand := make([]keyDemand, 0, len(p.keys))
+	for _, ks := range p.keys {
+		var n int
+		ks.claims, n = recentClaims(ks.claims, now, p.cfg.DemandWindow)
+		demand = append(demand, keyDemand{key: ks.key, demand: max(n, 1), cost: slotCost(ks.tmpl)})
+	}
+	return sizeKeys(demand, p.cfg.MemoryBudget, p.cfg.PerKey, p.cfg.MaxSlots)
+}
+
+// shrink removes ready slots over their key's share, the oldest first, so
+// that the budget they hold can go to the keys in demand; it returns how
+// many (caller holds mu).
+func (p *Pool) shrink(now time.Time) int {
+	share := p.shares(now)
+	n := 0
+	for _, ks := range p.keys {
+		for len(ks.ready) > 0 && len(ks.ready)+ks.filling > share[ks.key] {
+			s := ks.ready[0]
+			ks.ready = ks.ready[1:]
+			if !s.claim() {
+				continue
+			}
+			n++
+			p.stats.Shrunk++
+			p.destroys.Add(1)
+			go func() {
+				defer p.destroys.Done()
+				_ = s.destroy(context.Background(), "over its key's share of the memory budget")
+			}()
+		}
+	}
+	return n
 }
 
 // fillOne fills a slot for ks and parks it.

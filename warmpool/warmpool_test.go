@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -61,6 +62,13 @@ func newFixture(t *testing.T, perKey int, edit func(*warmpool.Template)) *fixtur
 // newFixtureUIDs is newFixture with a uid pool for the slots.
 func newFixtureUIDs(t *testing.T, perKey int, edit func(*warmpool.Template), uids *uidpool.Pool) *fixture {
 	t.Helper()
+	return newFixtureConfig(t, edit, warmpool.Config{PerKey: perKey, MaxSlots: 4, UIDs: uids})
+}
+
+// newFixtureConfig is newFixture with the pool's cfg (its backend, Dir
+// and Instance are the fixture's).
+func newFixtureConfig(t *testing.T, edit func(*warmpool.Template), cfg warmpool.Config) *fixture {
+	t.Helper()
 	inst := instance.NewID()
 	backend, err := docker.New(t.Context(), docker.WithInstance(inst))
 	require.NoError(t, err)
@@ -77,7 +85,8 @@ func newFixtureUIDs(t *testing.T, perKey int, edit func(*warmpool.Template), uid
 		edit(&tmpl)
 	}
 	dir := taskrun.PoolDir(env.Root)
-	pool, err := warmpool.New(warmpool.Config{Backend: backend, Dir: dir, Instance: inst, PerKey: perKey, MaxSlots: 4, UIDs: uids})
+	cfg.Backend, cfg.Dir, cfg.Instance = backend, dir, inst
+	pool, err := warmpool.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		assert.NoError(t, pool.Close(context.Background()))
@@ -323,4 +332,43 @@ func TestCrashLeavesWhatGCRemoves(t *testing.T) {
 	assert.Empty(t, left)
 	_, err = os.Stat(filepath.Join(taskrun.PoolDir(root), id))
 	assert.ErrorIs(t, err, os.ErrNotExist, "the slot's directory and disk cap are gone")
+}
+
+// A pool with a memory budget keeps what recent demand asks for, within
+// the budget: one slot for a key only warmed, more once runs claim it, and
+// never more than the budget holds.
+func TestMemoryBudgetSizesTheKeyFromDemand(t *testing.T) {
+	const mem = 256 << 20
+	f := newFixtureConfig(t, func(tm *warmpool.Template) {
+		tm.Policy.MemoryBytes = mem
+		tm.Expect.MemoryLimit = &tm.Policy.MemoryBytes
+	}, warmpool.Config{PerKey: 4, MaxSlots: 4, MemoryBudget: 2 * mem})
+	settled := func(n int) {
+		t.Helper()
+		f.waitReady(t, n)
+		time.Sleep(3 * time.Second) // the pool would go on filling
+		assert.Len(t, f.poolContainers(t), n)
+		assert.Equal(t, n, f.pool.Ready(f.tmpl))
+	}
+	// Warmed, never claimed: demand of one.
+	require.NoError(t, f.pool.Warm(f.tmpl))
+	settled(1)
+
+	// Three claims: demand of three, of which the budget holds two.
+	for range 3 {
+		s, err := f.pool.Claim(t.Context(), f.tmpl)
+		if errors.Is(err, warmpool.ErrEmpty) {
+			continue
+		}
+		require.NoError(t, err)
+		runSlot(t, s, "true")
+		release(t, s)
+	}
+	settled(2)
+	assert.Zero(t, f.pool.Stats().Shrunk)
+
+	// A smaller budget: the ready slot over it is removed.
+	require.NoError(t, f.pool.SetMemoryBudget(mem))
+	require.Eventually(t, func() bool { return f.pool.Stats().Shrunk == 1 }, time.Minute, 20*time.Millisecond)
+	settled(1)
 }

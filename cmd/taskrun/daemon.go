@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/docker/go-units"
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/config"
@@ -25,7 +26,9 @@ $XDG_RUNTIME_DIR/taskrun.sock). While it answers there, taskrun run is its
 thin client: same flags, same streamed output, same exit status, same
 stored objects; taskrun run --local runs in its own process instead. At
 start it recovers what a killed daemon (or any gone executor of --root)
-left, as taskrun gc does.
+left, as taskrun gc does. Under systemd socket activation (LISTEN_FDS, a
+taskrun.socket unit: see examples/systemd) it serves the one unix socket
+systemd passed instead of binding its own.
 
 The socket is open to every local user (mode 0666) and is not
 root-equivalent: each connection's peer uid (SO_PEERCRED) is its tenant,
@@ -41,7 +44,12 @@ a path for a client.
 --warm N keeps N containers of the default --image, --runtime and policy
 started ahead of the runs, parked at the self-check, as taskrun worker
 --warm does: a client's run that asks for no other image or limits takes
-one. They are removed when the daemon stops.
+one. With --warm-budget SIZE the pool is sized from recent demand instead:
+each image, runtime and policy that clients' runs asked for in the last
+minute keeps as many containers as it had runs, at least one (the default
+run's too), at most N in all, and the containers' --memory limits within
+SIZE; when demand is over the budget, the most asked-for go first. They
+are removed when the daemon stops.
 
 SIGTERM or SIGINT cancels the live runs, lets them wind down within
 --shutdown-grace and exits; a second signal exits at once, and the next
@@ -57,6 +65,8 @@ type daemonOptions struct {
 	egress      egress.Operator
 	maxima      runlimits.Maxima
 	warm        int
+	warmBudget  string
+	budget      int64
 }
 
 func init() {
@@ -96,7 +106,8 @@ func (o *daemonOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.egressFile, "egress-policy", "", "JSON egress policy file: the rules and budgets clients' runs may ask for within (see docs/egress.md); its credentials go in --credential")
 	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, for the tenants named, who ask for it by id: id=ID,tenants="USER ...",host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"] (tenants=* for all); repeatable`)
 	addRunMaximaFlags(fs, &o.maxima)
-	fs.IntVar(&o.warm, "warm", 0, "warm containers kept ready for runs of the default --image, --runtime and policy (each holds a run's --memory until a run claims it); 0: every run starts cold")
+	fs.IntVar(&o.warm, "warm", 0, "warm containers kept ready for runs of the default --image, --runtime and policy (each holds a run's --memory until a run claims it); 0: every run starts cold; with --warm-budget, the most kept")
+	fs.StringVar(&o.warmBudget, "warm-budget", "", "size the warm pool from recent demand within this much memory (e.g. 4g): every image, runtime and policy clients ran in the last minute keeps as many containers as it had runs then, at least one, up to --warm in all, their --memory limits within the budget; empty: --warm containers of the default run")
 }
 
 func (o *daemonOptions) finish() error {
@@ -113,6 +124,15 @@ func (o *daemonOptions) finish() error {
 		return errors.New("--warm parks containers on this host's engine: it needs --backend docker")
 	case o.warm > 0 && o.helpersDir == "":
 		return errors.New("--warm needs the self-check, where a warm container waits: drop --helpers-dir \"\" or --warm")
+	case o.warmBudget != "" && o.warm == 0:
+		return errors.New("--warm-budget sizes the warm pool of --warm N: give --warm too (the most containers kept)")
+	}
+	if o.warmBudget != "" {
+		n, err := units.RAMInBytes(o.warmBudget)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("--warm-budget %q: give a size such as 4g", o.warmBudget)
+		}
+		o.budget = n
 	}
 	var err error
 	o.egress, err = egress.BuildOperator(o.egressFile, o.allows, o.credentials)
@@ -131,10 +151,20 @@ func (o *daemonOptions) daemonModel(name string) (config.ModelEntry, error) {
 
 // runDaemon serves until ctx ends.
 func runDaemon(ctx context.Context, a *app, o daemonOptions) error {
-	path := daemon.SocketPath()
-	l, err := daemon.Listen(path)
+	// A socket systemd passed (taskrun.socket) comes first; else the
+	// daemon binds its own.
+	l, err := daemon.ActivationListener()
 	if err != nil {
 		return err
+	}
+	var path string
+	if l != nil {
+		path = l.Addr().String()
+	} else {
+		path = daemon.SocketPath()
+		if l, err = daemon.Listen(path); err != nil {
+			return err
+		}
 	}
 	defer l.Close()
 	host, err := o.openHost(ctx, a, hostOptions{warm: o.warm})
@@ -142,6 +172,11 @@ func runDaemon(ctx context.Context, a *app, o daemonOptions) error {
 		return err
 	}
 	defer host.close()
+	if pool := host.WarmPool(); pool != nil && o.budget > 0 {
+		if err := pool.SetMemoryBudget(o.budget); err != nil {
+			return err
+		}
+	}
 	// What an earlier daemon (or any gone executor of the root) left.
 	host.Recover(ctx)
 	srv, err := daemon.New(daemon.Config{Host: host.Host, Maxima: o.maxima, Egress: o.egress, Models: o.daemonModel,

@@ -57,7 +57,13 @@ func shareDir(t *testing.T, pattern string) string {
 func startDaemon(t *testing.T, e *crashEnv, sock string, extra ...string) *daemonProc {
 	t.Helper()
 	args := append([]string{"daemon", "--root", e.root, "--store", e.store, "--image", testImage, "--helpers-dir", e.helpers}, extra...)
-	cmd := e.command(t, []string{daemon.EnvSocket + "=" + sock}, args...)
+	return serveDaemon(t, e.command(t, []string{daemon.EnvSocket + "=" + sock}, args...), sock)
+}
+
+// serveDaemon starts the daemon command cmd, which serves at sock, and
+// waits until it answers. It is stopped (SIGTERM) at cleanup.
+func serveDaemon(t *testing.T, cmd *exec.Cmd, sock string) *daemonProc {
+	t.Helper()
 	d := &daemonProc{cmd: cmd, sock: sock, log: &lockedbuf.Buffer{}}
 	cmd.Stdout, cmd.Stderr = d.log, d.log
 	require.NoError(t, cmd.Start())
