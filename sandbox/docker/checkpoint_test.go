@@ -1,0 +1,182 @@
+package docker
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/checkpoint"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker/runscrestore"
+)
+
+// EnvRequireRunsc, set to 1, makes the memory checkpoint tests fail
+// instead of skipping when the engine lacks runsc or the restore runtime.
+const EnvRequireRunsc = "TASKRUN_REQUIRE_RUNSC"
+
+// needMemoryCheckpoints skips (or, with TASKRUN_REQUIRE_RUNSC=1, fails)
+// unless b checkpoints gVisor runs with their memory.
+func needMemoryCheckpoints(t *testing.T, b *Backend) {
+	t.Helper()
+	if b.Capabilities().CheckpointsFor(sandbox.RuntimeGVisor) == sandbox.CheckpointMemory {
+		return
+	}
+	msg := fmt.Sprintf("the engine has no memory checkpoints: runsc and %s must be registered (scripts/test-setup.sh)", RestoreRuntime)
+	if os.Getenv(EnvRequireRunsc) == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// counterScript prints a counter that lives only in the shell's memory,
+// with how many lines a file on the sandbox's /tmp tmpfs holds, which
+// grows with it.
+const counterScript = `i=0; while :; do i=$((i+1)); echo $i >>/tmp/trail; echo "$i $(wc -l </tmp/trail)"; sleep 0.05; done`
+
+// TestPauseResumeKeepsMemoryAcrossRunsRoots is the memory checkpoint's
+// end-to-end test: a gVisor run whose state is only in memory and on its
+// tmpfs is checkpointed, packed as it would be stored, its host files are
+// removed, and it is restored from the unpacked archive under another runs
+// root, with its output appended to the log: the log has no gap and no
+// repeated line.
+func TestPauseResumeKeepsMemoryAcrossRunsRoots(t *testing.T) {
+	b, labels := newTestBackend(t)
+	needMemoryCheckpoints(t, b)
+	pol := sandbox.DefaultPolicy()
+	pol.Runtime = sandbox.RuntimeGVisor
+	store := t.TempDir() // where the paused run's objects go
+
+	// The first host: runs root 1.
+	root1 := t.TempDir()
+	runDir1 := filepath.Join(root1, "run")
+	require.NoError(t, os.MkdirAll(runDir1, 0o755))
+	log1, err := os.Create(filepath.Join(runDir1, "stdout.log"))
+	require.NoError(t, err)
+	spec := sandbox.Spec{
+		Image: testImage, Cmd: []string{"sh", "-c", counterScript}, Labels: labels, Timeout: 5 * time.Minute,
+		Mounts: []sandbox.Mount{{Source: runDir1, Target: "/taskrun", ReadOnly: true}},
+	}
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: log1, Stderr: io.Discard})
+	require.NoError(t, err)
+	waitLines(t, log1.Name(), 10)
+
+	ckDir := filepath.Join(root1, "checkpoint")
+	require.NoError(t, os.Mkdir(ckDir, 0o700))
+	began := time.Now()
+	require.NoError(t, b.Checkpoint(t.Context(), h, ckDir))
+	pause := time.Since(began)
+	res := h.Wait(t.Context())
+	require.NoError(t, h.Close(t.Context()))
+	t.Logf("checkpoint: %v, exit %d", pause, res.ExitCode)
+	require.NoError(t, log1.Close())
+	before := readLog(t, log1.Name())
+
+	archive, err := os.Create(filepath.Join(store, "checkpoint.tar.zst"))
+	require.NoError(t, err)
+	m, err := checkpoint.Pack(ckDir, checkpoint.Manifest{Tenant: "alice", Run: "r1", Kind: sandbox.CheckpointMemory, Runtime: pol.Runtime, Created: time.Now(), StdoutOffset: int64(len(before))}, archive)
+	require.NoError(t, err)
+	require.NoError(t, archive.Close())
+	require.NoError(t, os.WriteFile(filepath.Join(store, "stdout.log"), []byte(before), 0o600))
+	require.NoError(t, os.RemoveAll(root1))
+	t.Logf("archive: %d bytes", m.Size)
+
+	// The second host: runs root 2.
+	root2 := t.TempDir()
+	runDir2 := filepath.Join(root2, "run")
+	ckDir2 := filepath.Join(root2, "checkpoint")
+	require.NoError(t, os.MkdirAll(runDir2, 0o755))
+	require.NoError(t, os.Mkdir(ckDir2, 0o700))
+	_, err = checkpoint.Unpack(archive.Name(), checkpoint.Expect{Manifest: m}, ckDir2)
+	require.NoError(t, err)
+	saved, err := os.ReadFile(filepath.Join(store, "stdout.log"))
+	require.NoError(t, err)
+	require.Len(t, saved, int(m.StdoutOffset))
+	log2 := filepath.Join(runDir2, "stdout.log")
+	require.NoError(t, os.WriteFile(log2, saved, 0o600))
+	out, err := os.OpenFile(log2, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	defer out.Close()
+	spec.Mounts = []sandbox.Mount{{Source: runDir2, Target: "/taskrun", ReadOnly: true}}
+	spec.RestoreFrom = ckDir2
+	began = time.Now()
+	h2, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: out, Stderr: io.Discard})
+	require.NoError(t, err)
+	resume := time.Since(began)
+	t.Logf("restore (create and start): %v", resume)
+	n := strings.Count(before, "\n")
+	waitLines(t, log2, n+10)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	h2.Wait(ctx)
+	require.NoError(t, h2.Close(t.Context()))
+
+	lines := strings.Split(strings.TrimSuffix(readLog(t, log2), "\n"), "\n")
+	require.Greater(t, len(lines), n+5)
+	for k, line := range lines {
+		want := strconv.Itoa(k + 1)
+		require.Equal(t, want+" "+want, line, "line %d of the log (the checkpoint was after line %d)", k+1, n)
+	}
+}
+
+// waitLines waits until the file holds at least n lines.
+func waitLines(t *testing.T, path string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Count(readLog(t, path), "\n") >= n }, time.Minute, 50*time.Millisecond)
+}
+
+// readLog returns the whole lines of a log file.
+func readLog(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	var sb strings.Builder
+	r := bufio.NewReader(f)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return sb.String()
+		}
+		sb.WriteString(line)
+	}
+}
+
+func TestRestoreRefusesTheReservedVariable(t *testing.T) {
+	b, labels := newTestBackend(t)
+	spec := sandbox.Spec{Image: testImage, Cmd: []string{"true"}, Labels: labels, Env: []string{runscrestore.EnvRestoreImage + "=" + t.TempDir()}}
+	pol := sandbox.DefaultPolicy()
+	pol.Runtime = sandbox.RuntimeGVisor
+	_, err := b.Create(t.Context(), spec, pol)
+	require.ErrorContains(t, err, "is reserved")
+	ids, err := b.listLabelled(t.Context(), labels)
+	require.NoError(t, err)
+	require.Empty(t, ids)
+}
+
+func TestRestoreNeedsGVisor(t *testing.T) {
+	b, labels := newTestBackend(t)
+	spec := sandbox.Spec{Image: testImage, Cmd: []string{"true"}, Labels: labels, RestoreFrom: t.TempDir()}
+	_, err := b.Create(t.Context(), spec, sandbox.DefaultPolicy())
+	require.ErrorIs(t, err, sandbox.ErrCheckpointUnsupported)
+	ids, err := b.listLabelled(t.Context(), labels)
+	require.NoError(t, err)
+	require.Empty(t, ids)
+}
+
+func TestCapabilitiesStateMemoryCheckpointsForGVisorOnly(t *testing.T) {
+	b, _ := newTestBackend(t)
+	needMemoryCheckpoints(t, b)
+	caps := b.Capabilities()
+	require.Equal(t, sandbox.CheckpointMemory, caps.CheckpointsFor(sandbox.RuntimeGVisor))
+	require.Equal(t, sandbox.CheckpointNone, caps.CheckpointsFor(""), "runc has no CRIU checkpoints here")
+	require.Equal(t, sandbox.CheckpointNone, caps.CheckpointsFor(RestoreRuntime), "the restore runtime is not a run's runtime")
+}
