@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/checkpoint"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker/runscrestore"
 )
@@ -53,13 +55,17 @@ func TestPauseResumeKeepsMemoryAcrossRunsRoots(t *testing.T) {
 	needMemoryCheckpoints(t, b)
 	pol := sandbox.DefaultPolicy()
 	pol.Runtime = sandbox.RuntimeGVisor
-	store := t.TempDir() // where the paused run's objects go
+	// Where the paused run's objects go.
+	store, err := persist.Open(t.Context(), "file://"+t.TempDir())
+	require.NoError(t, err)
+	defer store.Close()
 
 	// The first host: runs root 1.
 	root1 := t.TempDir()
 	runDir1 := filepath.Join(root1, "run")
 	require.NoError(t, os.MkdirAll(runDir1, 0o755))
-	log1, err := os.Create(filepath.Join(runDir1, "stdout.log"))
+	var log1 *os.File
+	log1, err = os.Create(filepath.Join(runDir1, "stdout.log"))
 	require.NoError(t, err)
 	spec := sandbox.Spec{
 		Image: testImage, Cmd: []string{"sh", "-c", counterScript}, Labels: labels, Timeout: 5 * time.Minute,
@@ -80,25 +86,30 @@ func TestPauseResumeKeepsMemoryAcrossRunsRoots(t *testing.T) {
 	require.NoError(t, log1.Close())
 	before := readLog(t, log1.Name())
 
-	archive, err := os.Create(filepath.Join(store, "checkpoint.tar.zst"))
+	ref := model.RunRef{UserID: "alice", ConversationID: "c1", TaskID: "t1", RunID: "r1"}
+	m, err := checkpoint.Save(t.Context(), store, ref, ckDir, checkpoint.Manifest{
+		Kind: sandbox.CheckpointMemory, Runtime: pol.Runtime, Created: time.Now(), StdoutOffset: int64(len(before)),
+	}, t.TempDir())
 	require.NoError(t, err)
-	m, err := checkpoint.Pack(ckDir, checkpoint.Manifest{Tenant: "alice", Run: "r1", Kind: sandbox.CheckpointMemory, Runtime: pol.Runtime, Created: time.Now(), StdoutOffset: int64(len(before))}, archive)
+	_, err = store.PutRunFile(t.Context(), ref, "output.log", strings.NewReader(before), "text/plain")
 	require.NoError(t, err)
-	require.NoError(t, archive.Close())
-	require.NoError(t, os.WriteFile(filepath.Join(store, "stdout.log"), []byte(before), 0o600))
 	require.NoError(t, os.RemoveAll(root1))
 	t.Logf("archive: %d bytes", m.Size)
 
-	// The second host: runs root 2.
+	// The second host: runs root 2, from what the store keeps and the
+	// manifest the run's record kept.
 	root2 := t.TempDir()
 	runDir2 := filepath.Join(root2, "run")
 	ckDir2 := filepath.Join(root2, "checkpoint")
 	require.NoError(t, os.MkdirAll(runDir2, 0o755))
 	require.NoError(t, os.Mkdir(ckDir2, 0o700))
-	_, err = checkpoint.Unpack(archive.Name(), checkpoint.Expect{Manifest: m}, ckDir2)
+	_, err = checkpoint.Load(t.Context(), store, ref, m, ckDir2, t.TempDir(), 0)
 	require.NoError(t, err)
-	saved, err := os.ReadFile(filepath.Join(store, "stdout.log"))
+	r, err := store.OpenRunFile(t.Context(), ref, "output.log")
 	require.NoError(t, err)
+	saved, err := io.ReadAll(r)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
 	require.Len(t, saved, int(m.StdoutOffset))
 	log2 := filepath.Join(runDir2, "stdout.log")
 	require.NoError(t, os.WriteFile(log2, saved, 0o600))
@@ -179,4 +190,68 @@ func TestCapabilitiesStateMemoryCheckpointsForGVisorOnly(t *testing.T) {
 	require.Equal(t, sandbox.CheckpointMemory, caps.CheckpointsFor(sandbox.RuntimeGVisor))
 	require.Equal(t, sandbox.CheckpointNone, caps.CheckpointsFor(""), "runc has no CRIU checkpoints here")
 	require.Equal(t, sandbox.CheckpointNone, caps.CheckpointsFor(RestoreRuntime), "the restore runtime is not a run's runtime")
+}
+
+// TestForksGoOnFromOneCheckpoint restores three sandboxes from one stored
+// checkpoint: each goes on from the counter the checkpoint held, with
+// memory and a tmpfs of its own.
+func TestForksGoOnFromOneCheckpoint(t *testing.T) {
+	b, labels := newTestBackend(t)
+	needMemoryCheckpoints(t, b)
+	pol := sandbox.DefaultPolicy()
+	pol.Runtime = sandbox.RuntimeGVisor
+	store, err := persist.Open(t.Context(), "file://"+t.TempDir())
+	require.NoError(t, err)
+	defer store.Close()
+	ref := model.RunRef{UserID: "alice", ConversationID: "c1", TaskID: "t1", RunID: "parent"}
+
+	runDir := t.TempDir()
+	logPath := filepath.Join(runDir, "stdout.log")
+	log, err := os.Create(logPath)
+	require.NoError(t, err)
+	spec := sandbox.Spec{
+		Image: testImage, Cmd: []string{"sh", "-c", counterScript}, Labels: labels, Timeout: 5 * time.Minute,
+		Mounts: []sandbox.Mount{{Source: runDir, Target: "/taskrun", ReadOnly: true}},
+	}
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: log, Stderr: io.Discard})
+	require.NoError(t, err)
+	waitLines(t, logPath, 5)
+	ckDir := t.TempDir()
+	require.NoError(t, b.Checkpoint(t.Context(), h, ckDir))
+	h.Wait(t.Context())
+	require.NoError(t, h.Close(t.Context()))
+	require.NoError(t, log.Close())
+	n := strings.Count(readLog(t, logPath), "\n")
+	m, err := checkpoint.Save(t.Context(), store, ref, ckDir, checkpoint.Manifest{Kind: sandbox.CheckpointMemory, Runtime: pol.Runtime, Created: time.Now()}, t.TempDir())
+	require.NoError(t, err)
+
+	const forks = 3
+	var handles []sandbox.Handle
+	var logs []string
+	for range forks {
+		dir := t.TempDir()
+		_, err := checkpoint.Load(t.Context(), store, ref, m, dir, t.TempDir(), 0)
+		require.NoError(t, err)
+		p := filepath.Join(t.TempDir(), "stdout.log")
+		out, err := os.Create(p)
+		require.NoError(t, err)
+		defer out.Close()
+		fs := spec
+		fs.RestoreFrom = dir
+		fh, err := b.Start(t.Context(), fs, pol, sandbox.Streams{Stdout: out, Stderr: io.Discard})
+		require.NoError(t, err)
+		handles, logs = append(handles, fh), append(logs, p)
+	}
+	for k, fh := range handles {
+		waitLines(t, logs[k], 5)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		fh.Wait(ctx)
+		require.NoError(t, fh.Close(t.Context()))
+		lines := strings.Split(strings.TrimSuffix(readLog(t, logs[k]), "\n"), "\n")
+		for j, line := range lines {
+			want := strconv.Itoa(n + j + 1)
+			require.Equal(t, want+" "+want, line, "fork %d, line %d", k, j+1)
+		}
+	}
 }
