@@ -71,7 +71,9 @@ type Manifest struct {
 	Created time.Time `json:"created"`
 	// StdoutOffset and StderrOffset are how many bytes of each stream the
 	// run had written when it was checkpointed: the resumed run's output
-	// is appended from there.
+	// is appended from there. The output is drained only once the sandbox
+	// stopped, after the archive was packed, so the run's record holds
+	// them (the archive's copy may hold zero).
 	StdoutOffset int64 `json:"stdout_offset"`
 	StderrOffset int64 `json:"stderr_offset"`
 	// Digest ("sha256:HEX") and Size are the archive's; Pack sets them and

@@ -14,6 +14,8 @@ import (
 	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/sandboxfake"
 )
 
 func openStore(t *testing.T) *persist.Store {
@@ -117,4 +119,21 @@ func copyObject(t *testing.T, st *persist.Store, from, to model.RunRef, name str
 	require.NoError(t, r.Close())
 	_, err = st.PutRunFile(t.Context(), to, name, bytes.NewReader(raw), "")
 	require.NoError(t, err)
+}
+
+func TestPauseAndResumeNeedABackendThatKeepsMemory(t *testing.T) {
+	st := openStore(t)
+	b := sandboxfake.New()
+	m := manifest()
+	_, err := checkpoint.Pause(t.Context(), b, nil, st, alice, m, t.TempDir())
+	require.ErrorIs(t, err, sandbox.ErrCheckpointUnsupported)
+
+	pol := sandbox.DefaultPolicy()
+	pol.Runtime = m.Runtime
+	_, _, err = checkpoint.Resume(t.Context(), b, st, alice, manifestOf(m, alice), sandbox.Spec{Image: "img"}, pol, sandbox.Streams{}, t.TempDir(), 0)
+	require.ErrorIs(t, err, sandbox.ErrCheckpointUnsupported)
+
+	pol.Runtime = ""
+	_, _, err = checkpoint.Resume(t.Context(), b, st, alice, manifestOf(m, alice), sandbox.Spec{Image: "img"}, pol, sandbox.Streams{}, t.TempDir(), 0)
+	require.ErrorContains(t, err, `paused under runtime "runsc"`)
 }

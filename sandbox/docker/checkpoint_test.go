@@ -75,36 +75,28 @@ func TestPauseResumeKeepsMemoryAcrossRunsRoots(t *testing.T) {
 	require.NoError(t, err)
 	waitLines(t, log1.Name(), 10)
 
-	ckDir := filepath.Join(root1, "checkpoint")
-	require.NoError(t, os.Mkdir(ckDir, 0o700))
+	ref := model.RunRef{UserID: "alice", ConversationID: "c1", TaskID: "t1", RunID: "r1"}
 	began := time.Now()
-	require.NoError(t, b.Checkpoint(t.Context(), h, ckDir))
+	m, err := checkpoint.Pause(t.Context(), b, h, store, ref, checkpoint.Manifest{Runtime: pol.Runtime}, root1)
+	require.NoError(t, err)
 	pause := time.Since(began)
 	res := h.Wait(t.Context())
 	require.NoError(t, h.Close(t.Context()))
-	t.Logf("checkpoint: %v, exit %d", pause, res.ExitCode)
+	t.Logf("pause (checkpoint, pack, store): %v, exit %d, archive %d bytes", pause, res.ExitCode, m.Size)
 	require.NoError(t, log1.Close())
 	before := readLog(t, log1.Name())
+	// The record keeps where the output stopped, once it was drained.
+	m.StdoutOffset = int64(len(before))
 
-	ref := model.RunRef{UserID: "alice", ConversationID: "c1", TaskID: "t1", RunID: "r1"}
-	m, err := checkpoint.Save(t.Context(), store, ref, ckDir, checkpoint.Manifest{
-		Kind: sandbox.CheckpointMemory, Runtime: pol.Runtime, Created: time.Now(), StdoutOffset: int64(len(before)),
-	}, t.TempDir())
-	require.NoError(t, err)
 	_, err = store.PutRunFile(t.Context(), ref, "output.log", strings.NewReader(before), "text/plain")
 	require.NoError(t, err)
 	require.NoError(t, os.RemoveAll(root1))
-	t.Logf("archive: %d bytes", m.Size)
 
 	// The second host: runs root 2, from what the store keeps and the
 	// manifest the run's record kept.
 	root2 := t.TempDir()
 	runDir2 := filepath.Join(root2, "run")
-	ckDir2 := filepath.Join(root2, "checkpoint")
 	require.NoError(t, os.MkdirAll(runDir2, 0o755))
-	require.NoError(t, os.Mkdir(ckDir2, 0o700))
-	_, err = checkpoint.Load(t.Context(), store, ref, m, ckDir2, t.TempDir(), 0)
-	require.NoError(t, err)
 	r, err := store.OpenRunFile(t.Context(), ref, "output.log")
 	require.NoError(t, err)
 	saved, err := io.ReadAll(r)
@@ -117,12 +109,11 @@ func TestPauseResumeKeepsMemoryAcrossRunsRoots(t *testing.T) {
 	require.NoError(t, err)
 	defer out.Close()
 	spec.Mounts = []sandbox.Mount{{Source: runDir2, Target: "/taskrun", ReadOnly: true}}
-	spec.RestoreFrom = ckDir2
 	began = time.Now()
-	h2, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: out, Stderr: io.Discard})
+	h2, _, err := checkpoint.Resume(t.Context(), b, store, ref, m, spec, pol, sandbox.Streams{Stdout: out, Stderr: io.Discard}, root2, 0)
 	require.NoError(t, err)
 	resume := time.Since(began)
-	t.Logf("restore (create and start): %v", resume)
+	t.Logf("resume (fetch, check, unpack, create and start): %v", resume)
 	n := strings.Count(before, "\n")
 	waitLines(t, log2, n+10)
 	ctx, cancel := context.WithCancel(t.Context())
