@@ -76,6 +76,10 @@ type Manifest struct {
 	// them (the archive's copy may hold zero).
 	StdoutOffset int64 `json:"stdout_offset"`
 	StderrOffset int64 `json:"stderr_offset"`
+	// Policy is the confinement the run had when it was paused; Resume
+	// refuses to restore it under a looser one (its uid may differ: a
+	// resumed run leases a fresh one).
+	Policy *sandbox.Policy `json:"policy,omitempty"`
 	// Digest ("sha256:HEX") and Size are the archive's; Pack sets them and
 	// they are not part of the archive's own copy of the manifest.
 	Digest string `json:"digest,omitempty"`

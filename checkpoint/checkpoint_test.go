@@ -19,7 +19,9 @@ import (
 )
 
 func manifest() checkpoint.Manifest {
-	return checkpoint.Manifest{
+	pol := sandbox.DefaultPolicy()
+	pol.Runtime = sandbox.RuntimeGVisor
+	return checkpoint.Manifest{Policy: &pol,
 		Tenant: "alice", Run: "run-1", Kind: sandbox.CheckpointMemory, Runtime: "runsc",
 		ImageDigest: "sha256:abc", Created: time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC), StdoutOffset: 42,
 	}

@@ -137,3 +137,38 @@ func TestPauseAndResumeNeedABackendThatKeepsMemory(t *testing.T) {
 	_, _, err = checkpoint.Resume(t.Context(), b, st, alice, manifestOf(m, alice), sandbox.Spec{Image: "img"}, pol, sandbox.Streams{}, t.TempDir(), 0)
 	require.ErrorContains(t, err, `paused under runtime "runsc"`)
 }
+
+func TestResumeRefusesALooserPolicy(t *testing.T) {
+	st := openStore(t)
+	m := manifestOf(manifest(), alice)
+	was := *m.Policy
+	loosen := map[string]func(p *sandbox.Policy){
+		"network": func(p *sandbox.Policy) { p.NetworkMode = "bridge" },
+		"rootfs":  func(p *sandbox.Policy) { p.ReadOnlyRootfs = false },
+		"memory":  func(p *sandbox.Policy) { p.MemoryBytes *= 2 },
+		"pids":    func(p *sandbox.Policy) { p.PidsLimit++ },
+		"cpus":    func(p *sandbox.Policy) { p.NanoCPUs *= 2 },
+		"tmpfs":   func(p *sandbox.Policy) { p.TmpfsSizeBytes *= 2 },
+		"nofile":  func(p *sandbox.Policy) { p.NoFile *= 2 },
+		"runtime": func(p *sandbox.Policy) { p.Runtime = "runsc-debug" },
+	}
+	for name, f := range loosen {
+		t.Run(name, func(t *testing.T) {
+			pol := was
+			f(&pol)
+			require.NotEmpty(t, checkpoint.Loosenings(pol, was))
+			want := m
+			want.Runtime = pol.Runtime
+			_, _, err := checkpoint.Resume(t.Context(), sandboxfake.New(), st, alice, want, sandbox.Spec{Image: "img"}, pol, sandbox.Streams{}, t.TempDir(), 0)
+			require.ErrorIs(t, err, checkpoint.ErrLooserPolicy)
+		})
+	}
+	// A fresh uid and tighter limits are no loosening.
+	pol := was
+	pol.User = "10042:10042"
+	pol.MemoryBytes /= 2
+	require.Empty(t, checkpoint.Loosenings(pol, was))
+	m.Policy = nil
+	_, _, err := checkpoint.Resume(t.Context(), sandboxfake.New(), st, alice, m, sandbox.Spec{Image: "img"}, was, sandbox.Streams{}, t.TempDir(), 0)
+	require.ErrorContains(t, err, "names no policy")
+}

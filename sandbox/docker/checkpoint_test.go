@@ -77,7 +77,7 @@ func TestPauseResumeKeepsMemoryAcrossRunsRoots(t *testing.T) {
 
 	ref := model.RunRef{UserID: "alice", ConversationID: "c1", TaskID: "t1", RunID: "r1"}
 	began := time.Now()
-	m, err := checkpoint.Pause(t.Context(), b, h, store, ref, checkpoint.Manifest{Runtime: pol.Runtime}, root1)
+	m, err := checkpoint.Pause(t.Context(), b, h, store, ref, checkpoint.Manifest{Runtime: pol.Runtime, Policy: &pol}, root1)
 	require.NoError(t, err)
 	pause := time.Since(began)
 	res := h.Wait(t.Context())
