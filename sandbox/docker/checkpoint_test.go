@@ -44,9 +44,24 @@ func needMemoryCheckpoints(t *testing.T, b *Backend) {
 // grows with it.
 const counterScript = `i=0; while :; do i=$((i+1)); echo $i >>/tmp/trail; echo "$i $(wc -l </tmp/trail)"; sleep 0.05; done`
 
+// readerScript is counterScript that also reads the next line of
+// /taskrun/input through a descriptor it keeps open: its offset lives in
+// the sandbox too.
+const readerScript = `exec 3</taskrun/input; i=0; while :; do i=$((i+1)); read -r line <&3; echo $i >>/tmp/trail; echo "$i $(wc -l </tmp/trail) $line"; sleep 0.05; done`
+
+// writeInput writes the lines readerScript reads into dir/input.
+func writeInput(t *testing.T, dir string) {
+	t.Helper()
+	var sb strings.Builder
+	for k := 1; k <= 20000; k++ {
+		fmt.Fprintf(&sb, "line%d\n", k)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "input"), []byte(sb.String()), 0o644))
+}
+
 // TestPauseResumeKeepsMemoryAcrossRunsRoots is the memory checkpoint's
-// end-to-end test: a gVisor run whose state is only in memory and on its
-// tmpfs is checkpointed, packed as it would be stored, its host files are
+// end-to-end test: a gVisor run whose state is only in memory (a counter,
+// the offset of a file it reads) and on its tmpfs is checkpointed, packed as it would be stored, its host files are
 // removed, and it is restored from the unpacked archive under another runs
 // root, with its output appended to the log: the log has no gap and no
 // repeated line.
@@ -64,11 +79,12 @@ func TestPauseResumeKeepsMemoryAcrossRunsRoots(t *testing.T) {
 	root1 := t.TempDir()
 	runDir1 := filepath.Join(root1, "run")
 	require.NoError(t, os.MkdirAll(runDir1, 0o755))
+	writeInput(t, runDir1)
 	var log1 *os.File
 	log1, err = os.Create(filepath.Join(runDir1, "stdout.log"))
 	require.NoError(t, err)
 	spec := sandbox.Spec{
-		Image: testImage, Cmd: []string{"sh", "-c", counterScript}, Labels: labels, Timeout: 5 * time.Minute,
+		Image: testImage, Cmd: []string{"sh", "-c", readerScript}, Labels: labels, Timeout: 5 * time.Minute,
 		Mounts: []sandbox.Mount{{Source: runDir1, Target: "/taskrun", ReadOnly: true}},
 	}
 	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: log1, Stderr: io.Discard})
@@ -97,6 +113,7 @@ func TestPauseResumeKeepsMemoryAcrossRunsRoots(t *testing.T) {
 	root2 := t.TempDir()
 	runDir2 := filepath.Join(root2, "run")
 	require.NoError(t, os.MkdirAll(runDir2, 0o755))
+	writeInput(t, runDir2) // the run's files, which the host keeps as for any run
 	r, err := store.OpenRunFile(t.Context(), ref, "output.log")
 	require.NoError(t, err)
 	saved, err := io.ReadAll(r)
@@ -125,7 +142,7 @@ func TestPauseResumeKeepsMemoryAcrossRunsRoots(t *testing.T) {
 	require.Greater(t, len(lines), n+5)
 	for k, line := range lines {
 		want := strconv.Itoa(k + 1)
-		require.Equal(t, want+" "+want, line, "line %d of the log (the checkpoint was after line %d)", k+1, n)
+		require.Equal(t, want+" "+want+" line"+want, line, "line %d of the log (the checkpoint was after line %d)", k+1, n)
 	}
 }
 
