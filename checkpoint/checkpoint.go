@@ -189,12 +189,17 @@ type Expect struct {
 // tenant and run (else ErrForeign). An entry that is not a regular file or
 // directory, or whose name leaves dst, fails with ErrUnsafeEntry.
 func Unpack(archivePath string, want Expect, dst string) (Manifest, error) {
-	if want.Manifest.Digest == "" || want.Manifest.Tenant == "" || want.Manifest.Run == "" {
-		return Manifest{}, fmt.Errorf("checkpoint: unpack %s: the expected digest, tenant and run must be set", archivePath)
-	}
 	got, err := fileDigest(archivePath)
 	if err != nil {
 		return Manifest{}, err
+	}
+	return unpack(archivePath, got, want, dst)
+}
+
+// unpack is Unpack of the archive at archivePath whose digest is got.
+func unpack(archivePath, got string, want Expect, dst string) (Manifest, error) {
+	if want.Manifest.Digest == "" || want.Manifest.Tenant == "" || want.Manifest.Run == "" {
+		return Manifest{}, fmt.Errorf("checkpoint: unpack %s: the expected digest, tenant and run must be set", archivePath)
 	}
 	if got != want.Manifest.Digest {
 		return Manifest{}, fmt.Errorf("checkpoint: %s: %w: the archive is %s, the run's record names %s; it was changed after the run was paused",

@@ -41,7 +41,7 @@ func Loosenings(pol, was sandbox.Policy) []string {
 // the checkpoint as objects of the run (Save). m carries what the caller
 // knows of the run (its runtime, policy and image digest); Kind and
 // Created are set here. workDir is a host directory for the checkpoint
-// while it is packed; it is left empty. The sandbox is stopped: the caller
+// while it is packed and stored; it is left as it was. The sandbox is stopped: the caller
 // waits for h and closes it. The manifest returned is for the run's
 // record, which Resume checks the stored checkpoint against.
 func Pause(ctx context.Context, b sandbox.Backend, h sandbox.Handle, st Storage, ref model.RunRef, m Manifest, workDir string) (Manifest, error) {
@@ -62,7 +62,7 @@ func Pause(ctx context.Context, b sandbox.Backend, h sandbox.Handle, st Storage,
 		return m, fmt.Errorf("checkpoint: pause run %s: %w", ref.RunID, err)
 	}
 	m.Kind, m.Created = kind, time.Now().UTC()
-	return Save(ctx, st, ref, dir, m, workDir)
+	return Save(ctx, st, ref, dir, m)
 }
 
 // Resume restores run ref from the checkpoint stored for it: it loads and

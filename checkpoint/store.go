@@ -3,7 +3,10 @@ package checkpoint
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -32,29 +35,32 @@ type Storage interface {
 }
 
 // Save packs the checkpoint directory dir and stores it as objects of run
-// ref, under ref's tenant. m's Tenant and Run are set from ref. tmpDir
-// holds the archive while it is uploaded. The manifest returned names the
+// ref, under ref's tenant. m's Tenant and Run are set from ref. The
+// manifest returned names the
 // archive's digest: keep it in the run's record, since Load checks the
 // archive against it.
-func Save(ctx context.Context, st Storage, ref model.RunRef, dir string, m Manifest, tmpDir string) (Manifest, error) {
+func Save(ctx context.Context, st Storage, ref model.RunRef, dir string, m Manifest) (Manifest, error) {
 	if err := ref.Validate(); err != nil {
 		return m, fmt.Errorf("checkpoint: save: %w", err)
 	}
 	m.Tenant, m.Run = ref.UserID, ref.RunID
-	f, err := os.CreateTemp(tmpDir, "checkpoint-*.tar.zst")
-	if err != nil {
-		return m, fmt.Errorf("checkpoint: save: %w", err)
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	if m, err = Pack(dir, m, f); err != nil {
+	// The archive streams to the store as it is packed: no copy of it
+	// is written on the host.
+	pr, pw := io.Pipe()
+	packed := make(chan error, 1)
+	go func() {
+		var err error
+		m, err = Pack(dir, m, pw)
+		pw.CloseWithError(err)
+		packed <- err
+	}()
+	_, putErr := st.PutRunFile(ctx, ref, ArchiveObject, pr, archiveType)
+	pr.CloseWithError(errors.Join(putErr, io.ErrClosedPipe))
+	if err := <-packed; err != nil {
 		return m, err
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return m, fmt.Errorf("checkpoint: save: %w", err)
-	}
-	if _, err := st.PutRunFile(ctx, ref, ArchiveObject, f, archiveType); err != nil {
-		return m, fmt.Errorf("checkpoint: store the archive of run %s: %w", ref.RunID, err)
+	if putErr != nil {
+		return m, fmt.Errorf("checkpoint: store the archive of run %s: %w", ref.RunID, putErr)
 	}
 	raw, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
@@ -87,11 +93,12 @@ func Load(ctx context.Context, st Storage, ref model.RunRef, want Manifest, dst,
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	if _, err := io.Copy(f, r); err != nil {
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(f, h), r); err != nil {
 		return Manifest{}, fmt.Errorf("checkpoint: fetch the archive of run %s: %w", ref.RunID, err)
 	}
 	if err := f.Close(); err != nil {
 		return Manifest{}, fmt.Errorf("checkpoint: load: %w", err)
 	}
-	return Unpack(f.Name(), Expect{Manifest: want, MaxBytes: maxBytes}, dst)
+	return unpack(f.Name(), "sha256:"+hex.EncodeToString(h.Sum(nil)), Expect{Manifest: want, MaxBytes: maxBytes}, dst)
 }

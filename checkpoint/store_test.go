@@ -40,7 +40,7 @@ var (
 
 func TestSaveLoadUnderTheTenantsPrefix(t *testing.T) {
 	st := openStore(t)
-	m, err := checkpoint.Save(t.Context(), st, alice, checkpointDir(t), manifest(), t.TempDir())
+	m, err := checkpoint.Save(t.Context(), st, alice, checkpointDir(t), manifest())
 	require.NoError(t, err)
 	require.Equal(t, "alice", m.Tenant)
 	require.Equal(t, "r1", m.Run)
@@ -74,7 +74,7 @@ func manifestOf(m checkpoint.Manifest, ref model.RunRef) checkpoint.Manifest {
 
 func TestLoadRefusesACheckpointPlantedFromAnotherTenant(t *testing.T) {
 	st := openStore(t)
-	m, err := checkpoint.Save(t.Context(), st, alice, checkpointDir(t), manifest(), t.TempDir())
+	m, err := checkpoint.Save(t.Context(), st, alice, checkpointDir(t), manifest())
 	require.NoError(t, err)
 	copyObject(t, st, alice, bob, checkpoint.ArchiveObject)
 
@@ -94,11 +94,11 @@ func TestLoadRefusesACheckpointPlantedFromAnotherTenant(t *testing.T) {
 
 func TestLoadRefusesAReplacedArchive(t *testing.T) {
 	st := openStore(t)
-	m, err := checkpoint.Save(t.Context(), st, alice, checkpointDir(t), manifest(), t.TempDir())
+	m, err := checkpoint.Save(t.Context(), st, alice, checkpointDir(t), manifest())
 	require.NoError(t, err)
 	other := checkpointDir(t)
 	require.NoError(t, os.WriteFile(filepath.Join(other, "checkpoint.img"), []byte("another memory"), 0o600))
-	_, err = checkpoint.Save(t.Context(), st, alice, other, manifest(), t.TempDir())
+	_, err = checkpoint.Save(t.Context(), st, alice, other, manifest())
 	require.NoError(t, err)
 
 	dst := t.TempDir()
@@ -171,4 +171,14 @@ func TestResumeRefusesALooserPolicy(t *testing.T) {
 	m.Policy = nil
 	_, _, err := checkpoint.Resume(t.Context(), sandboxfake.New(), st, alice, m, sandbox.Spec{Image: "img"}, was, sandbox.Streams{}, t.TempDir(), 0)
 	require.ErrorContains(t, err, "names no policy")
+}
+
+func TestSaveOfAnUnpackableDirectoryStoresNothing(t *testing.T) {
+	st := openStore(t)
+	dir := checkpointDir(t)
+	require.NoError(t, os.Symlink("/etc/passwd", filepath.Join(dir, "zlink")))
+	_, err := checkpoint.Save(t.Context(), st, alice, dir, manifest())
+	require.ErrorContains(t, err, "not a regular file")
+	_, err = st.OpenRunFile(t.Context(), alice, checkpoint.ArchiveObject)
+	require.ErrorIs(t, err, persist.ErrNotFound)
 }

@@ -230,7 +230,7 @@ func TestForksGoOnFromOneCheckpoint(t *testing.T) {
 	require.NoError(t, h.Close(t.Context()))
 	require.NoError(t, log.Close())
 	n := strings.Count(readLog(t, logPath), "\n")
-	m, err := checkpoint.Save(t.Context(), store, ref, ckDir, checkpoint.Manifest{Kind: sandbox.CheckpointMemory, Runtime: pol.Runtime, Created: time.Now()}, t.TempDir())
+	m, err := checkpoint.Save(t.Context(), store, ref, ckDir, checkpoint.Manifest{Kind: sandbox.CheckpointMemory, Runtime: pol.Runtime, Created: time.Now()})
 	require.NoError(t, err)
 
 	const forks = 3
