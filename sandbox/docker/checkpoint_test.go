@@ -263,3 +263,44 @@ func TestForksGoOnFromOneCheckpoint(t *testing.T) {
 		}
 	}
 }
+
+// TestPauseTwice pauses a run, resumes it, and pauses and resumes it
+// again: a restored sandbox checkpoints like any other.
+func TestPauseTwice(t *testing.T) {
+	b, labels := newTestBackend(t)
+	needMemoryCheckpoints(t, b)
+	pol := sandbox.DefaultPolicy()
+	pol.Runtime = sandbox.RuntimeGVisor
+	store, err := persist.Open(t.Context(), "file://"+t.TempDir())
+	require.NoError(t, err)
+	defer store.Close()
+	ref := model.RunRef{UserID: "alice", ConversationID: "c1", TaskID: "t1", RunID: "twice"}
+	logPath := filepath.Join(t.TempDir(), "stdout.log")
+	out, err := os.Create(logPath)
+	require.NoError(t, err)
+	defer out.Close()
+	streams := sandbox.Streams{Stdout: out, Stderr: io.Discard}
+	spec := sandbox.Spec{Image: testImage, Cmd: []string{"sh", "-c", counterScript}, Labels: labels, Timeout: 5 * time.Minute}
+	h, err := b.Start(t.Context(), spec, pol, streams)
+	require.NoError(t, err)
+	lines := 5
+	for range 2 {
+		waitLines(t, logPath, lines)
+		m, err := checkpoint.Pause(t.Context(), b, h, store, ref, checkpoint.Manifest{Runtime: pol.Runtime, Policy: &pol}, t.TempDir())
+		require.NoError(t, err)
+		h.Wait(t.Context())
+		require.NoError(t, h.Close(t.Context()))
+		lines = strings.Count(readLog(t, logPath), "\n") + 5
+		h, _, err = checkpoint.Resume(t.Context(), b, store, ref, m, spec, pol, streams, t.TempDir(), 0)
+		require.NoError(t, err)
+	}
+	waitLines(t, logPath, lines)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	h.Wait(ctx)
+	require.NoError(t, h.Close(t.Context()))
+	for k, line := range strings.Split(strings.TrimSuffix(readLog(t, logPath), "\n"), "\n") {
+		want := strconv.Itoa(k + 1)
+		require.Equal(t, want+" "+want, line, "line %d", k+1)
+	}
+}
