@@ -27,11 +27,18 @@ const (
 )
 
 // checkpointRuntimes returns what a checkpoint keeps per runtime: memory for
-// gVisor runs when the engine has both runsc and the restore runtime
-// registered, and runsc's binary is on this host, nothing otherwise. It asks
+// gVisor runs when the engine is on this host (a unix socket), has both
+// runsc and the restore runtime registered, and runsc's binary is here;
+// nothing otherwise. It asks
 // the engine once per Backend.
 func (b *Backend) checkpointRuntimes() map[string]sandbox.CheckpointKind {
 	b.ckOnce.Do(func() {
+		if host := b.api.DaemonHost(); !strings.HasPrefix(host, "unix://") {
+			// runsc runs here, on the engine's state: a remote engine's
+			// sandboxes are not this host's to checkpoint.
+			b.log.Debug("no memory checkpoints: the engine is not on this host", "host", host)
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
 		defer cancel()
 		info, err := b.api.Info(ctx)
