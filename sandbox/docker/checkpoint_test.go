@@ -304,3 +304,22 @@ func TestPauseTwice(t *testing.T) {
 		require.Equal(t, want+" "+want, line, "line %d", k+1)
 	}
 }
+
+// TestRestoreRuntimePassesOtherContainersThrough runs a container that
+// asks for no restore under the restore runtime: it is a plain gVisor run.
+func TestRestoreRuntimePassesOtherContainersThrough(t *testing.T) {
+	b, labels := newTestBackend(t)
+	needMemoryCheckpoints(t, b)
+	pol := sandbox.DefaultPolicy()
+	pol.Runtime = RestoreRuntime
+	var out strings.Builder
+	h, err := b.Start(t.Context(), sandbox.Spec{Image: testImage, Cmd: []string{"sh", "-c", "echo hello; dmesg | head -n 1"}, Labels: labels, Timeout: time.Minute},
+		pol, sandbox.Streams{Stdout: &out, Stderr: io.Discard})
+	require.NoError(t, err)
+	res := h.Wait(t.Context())
+	require.NoError(t, h.Close(t.Context()))
+	require.NoError(t, res.Err)
+	require.Equal(t, 0, res.ExitCode)
+	require.Contains(t, out.String(), "hello\n")
+	require.Contains(t, out.String(), "gVisor", "the sandbox runs under gVisor")
+}
