@@ -200,9 +200,16 @@ func TestCapabilitiesStateMemoryCheckpointsForGVisorOnly(t *testing.T) {
 	require.Equal(t, sandbox.CheckpointNone, caps.CheckpointsFor(RestoreRuntime), "the restore runtime is not a run's runtime")
 }
 
-// TestForksGoOnFromOneCheckpoint restores three sandboxes from one stored
-// checkpoint: each goes on from the counter the checkpoint held, with
-// memory and a tmpfs of its own.
+// forkScript is counterScript that also appends each value to
+// /work/changes, a file of the run's writable workspace, opened by its path
+// each time.
+const forkScript = `i=0; while :; do i=$((i+1)); echo $i >>/tmp/trail; echo $i >>/work/changes; echo "$i $(wc -l </tmp/trail)"; sleep 0.05; done`
+
+// TestForksGoOnFromOneCheckpoint pauses a run and resumes, from its one
+// stored checkpoint, the run itself and four forks, each with a workspace
+// of its own: each goes on from the counter the checkpoint held, with
+// memory and a tmpfs of its own, and writes its changes to its own
+// workspace only; the parent's workspace holds the parent's alone.
 func TestForksGoOnFromOneCheckpoint(t *testing.T) {
 	b, labels := newTestBackend(t)
 	needMemoryCheckpoints(t, b)
@@ -212,41 +219,48 @@ func TestForksGoOnFromOneCheckpoint(t *testing.T) {
 	require.NoError(t, err)
 	defer store.Close()
 	ref := model.RunRef{UserID: "alice", ConversationID: "c1", TaskID: "t1", RunID: "parent"}
+	workspace := func() string {
+		dir := t.TempDir()
+		require.NoError(t, os.Chmod(dir, 0o777))
+		return dir
+	}
 
-	runDir := t.TempDir()
-	logPath := filepath.Join(runDir, "stdout.log")
+	parentWork := workspace()
+	logPath := filepath.Join(t.TempDir(), "stdout.log")
 	log, err := os.Create(logPath)
 	require.NoError(t, err)
 	spec := sandbox.Spec{
-		Image: testImage, Cmd: []string{"sh", "-c", counterScript}, Labels: labels, Timeout: 5 * time.Minute,
-		Mounts: []sandbox.Mount{{Source: runDir, Target: "/taskrun", ReadOnly: true}},
+		Image: testImage, Cmd: []string{"sh", "-c", forkScript}, Labels: labels, Timeout: 5 * time.Minute,
+		Mounts: []sandbox.Mount{{Source: parentWork, Target: "/work"}},
 	}
 	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: log, Stderr: io.Discard})
 	require.NoError(t, err)
 	waitLines(t, logPath, 5)
-	ckDir := t.TempDir()
-	require.NoError(t, b.Checkpoint(t.Context(), h, ckDir))
+	m, err := checkpoint.Pause(t.Context(), b, h, store, ref, checkpoint.Manifest{Runtime: pol.Runtime, Policy: &pol}, t.TempDir())
+	require.NoError(t, err)
 	h.Wait(t.Context())
 	require.NoError(t, h.Close(t.Context()))
 	require.NoError(t, log.Close())
 	n := strings.Count(readLog(t, logPath), "\n")
-	m, err := checkpoint.Save(t.Context(), store, ref, ckDir, checkpoint.Manifest{Kind: sandbox.CheckpointMemory, Runtime: pol.Runtime, Created: time.Now()})
-	require.NoError(t, err)
+	c := strings.Count(readLog(t, filepath.Join(parentWork, "changes")), "\n")
+	require.GreaterOrEqual(t, c, n)
 
-	const forks = 3
+	// The parent goes on in its own workspace, each fork in a new one.
+	const forks = 4
+	works := []string{parentWork}
+	for range forks {
+		works = append(works, workspace())
+	}
 	var handles []sandbox.Handle
 	var logs []string
-	for range forks {
-		dir := t.TempDir()
-		_, err := checkpoint.Load(t.Context(), store, ref, m, dir, t.TempDir(), 0)
-		require.NoError(t, err)
+	for _, work := range works {
 		p := filepath.Join(t.TempDir(), "stdout.log")
 		out, err := os.Create(p)
 		require.NoError(t, err)
 		defer out.Close()
 		fs := spec
-		fs.RestoreFrom = dir
-		fh, err := b.Start(t.Context(), fs, pol, sandbox.Streams{Stdout: out, Stderr: io.Discard})
+		fs.Mounts = []sandbox.Mount{{Source: work, Target: "/work"}}
+		fh, _, err := checkpoint.Resume(t.Context(), b, store, ref, m, fs, pol, sandbox.Streams{Stdout: out, Stderr: io.Discard}, t.TempDir(), 0)
 		require.NoError(t, err)
 		handles, logs = append(handles, fh), append(logs, p)
 	}
@@ -259,7 +273,16 @@ func TestForksGoOnFromOneCheckpoint(t *testing.T) {
 		lines := strings.Split(strings.TrimSuffix(readLog(t, logs[k]), "\n"), "\n")
 		for j, line := range lines {
 			want := strconv.Itoa(n + j + 1)
-			require.Equal(t, want+" "+want, line, "fork %d, line %d", k, j+1)
+			require.Equal(t, want+" "+want, line, "sandbox %d (0 is the parent), stdout line %d", k, j+1)
+		}
+		first := 1 // the parent's workspace holds its values from the start
+		if k > 0 {
+			first = c + 1 // a fork's holds only its own, from the checkpoint on
+		}
+		changes := strings.Split(strings.TrimSuffix(readLog(t, filepath.Join(works[k], "changes")), "\n"), "\n")
+		require.Greater(t, len(changes), 1)
+		for j, v := range changes {
+			require.Equal(t, strconv.Itoa(first+j), v, "sandbox %d (0 is the parent), changes line %d", k, j+1)
 		}
 	}
 }
