@@ -22,6 +22,9 @@
 //   - the warm pool (package warmpool): claim → first stdout byte, median
 //     and p95, beside a cold RunTask's and `docker run`'s first byte, and
 //     runs per minute at 8 concurrent runs, warm against cold.
+//   - memory checkpoints of gVisor runs (package checkpoint): pause time per
+//     GiB, resume time of a sandbox holding 256 MiB, and the time to fork 4
+//     from one checkpoint, beside a cold gVisor run's first byte.
 //
 // Run it with `make bench` or `go run ./bench` (the image
 // taskrun/testbox:local must exist: `make images`). Every container it
@@ -124,6 +127,7 @@ func runAll(ctx context.Context, c config) ([]row, *breakdown, error) {
 		{"worker", workerThroughput},
 		{"warm pool first byte", warmFirstByte},
 		{"warm pool throughput", warmThroughput},
+		{"checkpoint", checkpointBench},
 	} {
 		if !strings.Contains(s.name, c.only) {
 			continue

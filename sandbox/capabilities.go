@@ -39,6 +39,10 @@ type Capabilities struct {
 	// it died, and removes the containers of executors proven gone, so a
 	// host recovers the runs of its dead executors on it.
 	ListsContainers bool
+	// Checkpoints says, by runtime (Policy.Runtime), what a checkpoint of a
+	// live sandbox keeps, for a backend that implements Checkpointer; a
+	// runtime not listed gets CheckpointNone (see CheckpointsFor).
+	Checkpoints map[string]CheckpointKind
 }
 
 // Capable is implemented by a Backend that states its Capabilities.

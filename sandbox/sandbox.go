@@ -161,6 +161,11 @@ type Spec struct {
 	// volume); 0 leaves the backend's default. A bind mount (Docker) is
 	// capped on the host instead, where the run directory lives.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// RestoreFrom, when set, is a host directory holding a checkpoint
+	// (Checkpointer.Checkpoint): the sandbox is restored from it and goes
+	// on where it stopped instead of running Cmd. Only a Checkpointer
+	// backend accepts it.
+	RestoreFrom string `json:"restore_from,omitempty"`
 }
 
 // Result is how a run ended.

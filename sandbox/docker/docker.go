@@ -72,6 +72,13 @@ type Backend struct {
 
 	mu   sync.Mutex
 	live map[string]*handle
+
+	// ckOnce guards ckKinds and runsc, read from the engine once (see
+	// checkpointRuntimes); runscRoot is runsc's state directory.
+	ckOnce    sync.Once
+	ckKinds   map[string]sandbox.CheckpointKind
+	runsc     string
+	runscRoot string
 }
 
 // Option configures a Backend.
@@ -129,6 +136,7 @@ func New(ctx context.Context, opts ...Option) (*Backend, error) {
 		drainIdle:   DefaultDrainIdle,
 		now:         time.Now,
 		live:        map[string]*handle{},
+		runscRoot:   DefaultRunscRoot,
 	}
 	for _, o := range opts {
 		o(b)
@@ -178,11 +186,15 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec, pol sandbox.Pol
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
+	spec, pol, err := b.restoreSpec(spec, pol)
+	if err != nil {
+		return nil, err
+	}
 	if spec.StopGrace <= 0 {
 		spec.StopGrace = b.stopGrace
 	}
 	defer timings.FromContext(ctx).Start(timings.Create)()
-	spec, err := b.resolveWrapper(ctx, spec)
+	spec, err = b.resolveWrapper(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -365,7 +377,9 @@ var (
 // Capabilities states what the Docker backend does beyond sandbox.Backend
 // (sandbox.Capable): it creates ahead, bind-mounts the run directory,
 // describes its engine, resolves images, limits pids per container and
-// samples a container's cgroup counters through the engine's stats.
+// samples a container's cgroup counters through the engine's stats. It
+// keeps the memory of gVisor runs in a checkpoint when the engine has the
+// restore runtime (Checkpoint).
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
 		Kind:           sandbox.BackendDocker,
@@ -378,5 +392,6 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		Stats:          true,
 		// ListsContainers: orphan.go and ReapGone.
 		ListsContainers: true,
+		Checkpoints:     b.checkpointRuntimes(),
 	}
 }

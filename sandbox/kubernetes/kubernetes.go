@@ -250,6 +250,9 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 	if spec.Image == "" {
 		return nil, errors.New("sandbox spec: image is empty; set Spec.Image to an image loaded on the cluster's nodes")
 	}
+	if spec.RestoreFrom != "" {
+		return nil, fmt.Errorf("sandbox spec: restore from %s: %w on Kubernetes (containerd's CRI has no checkpoint call)", spec.RestoreFrom, sandbox.ErrCheckpointUnsupported)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

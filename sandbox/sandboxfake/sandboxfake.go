@@ -228,6 +228,9 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec, policy sandbox.
 	if err := b.CheckImage(ctx, spec.Image); err != nil {
 		return nil, err
 	}
+	if spec.RestoreFrom != "" {
+		return nil, fmt.Errorf("sandboxfake: restore from %s: %w", spec.RestoreFrom, sandbox.ErrCheckpointUnsupported)
+	}
 	for _, m := range spec.Mounts {
 		if !filepath.IsAbs(m.Source) || !path.IsAbs(m.Target) {
 			return nil, fmt.Errorf("sandboxfake: mount %s -> %s: both paths must be absolute", m.Source, m.Target)

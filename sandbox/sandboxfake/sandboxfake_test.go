@@ -111,3 +111,9 @@ func TestHostPathPicksTheDeepestMount(t *testing.T) {
 	h.Wait(t.Context())
 	assert.Equal(t, []string{filepath.Join(inner, "file"), filepath.Join(outer, "other"), "ro", "unmapped"}, <-got)
 }
+
+func TestCreateRefusesARestore(t *testing.T) {
+	b := sandboxfake.New()
+	_, err := b.Create(t.Context(), sandbox.Spec{Image: "img", RestoreFrom: t.TempDir()}, sandbox.DefaultPolicy())
+	require.ErrorIs(t, err, sandbox.ErrCheckpointUnsupported)
+}
