@@ -116,12 +116,7 @@ func (c *Client) Run(ctx context.Context, req RunRequest, dir string, stdout, st
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		var eb ErrorBody
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
-			eb.Error = fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(data))
-		}
-		return nil, &RefusedError{Status: resp.StatusCode, Message: eb.Error}
+		return nil, refused(resp)
 	}
 	stop := context.AfterFunc(ctx, func() { c.cancel(req.RunID) })
 	defer stop()
@@ -134,6 +129,8 @@ func (c *Client) Run(ctx context.Context, req RunRequest, dir string, stdout, st
 		switch {
 		case fr.Result != nil:
 			return fr.Result, nil
+		case fr.Started != "":
+			return &Result{}, nil
 		case fr.Stdout != nil:
 			_, _ = stdout.Write(fr.Stdout)
 		case fr.Stderr != nil:
@@ -152,5 +149,83 @@ func (c *Client) cancel(runID string) {
 	}
 	if resp, err := c.http.Do(req); err == nil {
 		resp.Body.Close()
+	}
+}
+
+// refused reads a refused response's error.
+func refused(resp *http.Response) error {
+	var eb ErrorBody
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
+		eb.Error = fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(data))
+	}
+	return &RefusedError{Status: resp.StatusCode, Message: eb.Error}
+}
+
+// Start asks the daemon for req as a keep-alive run (with the workspace
+// dir when not empty) and returns once it runs; it lives on in the
+// daemon until Stop, its idle timeout or its run timeout.
+func (c *Client) Start(ctx context.Context, req RunRequest, dir string) error {
+	req.KeepAlive = true
+	res, err := c.Run(ctx, req, dir, io.Discard, io.Discard)
+	if err != nil {
+		return err
+	}
+	if res.Error != "" {
+		return errors.New(res.Error)
+	}
+	return nil
+}
+
+// Stop stops the caller's live run runID: its record says it was cancelled.
+func (c *Client) Stop(ctx context.Context, runID string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/cancel", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return refused(resp)
+	}
+	return nil
+}
+
+// Exec runs req in the caller's live run runID, copies its output to
+// stdout and stderr as it comes and returns how it ended.
+func (c *Client) Exec(ctx context.Context, runID string, req ExecRequest, stdout, stderr io.Writer) (*ExecResult, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/exec", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, refused(resp)
+	}
+	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
+	for {
+		var fr Frame
+		if err := dec.Decode(&fr); err != nil {
+			return nil, fmt.Errorf("%w: command in run %s has no result: %w", ErrDaemonGone, runID, err)
+		}
+		switch {
+		case fr.Exec != nil:
+			return fr.Exec, nil
+		case fr.Stdout != nil:
+			_, _ = stdout.Write(fr.Stdout)
+		case fr.Stderr != nil:
+			_, _ = stderr.Write(fr.Stderr)
+		}
 	}
 }
