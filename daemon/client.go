@@ -229,3 +229,75 @@ func (c *Client) Exec(ctx context.Context, runID string, req ExecRequest, stdout
 		}
 	}
 }
+
+// files calls the file API of the caller's live run runID.
+func (c *Client) files(ctx context.Context, method, runID, path, op string, body io.Reader) (*http.Response, error) {
+	q := url.Values{"path": {path}}
+	if op != "" {
+		q.Set("op", op)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/files?"+q.Encode(), body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, refused(resp)
+	}
+	return resp, nil
+}
+
+// ReadFile reads path, under the home of the caller's live run runID.
+func (c *Client) ReadFile(ctx context.Context, runID, path string) ([]byte, error) {
+	resp, err := c.files(ctx, http.MethodGet, runID, path, "", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return io.ReadAll(io.LimitReader(resp.Body, MaxFileBytes))
+}
+
+// WriteFile writes data to path (created or truncated, owned by the
+// run's user), under the home of the caller's live run runID.
+func (c *Client) WriteFile(ctx context.Context, runID, path string, data []byte) error {
+	resp, err := c.files(ctx, http.MethodPut, runID, path, "", bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
+
+// Stat describes path (a symlink itself, not its target).
+func (c *Client) Stat(ctx context.Context, runID, path string) (*FileInfo, error) {
+	resp, err := c.files(ctx, http.MethodGet, runID, path, "stat", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var fi FileInfo
+	return &fi, json.NewDecoder(resp.Body).Decode(&fi)
+}
+
+// List lists the directory path.
+func (c *Client) List(ctx context.Context, runID, path string) ([]FileInfo, error) {
+	resp, err := c.files(ctx, http.MethodGet, runID, path, "list", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var list []FileInfo
+	return list, json.NewDecoder(resp.Body).Decode(&list)
+}
+
+// Remove removes path (an empty directory, a file or a symlink).
+func (c *Client) Remove(ctx context.Context, runID, path string) error {
+	resp, err := c.files(ctx, http.MethodDelete, runID, path, "", nil)
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}

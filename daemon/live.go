@@ -164,7 +164,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 		refuse(w, http.StatusNotImplemented, err)
 		return
 	}
-	id, user, err := docker.RunContainer(r.Context(), cli, run.ref.RunID, run.ref.UserID, "")
+	id, user, err := dockerRunContainer(r.Context(), cli, run)
 	if err != nil {
 		refuse(w, http.StatusConflict, err)
 		return
@@ -187,4 +187,9 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("record a live run's command", "run", run.ref.RunID, "err", perr)
 	}
 	fw.write(Frame{Exec: res})
+}
+
+// dockerRunContainer is the live run's container and its user.
+func dockerRunContainer(ctx context.Context, cli client.APIClient, run *liveRun) (id, user string, err error) {
+	return docker.RunContainer(ctx, cli, run.ref.RunID, run.ref.UserID, "")
 }

@@ -166,6 +166,7 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("POST "+PathRuns, func(w http.ResponseWriter, r *http.Request) { s.serveRun(ctx, w, r) })
 	mux.HandleFunc("POST "+PathCancel, s.serveCancel)
 	mux.HandleFunc("POST "+PathExec, s.serveExec)
+	mux.HandleFunc(PathFiles, s.serveFiles)
 	return mux
 }
 

@@ -33,13 +33,13 @@ func (e *crashEnv) endedRecord(t *testing.T, runID string) runindex.Record {
 }
 
 // asNobody is curl against the daemon at sock as uid nobody: the HTTP status.
-func asNobody(t *testing.T, sock, path, body string) string {
+func asNobody(t *testing.T, sock, method, path, body string) string {
 	t.Helper()
 	curl, err := exec.LookPath("curl")
 	if err != nil {
 		t.Skip("no curl: another uid's calls are not tried")
 	}
-	c := exec.Command(curl, "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", sock, "-X", "POST", "-d", body, "http://taskrun"+path)
+	c := exec.Command(curl, "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", sock, "-X", method, "-d", body, "http://taskrun"+path)
 	c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
 	code, err := c.Output()
 	require.NoError(t, err)
@@ -88,8 +88,8 @@ func TestDaemonLiveRunServesCommands(t *testing.T) {
 
 	// Another tenant gets not-found for every call on the run, and the run
 	// goes on.
-	assert.Equal(t, "404", asNobody(t, d.sock, "/v1/runs/"+runID+"/exec", `{"argv":["touch","/tmp/pwned"]}`))
-	assert.Equal(t, "404", asNobody(t, d.sock, "/v1/runs/"+runID+"/cancel", ""))
+	assert.Equal(t, "404", asNobody(t, d.sock, "POST", "/v1/runs/"+runID+"/exec", `{"argv":["touch","/tmp/pwned"]}`))
+	assert.Equal(t, "404", asNobody(t, d.sock, "POST", "/v1/runs/"+runID+"/cancel", ""))
 	var probe lockedbuf.Buffer
 	res, err = c.Exec(ctx, runID, daemon.ExecRequest{Argv: []string{"sh", "-c", "test ! -e /tmp/pwned && echo alive"}}, &probe, &probe)
 	require.NoError(t, err)
@@ -108,6 +108,94 @@ func TestDaemonLiveRunServesCommands(t *testing.T) {
 	// A stopped run takes no more calls.
 	_, err = c.Exec(ctx, runID, daemon.ExecRequest{Argv: []string{"true"}}, &probe, &probe)
 	assert.ErrorIs(t, err, daemon.ErrRefused)
+}
+
+// The file API reads, writes, lists, stats and removes files under a live
+// run's home, as the agent sees them; a path or an agent's symlink that
+// leads out of the home is refused, and another tenant finds nothing.
+func TestDaemonLiveRunFiles(t *testing.T) {
+	e := newCrashEnv(t)
+	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
+	runID := "file" + strings.ToLower(tenant(t)[:8])
+	_, stderr, code := d.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
+	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
+	ctx := context.Background()
+	c, err := daemon.Dial(ctx, d.sock)
+	require.NoError(t, err)
+	defer c.Close()
+	exe := func(script string) string {
+		var out lockedbuf.Buffer
+		res, err := c.Exec(ctx, runID, daemon.ExecRequest{Argv: []string{"sh", "-c", script}}, &out, &out)
+		require.NoError(t, err)
+		require.Equal(t, 0, res.Exit, out.String())
+		return out.String()
+	}
+
+	ops := 0
+	for i := 0; i < 40; i++ {
+		name := fmt.Sprintf("f%02d.txt", i)
+		body := []byte(strings.Repeat(name, i+1))
+		require.NoError(t, c.WriteFile(ctx, runID, name, body))
+		got, err := c.ReadFile(ctx, runID, name)
+		require.NoError(t, err)
+		assert.Equal(t, body, got)
+		fi, err := c.Stat(ctx, runID, name)
+		require.NoError(t, err)
+		assert.Equal(t, int64(len(body)), fi.Size)
+		list, err := c.List(ctx, runID, ".")
+		require.NoError(t, err)
+		assert.NotEmpty(t, list)
+		ops += 4
+		if i%2 == 1 {
+			require.NoError(t, c.Remove(ctx, runID, name))
+			_, err := c.ReadFile(ctx, runID, name)
+			var re *daemon.RefusedError
+			require.ErrorAs(t, err, &re)
+			assert.Equal(t, 404, re.Status)
+			ops += 2
+		}
+	}
+	require.GreaterOrEqual(t, ops, 200)
+	// The agent sees what was written, as its own; what it writes is read.
+	assert.Equal(t, "f00.txt\n", exe(`cat $HOME/f00.txt; echo; test -O $HOME/f00.txt`))
+	exe(`echo from-agent > $HOME/agent.txt`)
+	got, err := c.ReadFile(ctx, runID, "agent.txt")
+	require.NoError(t, err)
+	assert.Equal(t, "from-agent\n", string(got))
+
+	// The agent's hostile symlinks, and a traversal, lead nowhere.
+	exe(`ln -s /etc $HOME/etc; ln -s / $HOME/slash; ln -s /etc/hostname $HOME/hostname`)
+	for _, p := range []string{"etc/hostname", "slash/etc/hostname", "hostname", "../../../../etc/hostname", "/../../etc/hostname"} {
+		_, err := c.ReadFile(ctx, runID, p)
+		var re *daemon.RefusedError
+		require.ErrorAs(t, err, &re, "read %s", p)
+		assert.Equal(t, 400, re.Status, "read %s: %v", p, err)
+	}
+	outside := filepath.Join(t.TempDir(), "outside")
+	exe(`ln -s ` + outside + ` $HOME/out`)
+	for _, p := range []string{"out", "slash" + outside, "../outside"} {
+		err := c.WriteFile(ctx, runID, p, []byte("escaped"))
+		var re *daemon.RefusedError
+		require.ErrorAs(t, err, &re, "write %s", p)
+		assert.Equal(t, 400, re.Status, "write %s: %v", p, err)
+	}
+	assert.NoFileExists(t, outside)
+	_, err = c.List(ctx, runID, "slash")
+	assert.Error(t, err, "listing through a symlink to /")
+
+	// Another tenant finds nothing.
+	for _, m := range []string{"GET", "PUT", "DELETE"} {
+		assert.Equal(t, "404", asNobody(t, d.sock, m, "/v1/runs/"+runID+"/files?path=f00.txt", "x"), m)
+	}
+	assert.Equal(t, "404", asNobody(t, d.sock, "GET", "/v1/runs/"+runID+"/files?path=.&op=list", ""))
+	got, err = c.ReadFile(ctx, runID, "f00.txt")
+	require.NoError(t, err)
+	assert.Equal(t, "f00.txt", string(got))
+
+	_, stderr, code = runTaskrun(t, d, "stop", runID)
+	require.Equal(t, exitOK, code, stderr)
+	e.endedRecord(t, runID)
+	e.requireNothingLeft(t, runID)
 }
 
 // A live run no call touches is stopped at the daemon's --max-idle.
