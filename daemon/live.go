@@ -42,10 +42,14 @@ func (s *Server) forget(runID string) {
 type runningUpdater struct {
 	executor.LogUpdater
 	running chan *Result
+	live    *liveRun
 }
 
 // UpdateRunStatus implements executor.TaskRunUpdater.
 func (u runningUpdater) UpdateRunStatus(ctx context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
+	if req.Container != nil && req.Container.ID != "" {
+		u.live.container.Store(&req.Container.ID)
+	}
 	if req.Status == model.StatusRunning {
 		select {
 		case u.running <- nil:
@@ -64,7 +68,7 @@ func (s *Server) runLive(ctx, runCtx context.Context, live *liveRun, spec execut
 	go s.watchIdle(runCtx, live, log)
 	spec.StreamSender = workerclient.NewWriterStreamSender(io.Discard)
 	spec.Stderr = io.Discard
-	spec.Updater = runningUpdater{LogUpdater: executor.LogUpdater{Log: log}, running: running}
+	spec.Updater = runningUpdater{LogUpdater: executor.LogUpdater{Log: log}, running: running, live: live}
 	spec.Timings = timings.New(nil)
 	log.Info("live run started", "max_idle", s.cfg.MaxIdle)
 	out, err := s.cfg.Host.Run(runCtx, spec)
@@ -191,5 +195,10 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 
 // dockerRunContainer is the live run's container and its user.
 func dockerRunContainer(ctx context.Context, cli client.APIClient, run *liveRun) (id, user string, err error) {
-	return docker.RunContainer(ctx, cli, run.ref.RunID, run.ref.UserID, "")
+	recorded := ""
+	if id := run.container.Load(); id != nil {
+		// A warm container was labelled before this run claimed it.
+		recorded = *id
+	}
+	return docker.RunContainer(ctx, cli, run.ref.RunID, run.ref.UserID, recorded)
 }

@@ -87,6 +87,8 @@ type liveRun struct {
 	keepAlive bool
 	// used is when a call last touched the run (unix nanoseconds).
 	used atomic.Int64
+	// container is the run's container ID once the run reported it.
+	container atomic.Pointer[string]
 }
 
 // touch marks the run used now.

@@ -198,6 +198,29 @@ func TestDaemonLiveRunFiles(t *testing.T) {
 	e.requireNothingLeft(t, runID)
 }
 
+// A live run that took a warm container (labelled before the run claimed
+// it) takes commands too.
+func TestDaemonLiveRunOnAWarmContainer(t *testing.T) {
+	e := newCrashEnv(t)
+	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"), "--warm", "1")
+	runID := "warm" + strings.ToLower(tenant(t)[:8])
+	time.Sleep(testdeadline.Scale(3 * time.Second)) // the pool fills
+	_, stderr, code := d.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
+	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
+	ctx := context.Background()
+	c, err := daemon.Dial(ctx, d.sock)
+	require.NoError(t, err)
+	defer c.Close()
+	var out lockedbuf.Buffer
+	res, err := c.Exec(ctx, runID, daemon.ExecRequest{Argv: []string{"echo", "warm"}}, &out, &out)
+	require.NoError(t, err, "%s", d.log)
+	assert.Equal(t, 0, res.Exit)
+	assert.Equal(t, "warm\n", out.String())
+	_, stderr, code = runTaskrun(t, d, "stop", runID)
+	require.Equal(t, exitOK, code, stderr)
+	e.endedRecord(t, runID)
+}
+
 // A live run no call touches is stopped at the daemon's --max-idle.
 func TestDaemonStopsAnIdleLiveRun(t *testing.T) {
 	e := newCrashEnv(t)
