@@ -82,9 +82,8 @@ type Server struct {
 type liveRun struct {
 	uid    uint32
 	cancel context.CancelFunc
-	// ref names the run's objects; keepAlive says it idles until stopped.
-	ref       persist.RunRef
-	keepAlive bool
+	// ref names the run's objects.
+	ref persist.RunRef
 	// used is when a call last touched the run (unix nanoseconds).
 	used atomic.Int64
 	// container is the run's container ID once the run reported it.
@@ -254,7 +253,7 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	live := &liveRun{uid: peer.UID, cancel: cancel, keepAlive: req.KeepAlive, ref: persist.RunRef{
+	live := &liveRun{uid: peer.UID, cancel: cancel, ref: persist.RunRef{
 		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
 	live.touch()
 	s.mu.Lock()
