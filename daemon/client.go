@@ -116,12 +116,7 @@ func (c *Client) Run(ctx context.Context, req RunRequest, dir string, stdout, st
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		var eb ErrorBody
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
-			eb.Error = fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(data))
-		}
-		return nil, &RefusedError{Status: resp.StatusCode, Message: eb.Error}
+		return nil, refused(resp)
 	}
 	stop := context.AfterFunc(ctx, func() { c.cancel(req.RunID) })
 	defer stop()
@@ -134,6 +129,8 @@ func (c *Client) Run(ctx context.Context, req RunRequest, dir string, stdout, st
 		switch {
 		case fr.Result != nil:
 			return fr.Result, nil
+		case fr.Started != "":
+			return &Result{}, nil
 		case fr.Stdout != nil:
 			_, _ = stdout.Write(fr.Stdout)
 		case fr.Stderr != nil:
@@ -153,4 +150,154 @@ func (c *Client) cancel(runID string) {
 	if resp, err := c.http.Do(req); err == nil {
 		resp.Body.Close()
 	}
+}
+
+// refused reads a refused response's error.
+func refused(resp *http.Response) error {
+	var eb ErrorBody
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
+		eb.Error = fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(data))
+	}
+	return &RefusedError{Status: resp.StatusCode, Message: eb.Error}
+}
+
+// Start asks the daemon for req as a keep-alive run (with the workspace
+// dir when not empty) and returns once it runs; it lives on in the
+// daemon until Stop, its idle timeout or its run timeout.
+func (c *Client) Start(ctx context.Context, req RunRequest, dir string) error {
+	req.KeepAlive = true
+	res, err := c.Run(ctx, req, dir, io.Discard, io.Discard)
+	if err != nil {
+		return err
+	}
+	if res.Error != "" {
+		return errors.New(res.Error)
+	}
+	return nil
+}
+
+// Stop stops the caller's live run runID: its record says it was cancelled.
+func (c *Client) Stop(ctx context.Context, runID string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/cancel", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return refused(resp)
+	}
+	return nil
+}
+
+// Exec runs req in the caller's live run runID, copies its output to
+// stdout and stderr as it comes and returns how it ended.
+func (c *Client) Exec(ctx context.Context, runID string, req ExecRequest, stdout, stderr io.Writer) (*ExecResult, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/exec", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, refused(resp)
+	}
+	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
+	for {
+		var fr Frame
+		if err := dec.Decode(&fr); err != nil {
+			return nil, fmt.Errorf("%w: command in run %s has no result: %w", ErrDaemonGone, runID, err)
+		}
+		switch {
+		case fr.Exec != nil:
+			return fr.Exec, nil
+		case fr.Stdout != nil:
+			_, _ = stdout.Write(fr.Stdout)
+		case fr.Stderr != nil:
+			_, _ = stderr.Write(fr.Stderr)
+		}
+	}
+}
+
+// files calls the file API of the caller's live run runID.
+func (c *Client) files(ctx context.Context, method, runID, path, op string, body io.Reader) (*http.Response, error) {
+	q := url.Values{"path": {path}}
+	if op != "" {
+		q.Set("op", op)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/files?"+q.Encode(), body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, refused(resp)
+	}
+	return resp, nil
+}
+
+// ReadFile reads path, under the home of the caller's live run runID.
+func (c *Client) ReadFile(ctx context.Context, runID, path string) ([]byte, error) {
+	resp, err := c.files(ctx, http.MethodGet, runID, path, "", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return io.ReadAll(io.LimitReader(resp.Body, MaxFileBytes))
+}
+
+// WriteFile writes data to path (created or truncated, owned by the
+// run's user), under the home of the caller's live run runID.
+func (c *Client) WriteFile(ctx context.Context, runID, path string, data []byte) error {
+	resp, err := c.files(ctx, http.MethodPut, runID, path, "", bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
+
+// Stat describes path (a symlink itself, not its target).
+func (c *Client) Stat(ctx context.Context, runID, path string) (*FileInfo, error) {
+	resp, err := c.files(ctx, http.MethodGet, runID, path, "stat", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var fi FileInfo
+	return &fi, json.NewDecoder(resp.Body).Decode(&fi)
+}
+
+// List lists the directory path.
+func (c *Client) List(ctx context.Context, runID, path string) ([]FileInfo, error) {
+	resp, err := c.files(ctx, http.MethodGet, runID, path, "list", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var list []FileInfo
+	return list, json.NewDecoder(resp.Body).Decode(&list)
+}
+
+// Remove removes path (an empty directory, a file or a symlink).
+func (c *Client) Remove(ctx context.Context, runID, path string) error {
+	resp, err := c.files(ctx, http.MethodDelete, runID, path, "", nil)
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
 }

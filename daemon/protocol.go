@@ -44,6 +44,7 @@ const RootSocket = "/run/taskrun/taskrun.sock"
 const (
 	PathRuns   = "/v1/runs"
 	PathCancel = "/v1/runs/{id}/cancel"
+	PathExec   = "/v1/runs/{id}/exec"
 )
 
 // SocketPath is where the daemon listens and the client dials: $TASKRUN_HOST,
@@ -112,6 +113,26 @@ type RunRequest struct {
 	KeepRunDir      bool     `json:"keep_run_dir,omitempty"`
 	// Workspace says a workspace.PackHome archive follows the JSON line.
 	Workspace bool `json:"workspace,omitempty"`
+	// KeepAlive asks for a live run: its container idles (the request's
+	// command, else an idle loop) until the client cancels it, its idle
+	// timeout or its run timeout. The response is one Frame with Started
+	// once it runs; its output is not streamed.
+	KeepAlive bool `json:"keep_alive,omitempty"`
+}
+
+// ExecRequest is a command to run in a live run's container (PathExec).
+type ExecRequest struct {
+	// Argv is the command; Env adds KEY=VALUE entries; Cwd is its working
+	// directory (the run's home when empty).
+	Argv []string `json:"argv"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+}
+
+// ExecResult is how a command in a live run ended.
+type ExecResult struct {
+	Exit  int    `json:"exit"`
+	Error string `json:"error,omitempty"`
 }
 
 // Frame is one line of a run's response stream: a chunk of stdout or
@@ -120,6 +141,10 @@ type Frame struct {
 	Stdout []byte  `json:"stdout,omitempty"`
 	Stderr []byte  `json:"stderr,omitempty"`
 	Result *Result `json:"result,omitempty"`
+	// Started says a keep-alive run is running (its RunID).
+	Started string `json:"started,omitempty"`
+	// Exec ends a command's stream (PathExec).
+	Exec *ExecResult `json:"exec,omitempty"`
 }
 
 // Result is how a run ended.

@@ -13,13 +13,17 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/docker/docker/client"
 
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runlimits"
 	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
@@ -51,7 +55,13 @@ type Config struct {
 	StoreURL string
 	// Logger receives the daemon's log; the host's when nil.
 	Logger *slog.Logger
+	// MaxIdle stops a keep-alive run after this long with no call on it
+	// (zero: DefaultMaxIdle).
+	MaxIdle time.Duration
 }
+
+// DefaultMaxIdle is a keep-alive run's idle timeout when Config.MaxIdle is zero.
+const DefaultMaxIdle = 10 * time.Minute
 
 // Server serves runs on one executor.Host to local clients.
 type Server struct {
@@ -62,13 +72,26 @@ type Server struct {
 	mu   sync.Mutex
 	runs map[string]*liveRun
 	wg   sync.WaitGroup
+
+	dockerOnce sync.Once
+	docker     client.APIClient
+	dockerErr  error
 }
 
-// liveRun is a run in progress, for the cancel endpoint.
+// liveRun is a run in progress, for the cancel, process and file endpoints.
 type liveRun struct {
 	uid    uint32
 	cancel context.CancelFunc
+	// ref names the run's objects.
+	ref persist.RunRef
+	// used is when a call last touched the run (unix nanoseconds).
+	used atomic.Int64
+	// container is the run's container ID once the run reported it.
+	container atomic.Pointer[string]
 }
+
+// touch marks the run used now.
+func (r *liveRun) touch() { r.used.Store(time.Now().UnixNano()) }
 
 // New checks cfg and returns the server.
 func New(cfg Config) (*Server, error) {
@@ -92,6 +115,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = cfg.Host.Logger()
+	}
+	if cfg.MaxIdle <= 0 {
+		cfg.MaxIdle = DefaultMaxIdle
 	}
 	dir := filepath.Join(cfg.Host.Layout().Root(), WorkspacesDirName)
 	// A killed daemon's staged workspaces are of no use to anyone.
@@ -140,6 +166,8 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+PathRuns, func(w http.ResponseWriter, r *http.Request) { s.serveRun(ctx, w, r) })
 	mux.HandleFunc("POST "+PathCancel, s.serveCancel)
+	mux.HandleFunc("POST "+PathExec, s.serveExec)
+	mux.HandleFunc(PathFiles, s.serveFiles)
 	return mux
 }
 
@@ -200,13 +228,16 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	log = log.With("user", spec.Task.UserID)
+	// cleanup removes the staged workspace once the run is done with it.
+	cleanup := func() {}
+	defer func() { cleanup() }()
 	if req.Workspace {
 		dir, err := os.MkdirTemp(s.dir, req.RunID+"-")
 		if err != nil {
 			refuse(w, http.StatusInternalServerError, err)
 			return
 		}
-		defer os.RemoveAll(dir)
+		cleanup = func() { _ = os.RemoveAll(dir) }
 		home := filepath.Join(dir, "home")
 		if _, err := workspace.UnpackHome(r.Context(), br, home, workspace.UnpackOptions{}); err != nil {
 			refuse(w, http.StatusBadRequest, fmt.Errorf("workspace: %w", err))
@@ -222,24 +253,47 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// A client that goes away cancels its run; the run winds down here.
-	defer context.AfterFunc(r.Context(), cancel)()
-	s.wg.Add(1)
-	defer s.wg.Done()
+	live := &liveRun{uid: peer.UID, cancel: cancel, ref: persist.RunRef{
+		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
+	live.touch()
 	s.mu.Lock()
 	if _, dup := s.runs[req.RunID]; dup {
 		s.mu.Unlock()
+		cancel()
 		refuse(w, http.StatusConflict, fmt.Errorf("run %s is already running: give another --run-id", req.RunID))
 		return
 	}
-	s.runs[req.RunID] = &liveRun{uid: peer.UID, cancel: cancel}
+	s.runs[req.RunID] = live
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.runs, req.RunID)
-		s.mu.Unlock()
-	}()
+	s.wg.Add(1)
+	if req.KeepAlive {
+		// The run outlives its request: it ends when cancelled, idle or
+		// timed out, and is stored as any run.
+		done := cleanup
+		cleanup = func() {}
+		running := make(chan *Result, 1)
+		go func() {
+			defer s.wg.Done()
+			defer done()
+			s.runLive(ctx, runCtx, live, spec, log, running)
+		}()
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+		fw := &frameWriter{w: w, rc: http.NewResponseController(w)}
+		fw.flush()
+		// The client hears once the agent runs, or how the run ended first.
+		if res := <-running; res != nil {
+			fw.write(Frame{Result: res})
+			return
+		}
+		fw.write(Frame{Started: req.RunID})
+		return
+	}
+	defer s.wg.Done()
+	defer cancel()
+	// A client that goes away cancels its run; the run winds down here.
+	defer context.AfterFunc(r.Context(), cancel)()
+	defer s.forget(req.RunID)
 
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
@@ -309,6 +363,9 @@ func (s *Server) spec(peer Peer, req RunRequest) (executor.Spec, int, error) {
 		Updater:   executor.LogUpdater{Log: s.log},
 		SessionID: req.Session, Image: req.Image, Command: req.Command, Entrypoint: req.Entrypoint, Env: req.Env,
 		SessionExcludes: req.SessionExcludes, ChangeExcludes: req.ChangeExcludes, KeepRunDir: req.KeepRunDir,
+	}
+	if req.KeepAlive && len(spec.Command) == 0 && len(spec.Entrypoint) == 0 {
+		spec.Entrypoint, spec.Command = IdleCommand[:1], IdleCommand[1:]
 	}
 	if err := spec.Validate(); err != nil {
 		return spec, http.StatusBadRequest, err

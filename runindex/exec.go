@@ -20,7 +20,7 @@ const maxExecs = 1000
 
 // PutExec records e, a command run inside the live container of rec's run,
 // as the run object "execs/<time>.json".
-func PutExec(ctx context.Context, store *persist.Store, rec *Record, e Exec) (persist.ObjectInfo, error) {
+func PutExec(ctx context.Context, store persist.PersistStorage, rec *Record, e Exec) (persist.ObjectInfo, error) {
 	doc, err := json.Marshal(e)
 	if err != nil {
 		return persist.ObjectInfo{}, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/docker/go-units"
 	"github.com/spf13/pflag"
@@ -51,6 +52,10 @@ run's too), at most N in all, and the containers' --memory limits within
 SIZE; when demand is over the budget, the most asked-for go first. They
 are removed when the daemon stops.
 
+taskrun run --detach starts a live run: its container idles until taskrun
+stop RUN, or --max-idle with no call on it, or its run timeout; meanwhile
+its tenant runs commands in it through the socket (see docs/live-runs.md).
+
 SIGTERM or SIGINT cancels the live runs, lets them wind down within
 --shutdown-grace and exits; a second signal exits at once, and the next
 start recovers.
@@ -67,6 +72,7 @@ type daemonOptions struct {
 	warm        int
 	warmBudget  string
 	budget      int64
+	maxIdle     time.Duration
 }
 
 func init() {
@@ -107,6 +113,7 @@ func (o *daemonOptions) define(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, for the tenants named, who ask for it by id: id=ID,tenants="USER ...",host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"] (tenants=* for all); repeatable`)
 	addRunMaximaFlags(fs, &o.maxima)
 	fs.IntVar(&o.warm, "warm", 0, "warm containers kept ready for runs of the default --image, --runtime and policy (each holds a run's --memory until a run claims it); 0: every run starts cold; with --warm-budget, the most kept")
+	fs.DurationVar(&o.maxIdle, "max-idle", daemon.DefaultMaxIdle, "stop a live run (taskrun run --detach) after this long with no command or file call on it")
 	fs.StringVar(&o.warmBudget, "warm-budget", "", "size the warm pool from recent demand within this much memory (e.g. 4g): every image, runtime and policy clients ran in the last minute keeps as many containers as it had runs then, at least one, up to --warm in all, their --memory limits within the budget; empty: --warm containers of the default run")
 }
 
@@ -118,6 +125,8 @@ func (o *daemonOptions) finish() error {
 		return err
 	}
 	switch {
+	case o.maxIdle <= 0:
+		return fmt.Errorf("--max-idle %s: give a positive duration", o.maxIdle)
 	case o.warm < 0:
 		return fmt.Errorf("--warm %d: give 0 (no warm containers) or more", o.warm)
 	case o.warm > 0 && o.backend != backendDocker:
@@ -180,7 +189,7 @@ func runDaemon(ctx context.Context, a *app, o daemonOptions) error {
 	// What an earlier daemon (or any gone executor of the root) left.
 	host.Recover(ctx)
 	srv, err := daemon.New(daemon.Config{Host: host.Host, Maxima: o.maxima, Egress: o.egress, Models: o.daemonModel,
-		StoreURL: journal.RedactURL(o.store), Logger: a.log})
+		StoreURL: journal.RedactURL(o.store), Logger: a.log, MaxIdle: o.maxIdle})
 	if err != nil {
 		return err
 	}

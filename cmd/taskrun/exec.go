@@ -12,15 +12,13 @@ import (
 	"time"
 
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
-	"github.com/docker/docker/pkg/stdcopy"
 	"github.com/moby/term"
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/runindex"
-	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/termsafe"
 )
 
@@ -109,94 +107,38 @@ func execInRun(ctx context.Context, a *app, rec *runindex.Record, cmd []string, 
 		return 0, err
 	}
 	defer cli.Close()
-	list, err := cli.ContainerList(ctx, container.ListOptions{Filters: filters.NewArgs(
-		filters.Arg("label", sandbox.LabelRun+"="+rec.RunID),
-		filters.Arg("label", sandbox.LabelTenant+"="+rec.UserID),
-		filters.Arg("status", "running"),
-	)})
+	id, user, err := docker.RunContainer(ctx, cli, rec.RunID, rec.UserID, rec.ContainerID)
 	if err != nil {
-		return 0, err
-	}
-	id := ""
-	switch {
-	case len(list) == 1:
-		id = list[0].ID
-	case len(list) == 0 && rec.ContainerID != "":
-		// A warm pool's container was labelled before its run claimed it:
-		// the run's record names it.
-		id = rec.ContainerID
-	default:
-		return 0, fmt.Errorf("run %s has %d running containers on this host: exec needs the host that runs it", rec.RunID, len(list))
-	}
-	info, err := cli.ContainerInspect(ctx, id)
-	if err != nil {
-		return 0, fmt.Errorf("run %s has no running container on this host (exec needs the host that runs it): %w", rec.RunID, err)
-	}
-	if info.State == nil || !info.State.Running || info.Config == nil || info.Config.Labels[sandbox.LabelManaged] != "true" {
-		return 0, fmt.Errorf("run %s has no running container on this host: exec needs the host that runs it", rec.RunID)
+		return 0, fmt.Errorf("%w: exec needs the host that runs it", err)
 	}
 	inFd, inTerm := term.GetFdInfo(stdinFile)
 	outFd, outTerm := term.GetFdInfo(a.stdout)
 	tty := inTerm && outTerm
-	opts := container.ExecOptions{
-		User:         info.Config.User, // the run's own uid:gid
-		Privileged:   false,
-		Tty:          tty,
-		AttachStdin:  true,
-		AttachStdout: true,
-		AttachStderr: true,
-		WorkingDir:   model.ContainerHomeDir,
-		Cmd:          cmd,
-	}
+	stopResize := func() {}
+	defer func() { stopResize() }()
+	opts := docker.ExecOptions{User: user, Tty: tty, Dir: model.ContainerHomeDir, Cmd: cmd, Stdin: stdinFile}
 	if tty {
 		if ws, err := term.GetWinsize(outFd); err == nil {
 			opts.ConsoleSize = &[2]uint{uint(ws.Height), uint(ws.Width)}
 		}
-	}
-	created, err := cli.ContainerExecCreate(ctx, id, opts)
-	if err != nil {
-		return 0, err
-	}
-	hj, err := cli.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{Tty: tty, ConsoleSize: opts.ConsoleSize})
-	if err != nil {
-		return 0, err
-	}
-	defer hj.Close()
-	if tty {
 		state, err := term.SetRawTerminal(inFd)
 		if err == nil {
 			defer term.RestoreTerminal(inFd, state) //nolint:errcheck // best effort on the way out
 		}
-		stopResize := forwardResize(ctx, cli, created.ID, outFd)
-		defer stopResize()
+		opts.Started = func(execID string) { stopResize = forwardResize(ctx, cli, execID, outFd) }
 	}
-	stdout, stderr := a.stdout, a.stderr
+	opts.Stdout, opts.Stderr = a.stdout, a.stderr
 	var flushes []func() error
 	if !raw {
 		o, fo := a.terminalSafe(a.stdout)
 		e, fe := a.terminalSafe(a.stderr)
-		stdout, stderr, flushes = o, e, []func() error{fo, fe}
+		opts.Stdout, opts.Stderr, flushes = o, e, []func() error{fo, fe}
 	}
-	go func() {
-		_, _ = io.Copy(hj.Conn, stdinFile)
-		_ = hj.CloseWrite()
-	}()
-	if tty {
-		_, err = io.Copy(stdout, hj.Reader)
-	} else {
-		_, err = stdcopy.StdCopy(stdout, stderr, hj.Reader)
-	}
+	exit, err := docker.Exec(ctx, cli, id, opts)
 	for _, f := range flushes {
 		_ = f()
 	}
-	if err != nil && !errors.Is(err, io.EOF) {
-		return 0, err
-	}
-	res, err := cli.ContainerExecInspect(ctx, created.ID)
-	if err != nil {
-		return 0, err
-	}
-	return res.ExitCode, nil
+	return exit, err
 }
 
 // forwardResize keeps the exec's PTY the size of the terminal at fd.

@@ -61,6 +61,8 @@ type runOptions struct {
 
 	// local forces the run into this process even when a daemon answers.
 	local bool
+	// detach starts a keep-alive run on the daemon and returns.
+	detach bool
 	// flags are the parsed flags, to tell which were given.
 	flags *pflag.FlagSet
 }
@@ -132,6 +134,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.envVars, "env", nil, "set NAME=VALUE in the agent's environment (a bare NAME takes the host's value); repeatable; visible to the agent, so never a secret")
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read variables from a file in docker's --env-file format (NAME=VALUE lines, # comments); repeatable")
 	fs.BoolVar(&o.local, "local", false, "run in this process even when a taskrun daemon answers (see taskrun daemon)")
+	fs.BoolVar(&o.detach, "detach", false, "start a live run on the taskrun daemon and return: its container idles (or runs CMD) until taskrun stop RUN or the daemon's --max-idle, and takes commands through the daemon's process API (see docs/live-runs.md)")
 }
 
 // finish checks the parsed flags and takes args as the command to run.
@@ -265,6 +268,9 @@ func runRun(ctx context.Context, a *app, o runOptions) int {
 	if shutdownBackstop != nil {
 		stop := context.AfterFunc(ctx, func() { shutdownBackstop(o.shutdownGrace, a.stderr) })
 		defer stop()
+	}
+	if o.detach {
+		return runDetached(ctx, a, &o)
 	}
 	out, err := executeRun(ctx, a, &o)
 	if errors.Is(err, daemon.ErrNoDaemon) {

@@ -25,7 +25,7 @@ var daemonRunFlags = map[string]bool{
 	"allow": true, "egress-policy": true, "env": true, "env-file": true, "local": true,
 	"image": true, "timeout": true, "memory": true, "cpus": true, "pids": true, "max-output": true,
 	"disk": true, "session-exclude": true, "model": true, "shutdown-grace": true,
-	"quiet": true, "log-format": true,
+	"quiet": true, "log-format": true, "detach": true,
 }
 
 // machineFlag names a given flag that keeps the run in this process, or "".
@@ -154,3 +154,34 @@ type remoteRunError struct{ error }
 
 // Is makes errors.Is(err, executor.ErrRunFailed) hold.
 func (remoteRunError) Is(target error) bool { return target == executor.ErrRunFailed }
+
+// runDetached starts the run as a live run on the daemon and prints its
+// ID: it needs a daemon, and none of this host's machine flags.
+func runDetached(ctx context.Context, a *app, o *runOptions) int {
+	if err := o.checkRun(); err != nil {
+		fmt.Fprintf(a.stderr, "taskrun run: %s\n", oneLine(err))
+		return exitCannotRun
+	}
+	if o.local {
+		return a.usageError("run", errors.New("--detach starts a live run on the taskrun daemon: drop --local"))
+	}
+	if f := o.machineFlag(); f != "" {
+		return a.usageError("run", fmt.Errorf("--detach starts a live run on the taskrun daemon, which has its own %s: drop it", f))
+	}
+	c, err := daemon.DialFirst(ctx, daemon.ClientSocketPaths())
+	if err != nil {
+		fmt.Fprintf(a.stderr, "taskrun run: --detach needs a taskrun daemon: %s\n", oneLine(err))
+		return exitCannotRun
+	}
+	defer c.Close()
+	req, err := o.daemonRequest()
+	if err == nil {
+		err = c.Start(ctx, req, o.workspace)
+	}
+	if err != nil {
+		fmt.Fprintf(a.stderr, "taskrun run: live run %s: %s\n", o.runID, oneLine(err))
+		return exitCannotRun
+	}
+	fmt.Fprintln(a.stdout, o.runID)
+	return exitOK
+}

@@ -1,0 +1,204 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"path"
+	"strconv"
+	"time"
+
+	"github.com/docker/docker/client"
+
+	"github.com/taskrun/taskrun/executor"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/runindex"
+	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/timings"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// IdleCommand is a keep-alive run's command when its request names none:
+// it idles until the run is stopped.
+var IdleCommand = []string{"/bin/sh", "-c", "while :; do sleep 3600; done"}
+
+// maxExecRequest caps an ExecRequest's body.
+const maxExecRequest = 1 << 20
+
+// forget drops a run from the live runs.
+func (s *Server) forget(runID string) {
+	s.mu.Lock()
+	delete(s.runs, runID)
+	s.mu.Unlock()
+}
+
+// runningUpdater logs a run's statuses and sends nil on running (once,
+// buffered) when the run is RUNNING.
+type runningUpdater struct {
+	executor.LogUpdater
+	running chan *Result
+	live    *liveRun
+}
+
+// UpdateRunStatus implements executor.TaskRunUpdater.
+func (u runningUpdater) UpdateRunStatus(ctx context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
+	if req.Container != nil && req.Container.ID != "" {
+		u.live.container.Store(&req.Container.ID)
+	}
+	if req.Status == model.StatusRunning {
+		select {
+		case u.running <- nil:
+		default:
+		}
+	}
+	return u.LogUpdater.UpdateRunStatus(ctx, runID, req)
+}
+
+// runLive runs a keep-alive run to its end: cancelled by its client, its
+// idle timeout, its run timeout or the daemon's stop. Its output goes to
+// its records only.
+func (s *Server) runLive(ctx, runCtx context.Context, live *liveRun, spec executor.Spec, log *slog.Logger, running chan *Result) {
+	defer s.forget(live.ref.RunID)
+	defer live.cancel()
+	go s.watchIdle(runCtx, live, log)
+	spec.StreamSender = workerclient.NewWriterStreamSender(io.Discard)
+	spec.Stderr = io.Discard
+	spec.Updater = runningUpdater{LogUpdater: executor.LogUpdater{Log: log}, running: running, live: live}
+	spec.Timings = timings.New(nil)
+	log.Info("live run started", "max_idle", s.cfg.MaxIdle)
+	out, err := s.cfg.Host.Run(runCtx, spec)
+	var ended model.RunStatus
+	if out != nil {
+		ended = out.Status
+	}
+	log.Info("live run ended", "status", ended, "err", err)
+	res := &Result{Outcome: out, User: spec.Task.UserID, Store: s.cfg.StoreURL, Error: "the live run ended before its agent ran"}
+	if err != nil {
+		res.Error = err.Error()
+		res.CannotRun = out == nil || (out.ContainerID == "" && out.Status == model.StatusFailed)
+	}
+	select {
+	case running <- res:
+	default:
+	}
+	s.keepWarm(ctx)
+}
+
+// watchIdle cancels a live run no call touched for MaxIdle.
+func (s *Server) watchIdle(ctx context.Context, live *liveRun, log *slog.Logger) {
+	tick := time.NewTicker(max(s.cfg.MaxIdle/4, 50*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			if idle := now.Sub(time.Unix(0, live.used.Load())); idle >= s.cfg.MaxIdle {
+				log.Info("live run stopped: idle", "idle", idle.Round(time.Millisecond))
+				live.cancel()
+				return
+			}
+		}
+	}
+}
+
+// liveOf is the peer's live run by the request's id: a run of another uid
+// (root sees all) is not found, as one that does not exist.
+func (s *Server) liveOf(w http.ResponseWriter, r *http.Request) (*liveRun, Peer, bool) {
+	peer, err := peerFrom(r.Context())
+	if err != nil {
+		refuse(w, http.StatusForbidden, err)
+		return nil, peer, false
+	}
+	id := r.PathValue("id")
+	s.mu.Lock()
+	run, ok := s.runs[id]
+	s.mu.Unlock()
+	if !ok || (run.uid != peer.UID && peer.UID != 0) {
+		refuse(w, http.StatusNotFound, fmt.Errorf("run %s: no live run of yours by that id", id))
+		return nil, peer, false
+	}
+	run.touch()
+	return run, peer, true
+}
+
+// dockerClient is the engine client of the process and file endpoints.
+func (s *Server) dockerClient() (client.APIClient, error) {
+	s.dockerOnce.Do(func() {
+		if sandbox.CapabilitiesOf(s.cfg.Host.Backend()).Kind != sandbox.BackendDocker {
+			s.dockerErr = errors.New("live runs' commands need the docker backend")
+			return
+		}
+		s.docker, s.dockerErr = client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	})
+	return s.docker, s.dockerErr
+}
+
+// serveExec runs a command in the peer's live run, as the run's own user
+// under its container's policy (as taskrun exec does), streams its output
+// and records it in the run's records.
+func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
+	run, peer, ok := s.liveOf(w, r)
+	if !ok {
+		return
+	}
+	var req ExecRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxExecRequest)).Decode(&req); err != nil {
+		refuse(w, http.StatusBadRequest, fmt.Errorf("exec request: %w", err))
+		return
+	}
+	if len(req.Argv) == 0 {
+		refuse(w, http.StatusBadRequest, errors.New("exec request: no argv"))
+		return
+	}
+	dir := model.ContainerHomeDir
+	if req.Cwd != "" {
+		dir = path.Join(model.ContainerHomeDir, req.Cwd)
+		if path.IsAbs(req.Cwd) {
+			dir = path.Clean(req.Cwd)
+		}
+	}
+	cli, err := s.dockerClient()
+	if err != nil {
+		refuse(w, http.StatusNotImplemented, err)
+		return
+	}
+	id, user, err := dockerRunContainer(r.Context(), cli, run)
+	if err != nil {
+		refuse(w, http.StatusConflict, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	fw := &frameWriter{w: w, rc: http.NewResponseController(w)}
+	at := time.Now().UTC()
+	exit, err := docker.Exec(r.Context(), cli, id, docker.ExecOptions{User: user, Cmd: req.Argv, Env: req.Env, Dir: dir,
+		Stdout: streamWriter{fw, false}, Stderr: streamWriter{fw, true}})
+	res := &ExecResult{Exit: exit}
+	if err != nil {
+		res.Error, res.Exit = err.Error(), -1
+	}
+	run.touch()
+	rec := &runindex.Record{RunID: run.ref.RunID, UserID: run.ref.UserID, ConversationID: run.ref.ConversationID, TaskID: run.ref.TaskID}
+	by := "uid " + strconv.FormatUint(uint64(peer.UID), 10) + " through the taskrun daemon"
+	if _, perr := runindex.PutExec(context.WithoutCancel(r.Context()), s.cfg.Host.Store(), rec,
+		runindex.Exec{By: by, At: at, Command: req.Argv, Exit: res.Exit}); perr != nil {
+		s.log.Warn("record a live run's command", "run", run.ref.RunID, "err", perr)
+	}
+	fw.write(Frame{Exec: res})
+}
+
+// dockerRunContainer is the live run's container and its user.
+func dockerRunContainer(ctx context.Context, cli client.APIClient, run *liveRun) (id, user string, err error) {
+	recorded := ""
+	if id := run.container.Load(); id != nil {
+		// A warm container was labelled before this run claimed it.
+		recorded = *id
+	}
+	return docker.RunContainer(ctx, cli, run.ref.RunID, run.ref.UserID, recorded)
+}
