@@ -15,6 +15,7 @@ import (
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/recovery"
 	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/sandbox/kubernetes"
 )
 
 const gcHelp = `
@@ -28,8 +29,10 @@ taskrun persist --all.
 Then removes managed containers (label dev.taskrun.managed=true) that no live
 run owns: those of executors proven gone, or with --all of every executor on
 the host (exited ones, and running ones past their expiry). Containers created
-less than --grace ago are spared. Last, removes the warm pool slots (run
-directories and disk caps under --root's pool/) that gone executors left.
+less than --grace ago are spared. With --namespace, does the same for the run
+Pods (and their NetworkPolicies) in that Kubernetes namespace. Last, removes
+the warm pool slots (run directories and disk caps under --root's pool/) that
+gone executors left.
 --dry-run lists what would be done, and which runs are kept and why.
 `
 
@@ -45,6 +48,8 @@ func init() {
 			all := fs.Bool("all", false, "remove leftover containers of every executor on the host, not only of gone ones")
 			var root, token string
 			var key attestKeyFlag
+			var kube gcKubeFlags
+			kube.define(fs)
 			addTokenFlag(fs, &token)
 			addRootFlag(fs, &root, defaultRoot)
 			key.define(fs)
@@ -55,7 +60,7 @@ func init() {
 				if err := key.load(); err != nil {
 					return a.usageError("gc", err)
 				}
-				return runGC(ctx, a, root, tokenOrEnv(token), key.signer, *grace, *all, *dryRun, *jsonOut)
+				return runGC(ctx, a, root, tokenOrEnv(token), key.signer, kube, *grace, *all, *dryRun, *jsonOut)
 			}
 		},
 	})
@@ -65,11 +70,13 @@ func init() {
 type gcReport struct {
 	Runs       []recovery.Result `json:"runs"`
 	Containers docker.ReapReport `json:"containers"`
+	// Pods are the run Pods removed with --namespace.
+	Pods kubernetes.ReapReport `json:"pods"`
 }
 
 // runGC recovers the root's runs whose executor is gone, then removes
 // managed containers that no live run owns.
-func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, grace time.Duration, all, dryRun, jsonOut bool) int {
+func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, kube gcKubeFlags, grace time.Duration, all, dryRun, jsonOut bool) int {
 	host, err := recoveryHost(ctx, a, root, token, key)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun gc:", err)
@@ -89,6 +96,9 @@ func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, 
 	var recoverErr error
 	rep.Runs, recoverErr = host.RecoverRuns(ctx, backend, dryRun, lines)
 	rep.Containers, err = backend.Reap(ctx, host.ReapOptions(grace, all, dryRun, rep.Runs))
+	var podErr error
+	rep.Pods, podErr = kube.reap(ctx, a, host, grace, all, dryRun)
+	err = errors.Join(err, podErr)
 	if !dryRun {
 		err = errors.Join(err, host.SweepPools(), host.SweepImages())
 		host.RemoveGoneExecutors()
@@ -106,6 +116,12 @@ func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, 
 			fmt.Fprintf(a.stdout, "%s %.12s run=%s state=%s: %s\n", verb, c.ID, c.RunID, c.State, c.Reason)
 		}
 		fmt.Fprintf(a.stdout, "%s %d container(s), spared %d\n", verb, len(rep.Containers.Removed), rep.Containers.Spared)
+		if kube.namespace != "" {
+			for _, p := range rep.Pods.Removed {
+				fmt.Fprintf(a.stdout, "%s pod %s run=%s phase=%s: %s\n", verb, p.Name, p.RunID, p.Phase, p.Reason)
+			}
+			fmt.Fprintf(a.stdout, "%s %d pod(s), spared %d\n", verb, len(rep.Pods.Removed), rep.Pods.Spared)
+		}
 	}
 	if err = errors.Join(recoverErr, err); err != nil {
 		fmt.Fprintln(a.stderr, "taskrun gc:", oneLine(err))

@@ -552,3 +552,60 @@ func TestRunStartsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
 	assert.Equal(t, "started\n", out.String())
 	require.NoError(t, h.Close(t.Context()))
 }
+
+// TestDollarsReachTheShellAsWritten runs a command with "$$" and "$(HOME)"
+// on a real Pod: the kubelet expands neither, so the shell prints its own
+// PID and an empty command substitution, as on the Docker engine.
+func TestDollarsReachTheShellAsWritten(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
+		Cmd:     []string{"sh", "-c", "echo pid=$$; echo sub=$(HOME); echo env=$DOLLAR"},
+		Env:     []string{"DOLLAR=a$(HOME)b$$c"},
+		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "dollars"},
+		Timeout: 2 * time.Minute, StopGrace: time.Second}
+	pol := sandbox.DefaultPolicy()
+	pol.NanoCPUs = 500_000_000
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	res := h.Wait(t.Context())
+	require.NoError(t, res.Err)
+	require.Equal(t, 0, res.ExitCode, "stderr: %s", errOut.String())
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	require.Len(t, lines, 3, "stdout: %q", out.String())
+	assert.Regexp(t, `^pid=[0-9]+$`, lines[0], "$$ is the shell's PID")
+	assert.Equal(t, "sub=", lines[1], "$(HOME) is a command substitution, not the kubelet's")
+	assert.Equal(t, "env=a$(HOME)b$$c", lines[2], "env values reach the shell unexpanded")
+	require.NoError(t, h.Close(t.Context()))
+}
+
+// TestRunPastItsDiskCapFailsWithTheReason writes past the run's 64 MiB disk
+// cap on a real Pod: the kubelet evicts the Pod, and the run fails naming the
+// eviction and the cap rather than a failed copy-out.
+func TestRunPastItsDiskCapFailsWithTheReason(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	runDir := t.TempDir()
+	require.NoError(t, os.Chmod(runDir, 0o777))
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
+		Cmd:     []string{"sh", "-c", "echo kept >/taskrun/kept.txt && head -c 100000000 /dev/urandom >/taskrun/big.bin; echo wrote=$?; sleep 90"},
+		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "overdisk"},
+		Mounts:  []sandbox.Mount{{Source: runDir, Target: "/taskrun"}},
+		Timeout: 3 * time.Minute, StopGrace: time.Second, DiskBytes: 64 << 20}
+	pol := sandbox.DefaultPolicy()
+	pol.NanoCPUs = 500_000_000
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	start := time.Now()
+	res := h.Wait(t.Context())
+	t.Logf("after %s: err=%v exit=%d stdout=%q stderr=%q", time.Since(start), res.Err, res.ExitCode, out.String(), errOut.String())
+	require.ErrorIs(t, res.Err, ErrEvicted, "the run fails past its disk cap")
+	assert.Contains(t, res.Err.Error(), "exceeds", "the kubelet's reason is named")
+	assert.Contains(t, res.Err.Error(), "disk cap is 67108864 bytes")
+	assert.NotContains(t, res.Err.Error(), "gzip", "no copy-out from a Pod that is gone")
+	require.NoError(t, h.Close(t.Context()))
+}

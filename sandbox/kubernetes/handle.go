@@ -30,6 +30,12 @@ var ErrPodFailed = errors.New("run pod failed")
 // took in nothing for podhelper.DefaultAckIdle): the tail may be missing.
 var ErrOutputIncomplete = errors.New("run output may be incomplete")
 
+// ErrEvicted is wrapped when the kubelet evicted the run's Pod, as it does
+// when the run writes past its disk cap (the data volume's size limit or the
+// Pod's ephemeral storage): the Pod's volumes, and the files the run wrote
+// into its mounts, go with it.
+var ErrEvicted = errors.New("run pod evicted")
+
 // errFillEnded is what a fill stream writer sees when the attach session to
 // the fill container ended before it read the whole stream.
 var errFillEnded = errors.New("the fill container's session ended")
@@ -313,8 +319,25 @@ func (h *handle) finish(ctx context.Context, res *sandbox.Result) {
 			errs = append(errs, fmt.Errorf("%w: pod %s: %s", ErrOutputIncomplete, h.name, why))
 		}
 	}
-	errs = append(errs, h.stdout.Err(), h.stderr.Err(), h.copyOut(dctx))
+	errs = append(errs, h.stdout.Err(), h.stderr.Err())
+	if err := h.evicted(dctx); err != nil {
+		errs = append(errs, err) // the volumes are gone: nothing to copy out
+	} else {
+		errs = append(errs, h.copyOut(dctx))
+	}
 	res.Err = errors.Join(errs...)
+}
+
+// evicted returns an error wrapping ErrEvicted, with the kubelet's reason,
+// when the Pod was evicted; nil otherwise, also when the Pod cannot be read
+// (the copy-out then reports what went wrong).
+func (h *handle) evicted(ctx context.Context) error {
+	pod, err := h.b.getPod(ctx, h.name)
+	if err != nil || pod.Status.Reason != "Evicted" {
+		return nil
+	}
+	return fmt.Errorf("%w: pod %s: %s (the run's disk cap is %d bytes; the files in its mounts were lost with the pod)",
+		ErrEvicted, h.name, strings.TrimSpace(pod.Status.Message), h.b.dataVolumeBytes(h.spec))
 }
 
 // stop runs the helper's stop in the run container: SIGTERM, then SIGKILL
