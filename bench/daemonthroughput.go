@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/taskrun/taskrun/daemon"
@@ -44,43 +41,27 @@ func daemonThroughput(ctx context.Context, e *env) ([]row, error) {
 	}
 	defer stop()
 	total := e.c.daemonRuns
-	batch := func(local bool) (time.Duration, error) {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		errs := make([]error, daemonThroughputConcurrency)
-		start := time.Now()
-		for g := range daemonThroughputConcurrency {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := next.Add(1)
-					if i > int64(total) {
-						return
-					}
-					args := []string{"--quiet", "run", "--run-id", fmt.Sprintf("%s-tp%v-%d", e.c.benchID, local, i)}
-					if local {
-						args = append(args, "--local", "--root", filepath.Join(dir, "local-runs"), "--store", "file://"+filepath.Join(dir, "local-store"), "--image", e.c.image)
-					}
-					cmd := exec.CommandContext(ctx, bin, append(args, "--", "true")...)
-					cmd.Env = cenv
-					cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-					if err := cmd.Run(); err != nil && errs[g] == nil {
-						errs[g] = fmt.Errorf("taskrun run (local %v) %d: %w", local, i, err)
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		return time.Since(start), errors.Join(errs...)
-	}
-	// One unmeasured run each: helpers unpacked, image inspected.
-	for _, local := range []bool{false, true} {
-		args := []string{"--quiet", "run", "--run-id", fmt.Sprintf("%s-tpwarmup%v", e.c.benchID, local)}
+	runArgs := func(local bool, id string) []string {
+		args := []string{"--quiet", "run", "--run-id", id}
 		if local {
 			args = append(args, "--local", "--root", filepath.Join(dir, "local-runs"), "--store", "file://"+filepath.Join(dir, "local-store"), "--image", e.c.image)
 		}
-		cmd := exec.CommandContext(ctx, bin, append(args, "--", "true")...)
+		return append(args, "--", "true")
+	}
+	batch := func(local bool) (time.Duration, error) {
+		return runConcurrently(total, daemonThroughputConcurrency, func(i int) error {
+			cmd := exec.CommandContext(ctx, bin, runArgs(local, fmt.Sprintf("%s-tp%v-%d", e.c.benchID, local, i))...)
+			cmd.Env = cenv
+			cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("taskrun run (local %v) %d: %w", local, i, err)
+			}
+			return nil
+		})
+	}
+	// One unmeasured run each: helpers unpacked, image inspected.
+	for _, local := range []bool{false, true} {
+		cmd := exec.CommandContext(ctx, bin, runArgs(local, fmt.Sprintf("%s-tpwarmup%v", e.c.benchID, local))...)
 		cmd.Env = cenv
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("taskrun run (local %v): %w: %s", local, err, out)

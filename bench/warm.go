@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/taskrun/taskrun/executor"
@@ -198,32 +196,14 @@ func warmThroughput(ctx context.Context, e *env) ([]row, error) {
 	defer w.close()
 	total := max(e.c.warmRuns, 2*concurrency)
 	run := func(warm bool) (time.Duration, error) {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		errs := make([]error, concurrency)
-		start := time.Now()
-		for g := range concurrency {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := next.Add(1)
-					if i > int64(total) {
-						return
-					}
-					name := "cold"
-					if warm {
-						name = "warm"
-					}
-					spec := w.spec(fmt.Sprintf("%s-tp-%d", name, i), &statusUpdater{}, "sh", "-c", "echo $TASKRUN_RUN_ID")
-					if err := w.runOn(ctx, w.host(warm), "", spec); err != nil && errs[g] == nil {
-						errs[g] = err
-					}
-				}
-			}()
+		name := "cold"
+		if warm {
+			name = "warm"
 		}
-		wg.Wait()
-		return time.Since(start), errors.Join(errs...)
+		return runConcurrently(total, concurrency, func(i int) error {
+			spec := w.spec(fmt.Sprintf("%s-tp-%d", name, i), &statusUpdater{}, "sh", "-c", "echo $TASKRUN_RUN_ID")
+			return w.runOn(ctx, w.host(warm), "", spec)
+		})
 	}
 	if err := w.waitReady(ctx, w.spec("probe", &statusUpdater{}, "sh", "-c", "echo $TASKRUN_RUN_ID"), concurrency); err != nil {
 		return nil, err
