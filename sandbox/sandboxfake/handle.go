@@ -170,14 +170,18 @@ func (h *handle) stop() {
 	}
 }
 
-// sigkill ends the container now: its Program's context ends and its exit
-// code is KilledExitCode, whatever the Program still returns.
+// sigkill ends the container now: its output closes before its Program's
+// context ends, so nothing the Program writes afterwards reaches the
+// streams, and its exit code is KilledExitCode, whatever the Program still
+// returns.
 func (h *handle) sigkill() {
 	h.mu.Lock()
 	if h.finished.IsZero() {
 		h.code, h.finished = KilledExitCode, time.Now()
 	}
 	h.mu.Unlock()
+	h.stdout.close()
+	h.stderr.close()
 	h.kill()
 }
 
