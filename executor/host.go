@@ -125,6 +125,8 @@ type Host struct {
 	layout Layout
 	pool   *warmpool.Pool
 	log    *slog.Logger
+	// live are the runs whose container is live, for Pause.
+	live *liveRuns
 
 	journalOnce sync.Once
 	journal     *journal.Dir
@@ -171,7 +173,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	if err := layout.Create(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	h := &Host{cfg: cfg, layout: layout, log: cfg.Logger}
+	h := &Host{cfg: cfg, layout: layout, log: cfg.Logger, live: &liveRuns{}}
 	if cfg.Warm != nil {
 		h.pool, err = warmpool.New(warmpool.Config{
 			Backend: cfg.Backend, Dir: layout.PoolDir(), DiskCapTemplates: layout.DiskCapTemplatesDir(),
@@ -316,6 +318,7 @@ func (h *Host) Input(spec Spec) Input {
 		Logger: c.Logger, Journal: c.Journal, Executor: c.Executor,
 		AttestKey: c.AttestKey, Version: c.Version, StoreURL: c.StoreURL, ControlPlane: c.ControlPlane,
 		PersistTimeout: c.PersistTimeout, ReportTimeout: c.ReportTimeout, ShutdownGrace: c.ShutdownGrace,
+		live: h.live,
 	}
 	if spec.Policy != nil {
 		in.Policy = *spec.Policy

@@ -34,6 +34,9 @@ func newLaunch(p *plan, wd *workdir, hooks []hook) *launch {
 	spec := p.containerSpec()
 	wrapRelay(p, &spec)
 	configureAll(hooks, &spec)
+	if p.in.restore != nil {
+		spec.RestoreFrom = p.in.restore.dir
+	}
 	return &launch{spec: spec, policy: wd.policy(p), startWith: starterOf(hooks, p.in.Sandbox)}
 }
 

@@ -153,6 +153,11 @@ func newPlan(in Input) (*plan, error) {
 	if p.helpers, err = resolveHelpers(in); err != nil {
 		return nil, err
 	}
+	if in.restore != nil {
+		// A restored sandbox goes on past its self-check: no wrapper, no
+		// hold waits for it. The live audit still inspects it.
+		p.helpers = nil
+	}
 	p.spec = p.baseSpec()
 	if p.pull, err = sandbox.ParsePullPolicy(string(in.Pull)); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidInput, err)
