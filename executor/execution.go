@@ -1,8 +1,8 @@
 package executor
 
 import (
-	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
