@@ -65,7 +65,9 @@ func (l *liveRuns) get(id string) *runner {
 type pausing struct {
 	mu sync.Mutex
 	// h is the live container; nil before it started and once it exited.
-	h sandbox.Handle
+	// stop stops it (the run's Stop).
+	h    sandbox.Handle
+	stop context.CancelFunc
 	// asked is set once the sandbox was checkpointed: its exit is the
 	// pause, not the agent's end.
 	asked bool
@@ -84,9 +86,12 @@ type pausing struct {
 // stored as for any run's end, and the host lets go of everything it held
 // for it (container, uid, disk cap, run directory, gateway, egress proxy).
 // It returns once the run ended, with its Outcome, whose Checkpoint is
-// the manifest Resume needs. A backend that keeps no memory for the run's
-// runtime is refused with sandbox.ErrCheckpointUnsupported and the run
-// goes on; so it does when the checkpoint itself fails.
+// the manifest Resume needs. Where the backend keeps no memory of the
+// run's runtime (runc without CRIU, Kubernetes), the pause keeps the run's
+// files only (sandbox.CheckpointFiles): the container is stopped, its home
+// is stored as the run's session state, the reason says so, and a resume
+// starts its command again in that home. A checkpoint that fails leaves
+// the run going on.
 func (h *Host) Pause(ctx context.Context, runID string) (*Outcome, error) {
 	r := h.live.get(runID)
 	if r == nil {
@@ -115,9 +120,8 @@ func (r *runner) pause(ctx context.Context) error {
 	}
 	cp, ok := p.in.Sandbox.(sandbox.Checkpointer)
 	kind := p.caps.CheckpointsFor(p.policy.Runtime)
-	if !ok || kind == sandbox.CheckpointNone {
-		return fmt.Errorf("executor: pause run %s: %w: the %s backend keeps no checkpoint of runtime %q",
-			p.ref.RunID, sandbox.ErrCheckpointUnsupported, p.caps.Kind, p.policy.Runtime)
+	if !ok {
+		kind = sandbox.CheckpointNone
 	}
 	dir, err := os.MkdirTemp(p.hostDir, "checkpoint-")
 	if err != nil {
@@ -126,7 +130,16 @@ func (r *runner) pause(ctx context.Context) error {
 	defer os.RemoveAll(dir)
 	r.tr.step("pause:checkpoint")
 	stop := p.timings.Start(timings.Checkpoint)
-	err = cp.Checkpoint(ctx, pz.h, dir)
+	if kind == sandbox.CheckpointNone {
+		// No memory checkpoint here: the container is stopped, and the
+		// run's files (its home, stored as its session state) are what
+		// the checkpoint keeps; a resume starts its command again.
+		kind = sandbox.CheckpointFiles
+		pz.stop()
+		p.log.Warn("the backend keeps no memory of this runtime: the pause keeps the run's files only", "runtime", p.policy.Runtime, "backend", p.caps.Kind)
+	} else {
+		err = cp.Checkpoint(ctx, pz.h, dir)
+	}
 	stop()
 	if err != nil {
 		// The sandbox was not stopped: the run goes on.
@@ -149,9 +162,9 @@ func (r *runner) pause(ctx context.Context) error {
 
 // started registers the run's live container h: Host.Pause may pause it
 // until it exited (exited).
-func (r *runner) started(h sandbox.Handle) {
+func (r *runner) started(h sandbox.Handle, stop context.CancelFunc) {
 	r.pausing.mu.Lock()
-	r.pausing.h = h
+	r.pausing.h, r.pausing.stop = h, stop
 	r.pausing.mu.Unlock()
 	r.p.in.live.add(r.p.ref.RunID, r)
 }
@@ -184,6 +197,9 @@ func (r *runner) pauseVerdict(v *verdict, ex *execution) {
 		pz.manifest.StderrOffset = fileSize(filepath.Join(r.p.hostDir, stderrSpoolName))
 		v.status = model.StatusPaused
 		v.reason = fmt.Sprintf("paused: its %s checkpoint is stored as %s (%s, %d bytes)", pz.manifest.Kind, checkpoint.ArchiveObject, pz.manifest.Digest, pz.manifest.Size)
+		if pz.manifest.Kind == sandbox.CheckpointFiles {
+			v.reason += fmt.Sprintf("; this backend keeps no memory of runtime %q: the run's files are kept (its home, as its session state), and a resume starts its command again", pz.manifest.Runtime)
+		}
 		ex.Checkpoint = pz.manifest
 	default:
 		v.reason = joinReasons(v.reason, fmt.Sprintf("its checkpoint was stored as %s (%s) when it paused", checkpoint.ArchiveObject, pz.manifest.Digest))
@@ -262,6 +278,9 @@ func checkRestore(b sandbox.Backend, ref model.RunRef, m checkpoint.Manifest, po
 	}
 	if looser := checkpoint.Loosenings(pol, *m.Policy); len(looser) > 0 {
 		return fmt.Errorf("executor: resume run %s: it stays PAUSED: %w: %s", ref.RunID, checkpoint.ErrLooserPolicy, strings.Join(looser, "; "))
+	}
+	if m.Kind == sandbox.CheckpointFiles {
+		return nil // the run's files: any backend starts its command again
 	}
 	if _, ok := b.(sandbox.Checkpointer); !ok || m.Kind != sandbox.CheckpointMemory || sandbox.CapabilitiesOf(b).CheckpointsFor(pol.Runtime) != m.Kind {
 		return fmt.Errorf("executor: resume run %s: it stays PAUSED: %w: a %q checkpoint under runtime %q on this backend",

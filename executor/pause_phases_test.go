@@ -234,3 +234,47 @@ func (s *syncWriter) String() string {
 	defer s.mu.Unlock()
 	return s.w.String()
 }
+
+// Where the backend keeps no memory (the plain fake, as runc without
+// CRIU), a pause keeps the run's files only and says so: the container is
+// stopped, its home stored; a resume starts the command again in that
+// home, its output going on after what the paused run printed.
+func TestPauseKeepsFilesOnlyWithoutMemoryCheckpoints(t *testing.T) {
+	fake := sandboxfake.New(sandboxfake.WithMaxStopGrace(time.Millisecond))
+	fake.Install("/agent/files", func(ctx context.Context, p *sandboxfake.Process) int {
+		prev, _ := p.ReadFile("/taskrun/home/progress")
+		if len(prev) > 0 {
+			fmt.Fprintf(p.Stdout, "again after %s\n", prev)
+			return 0
+		}
+		if err := p.WriteFile("/taskrun/home/progress", []byte("step1")); err != nil {
+			return 1
+		}
+		fmt.Fprintln(p.Stdout, "step1")
+		<-ctx.Done()
+		return 137
+	})
+	h, err := executor.New(t.Context(), executor.Config{
+		Root: t.TempDir(), Backend: fake, Store: memStore(t), Logger: discard,
+		Defaults: executor.Defaults{Image: "fake/agent", DiskLimitBytes: -1, Command: []string{"/agent/files"}},
+	})
+	require.NoError(t, err)
+	rec := &controlplanetest.Recorder{}
+	spec := executor.Spec{
+		Task: &model.Task{ID: "t", UserID: "u", ConversationID: "c"}, Run: &model.TaskRun{ID: "r1", TaskID: "t"}, SessionID: "s",
+		Updater: rec, StreamSender: rec,
+	}
+	ran := make(chan error, 1)
+	go func() { _, err := h.Run(t.Context(), spec); ran <- err }()
+	out := pauseLive(t, h)
+	require.ErrorIs(t, <-ran, executor.ErrPaused)
+	assert.Equal(t, model.StatusPaused, out.Status)
+	assert.Equal(t, sandbox.CheckpointFiles, out.Checkpoint.Kind)
+	assert.Contains(t, out.Reason, "keeps no memory")
+
+	resumed, err := h.Resume(t.Context(), spec, *out.Checkpoint)
+	require.NoError(t, err)
+	assert.Equal(t, "step1\nagain after step1\n", resumed.Result.OutputStr)
+	stream, _, _ := rec.Stream()
+	assert.Equal(t, "step1\nagain after step1\n", string(stream))
+}

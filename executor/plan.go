@@ -153,7 +153,7 @@ func newPlan(in Input) (*plan, error) {
 	if p.helpers, err = resolveHelpers(in); err != nil {
 		return nil, err
 	}
-	if in.restore != nil {
+	if in.restore != nil && in.restore.manifest.Kind == sandbox.CheckpointMemory {
 		// A restored sandbox goes on past its self-check: no wrapper, no
 		// hold waits for it. The live audit still inspects it.
 		p.helpers = nil

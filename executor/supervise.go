@@ -48,7 +48,7 @@ func (r *runner) supervise(ctx, hard context.Context, l *launch) (h sandbox.Hand
 	gated := r.gates(ctx, gateCtx, stop, ex, &gateRequest{Run: ctx, Handle: h, HostFacts: hostFacts})
 	r.tr.trace(ctx, transition{state: stateStarted, containerID: h.ID()})
 	r.poststart(ctx, &poststartRequest{Stop: stop, Hard: hard, Handle: h})
-	r.started(h)
+	r.started(h, stop)
 
 	stopWait := p.timings.Start(timings.Wait)
 	res := h.Wait(waitCtx)
