@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -193,6 +194,31 @@ func (c *Client) Stop(ctx context.Context, runID string) error {
 	}
 	return nil
 }
+
+// Pause pauses the caller's live run runID (executor.Host.Pause) and
+// returns its outcome: PAUSED, its Checkpoint the manifest a resume needs.
+func (c *Client) Pause(ctx context.Context, runID string) (*executor.Outcome, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/pause", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, refused(resp)
+	}
+	var out executor.Outcome
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxOutcome)).Decode(&out); err != nil {
+		return nil, fmt.Errorf("daemon: pause %s: %w", runID, err)
+	}
+	return &out, nil
+}
+
+// maxOutcome caps an Outcome the daemon answers.
+const maxOutcome = 16 << 20
 
 // Exec runs req in the caller's live run runID, copies its output to
 // stdout and stderr as it comes and returns how it ended.

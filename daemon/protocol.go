@@ -45,6 +45,9 @@ const (
 	PathRuns   = "/v1/runs"
 	PathCancel = "/v1/runs/{id}/cancel"
 	PathExec   = "/v1/runs/{id}/exec"
+	// PathPause pauses a live run (executor.Host.Pause) and answers its
+	// executor.Outcome, PAUSED, once it ended.
+	PathPause = "/v1/runs/{id}/pause"
 )
 
 // SocketPath is where the daemon listens and the client dials: $TASKRUN_HOST,

@@ -167,6 +167,7 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("POST "+PathRuns, func(w http.ResponseWriter, r *http.Request) { s.serveRun(ctx, w, r) })
 	mux.HandleFunc("POST "+PathCancel, s.serveCancel)
 	mux.HandleFunc("POST "+PathExec, s.serveExec)
+	mux.HandleFunc("POST "+PathPause, s.servePause)
 	mux.HandleFunc(PathFiles, s.serveFiles)
 	return mux
 }
@@ -447,6 +448,28 @@ func (s *Server) serveCancel(w http.ResponseWriter, r *http.Request) {
 	run.cancel()
 	s.log.Info("run cancelled by its client", "run", id, "uid", peer.UID)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// servePause pauses the peer's live run through the host and answers its
+// outcome once the run ended PAUSED.
+func (s *Server) servePause(w http.ResponseWriter, r *http.Request) {
+	run, peer, ok := s.liveOf(w, r)
+	if !ok {
+		return
+	}
+	id := run.ref.RunID
+	out, err := s.cfg.Host.Pause(r.Context(), id)
+	switch {
+	case errors.Is(err, executor.ErrNotLive):
+		refuse(w, http.StatusConflict, err)
+		return
+	case err != nil:
+		refuse(w, http.StatusInternalServerError, err)
+		return
+	}
+	s.log.Info("run paused by its client", "run", id, "uid", peer.UID, "status", out.Status)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
 }
 
 // frameWriter writes frames to a response, one JSON line each, flushed.
