@@ -271,4 +271,17 @@ func TestDaemonPausesALiveRun(t *testing.T) {
 	rec := e.endedRecord(t, runID)
 	assert.Equal(t, model.StatusPaused, rec.Status)
 	e.requireNothingLeft(t, runID)
+
+	// Resumed, it is live again, and stops as any live run.
+	assert.Equal(t, "404", asNobody(t, d.sock, "POST", "/v1/runs/"+runID+"/resume", ""))
+	out, stderr, code = runTaskrun(t, d, "resume", runID)
+	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
+	assert.Equal(t, runID, strings.TrimSpace(out))
+	_, stderr, code = runTaskrun(t, d, "stop", runID)
+	require.Equal(t, exitOK, code, stderr)
+	require.Eventually(t, func() bool {
+		rec = e.endedRecord(t, runID)
+		return rec.Status == model.StatusCancelled
+	}, testdeadline.Scale(time.Minute), 200*time.Millisecond, "the resumed run ends CANCELLED once stopped")
+	e.requireNothingLeft(t, runID)
 }
