@@ -17,6 +17,7 @@ import (
 	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/internal/runtest"
+	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
@@ -46,15 +47,15 @@ func (b *lockedBuffer) String() string {
 	return b.sb.String()
 }
 
-// A gVisor run whose state lives only in its sandbox is paused through
-// its host: it ends PAUSED, its checkpoint stored with the run, and the
+// A gVisor run with the self-check, whose state lives only in its sandbox,
+// is paused through its host: it ends PAUSED, its checkpoint stored with the run, and the
 // host holds nothing of it (container, run directory, journal record).
 // Another host, with another runs root and the same store, resumes it: it
 // goes on from its counter and its file offset, and its output log and
 // stream have every line once, in order.
 func TestPauseAndResumeARunOnAnotherHost(t *testing.T) {
 	dir1 := t.TempDir()
-	env1 := runtest.New(t, runtest.Options{Dir: dir1})
+	env1 := runtest.New(t, runtest.Options{Dir: dir1, HelpersDir: testbin.Dir(t)})
 	if env1.Backend.Capabilities().CheckpointsFor(sandbox.RuntimeGVisor) != sandbox.CheckpointMemory {
 		msg := "the engine has no memory checkpoints: runsc and taskrun-runsc-restore must be registered (scripts/test-setup.sh)"
 		if os.Getenv("TASKRUN_REQUIRE_RUNSC") == "1" {
@@ -62,7 +63,7 @@ func TestPauseAndResumeARunOnAnotherHost(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
-	env2 := runtest.New(t, runtest.Options{Dir: t.TempDir(), StoreURL: "file://" + filepath.Join(dir1, "store"), Tenant: env1.Tenant})
+	env2 := runtest.New(t, runtest.Options{Dir: t.TempDir(), StoreURL: "file://" + filepath.Join(dir1, "store"), Tenant: env1.Tenant, HelpersDir: testbin.Dir(t)})
 	ctx := t.Context()
 	pol := sandbox.DefaultPolicy()
 	pol.Runtime = sandbox.RuntimeGVisor

@@ -60,6 +60,9 @@ type plan struct {
 	// helpers are the helper files mounted into the container; nil when
 	// the run has no self-check.
 	helpers helpers.Files
+	// restoreMounts are the helper files' mounts of a run restored from
+	// a memory checkpoint, which runs without the self-check.
+	restoreMounts []sandbox.Mount
 	// slot is the warm container the run claimed (claimWarm); nil for a
 	// cold run. The run's dirs are then the slot's.
 	slot *warmpool.Slot
@@ -155,7 +158,10 @@ func newPlan(in Input) (*plan, error) {
 	}
 	if in.restore != nil && in.restore.manifest.Kind == sandbox.CheckpointMemory {
 		// A restored sandbox goes on past its self-check: no wrapper, no
-		// hold waits for it. The live audit still inspects it.
+		// hold waits for it. The live audit still inspects it. Its helper
+		// files are mounted where they were: gVisor restores a sandbox
+		// with the mounts it was checkpointed with.
+		p.restoreMounts = p.helpers.Mounts()
 		p.helpers = nil
 	}
 	p.spec = p.baseSpec()
