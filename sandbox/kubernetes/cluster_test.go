@@ -609,3 +609,37 @@ func TestRunPastItsDiskCapFailsWithTheReason(t *testing.T) {
 	assert.NotContains(t, res.Err.Error(), "gzip", "no copy-out from a Pod that is gone")
 	require.NoError(t, h.Close(t.Context()))
 }
+
+// TestDeletingTheRunPodReapsItsNetworkPolicy deletes a live run's Pod as an
+// administrator (or a reaper that knows nothing of NetworkPolicies) would,
+// without the executor: the cluster's garbage collector deletes the Pod's
+// NetworkPolicy, which the Pod owns.
+func TestDeletingTheRunPodReapsItsNetworkPolicy(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	var out lockedbuf.Buffer
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo up; sleep 1000"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "owned"}, Timeout: 2 * time.Minute}
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	select {
+	case <-out.Seen("up"):
+	case <-time.After(time.Minute):
+		t.Fatal("the run never printed its marker")
+	}
+	cs := b.clientset()
+	pod, err := cs.CoreV1().Pods(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+	require.NoError(t, err)
+	np, err := cs.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Len(t, np.OwnerReferences, 1)
+	assert.Equal(t, pod.UID, np.OwnerReferences[0].UID, "the Pod owns its NetworkPolicy")
+
+	zero := int64(0)
+	require.NoError(t, cs.CoreV1().Pods(e.namespace).Delete(t.Context(), h.ID(), metav1.DeleteOptions{GracePeriodSeconds: &zero}))
+	assert.Eventually(t, func() bool {
+		_, err := cs.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, 90*time.Second, time.Second, "the garbage collector deletes the NetworkPolicy of a deleted run Pod")
+}

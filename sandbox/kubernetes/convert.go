@@ -297,6 +297,17 @@ func networkPolicy(cfg podConfig, podLabels map[string]string) *networkingv1.Net
 	}
 }
 
+// ownedBy is the owner reference that makes a run's other objects (its
+// NetworkPolicy) the Pod's: deleting the Pod, by the executor, the reaper or
+// anyone, lets the cluster's garbage collector delete them. The Pod is the
+// controller of what it owns; blockOwnerDeletion stays unset, as it needs
+// update rights on the Pod's finalizers and would only delay the Pod's
+// deletion.
+func ownedBy(pod *corev1.Pod) metav1.OwnerReference {
+	controller := true
+	return metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: &controller}
+}
+
 // metadata returns the Pod's labels and annotations. Every dev.taskrun.*
 // value and every Spec label is an annotation (times and paths are not
 // valid label values); those that are valid label values are labels too,

@@ -19,7 +19,8 @@
 //     read-write mounts back over exec and deleted the Pod.
 //
 // A NetworkPolicy denying all ingress and egress selects the run's Pod
-// alone. Timeouts and cancellation stop the run container with SIGTERM and,
+// alone; the Pod owns it (an owner reference), so whoever deletes the Pod,
+// the cluster's garbage collector deletes the policy. Timeouts and cancellation stop the run container with SIGTERM and,
 // after the grace period, SIGKILL (exec of the helper's stop); the Pod's
 // activeDeadlineSeconds is a backstop the cluster enforces when the executor
 // is gone, and Reap removes such Pods by label.
@@ -240,7 +241,7 @@ func New(ctx context.Context, cfg *rest.Config, namespace string, opts ...Option
 	return b, nil
 }
 
-// Start creates the run's NetworkPolicy and Pod, fills the mounts, attaches
+// Start creates the run's Pod and the NetworkPolicy it owns, fills the mounts, attaches
 // to the run container and releases its gate. On error nothing is left
 // behind.
 func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
