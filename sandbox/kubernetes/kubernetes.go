@@ -130,7 +130,9 @@ func WithRequests(cpu, memory resource.Quantity) Option {
 func WithStopGrace(d time.Duration) Option { return func(b *Backend) { b.stopGrace = d } }
 
 // WithExpirySlack sets the margin added to timeout and grace in the expiry
-// annotation and the Pod's active deadline.
+// annotation and the Pod's active deadline. It never goes below what the
+// executor may spend on a run around its timeout (start timeout, stop
+// grace, API server outage bound).
 func WithExpirySlack(d time.Duration) Option { return func(b *Backend) { b.expirySlack = d } }
 
 // WithStartTimeout bounds how long Start waits for the Pod to start.
@@ -305,9 +307,24 @@ func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time
 		InstanceProcess:  b.instanceProcess,
 		InstanceHost:     b.host,
 		Created:          created,
-		Slack:            b.expirySlack,
+		Slack:            b.slack(spec),
 		AckIdle:          b.ackIdle,
 	}
+}
+
+// slack is the margin of a run's deadline past its timeout and grace: the
+// backend's expiry slack, but never less than what the executor itself may
+// still spend on the run around its timeout (starting the Pod, stopping the
+// command, waiting out an API server outage, copying the mounts out), so
+// neither the cluster's active deadline nor the reaper ends a Pod its
+// executor is still within its bounds to finish.
+func (b *Backend) slack(spec sandbox.Spec) time.Duration {
+	grace := spec.StopGrace
+	if grace <= 0 {
+		grace = b.stopGrace
+	}
+	own := b.startTimeout + 2*grace + 3*cleanupTimeout + b.apiOutage
+	return max(b.expirySlack, own)
 }
 
 // dataVolumeBytes is the size of the data volume of a Pod running spec: the
