@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
 	"github.com/taskrun/taskrun/audit"
@@ -642,4 +643,40 @@ func TestDeletingTheRunPodReapsItsNetworkPolicy(t *testing.T) {
 		_, err := cs.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	}, 90*time.Second, time.Second, "the garbage collector deletes the NetworkPolicy of a deleted run Pod")
+}
+
+// TestReapRemovesAPodStoppedAtItsDeadline shortens a live run's active
+// deadline (as if its executor had stopped renewing its interest long ago):
+// once the cluster stops the Pod at that deadline, another executor's
+// reaper removes it, though its executor is not proven gone, and the
+// cluster deletes its NetworkPolicy with it.
+func TestReapRemovesAPodStoppedAtItsDeadline(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sleep", "300"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "deadline"}, Timeout: 5 * time.Minute}
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
+	require.NoError(t, err)
+	defer h.Close(context.Background())
+	cs := b.clientset()
+	patch := []byte(`{"spec":{"activeDeadlineSeconds":1}}`)
+	_, err = cs.CoreV1().Pods(e.namespace).Patch(t.Context(), h.ID(), types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		pod, err := cs.CoreV1().Pods(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+		return err == nil && pod.Status.Phase == corev1.PodFailed && pod.Status.Reason == reasonDeadlineExceeded
+	}, 90*time.Second, time.Second, "the kubelet stops the Pod at its deadline")
+
+	reaper := newTestBackend(t, e, WithInstance("another-executor"))
+	alive := func(string, string) (bool, string) { return false, "" }
+	rep, err := reaper.Reap(t.Context(), ReapOptions{Grace: time.Millisecond, ExecutorGone: alive,
+		Labels: map[string]string{sandbox.LabelRun: "deadline"}})
+	require.NoError(t, err)
+	require.Len(t, rep.Removed, 1, "%+v", rep)
+	assert.Equal(t, h.ID(), rep.Removed[0].Name)
+	assert.Contains(t, rep.Removed[0].Reason, "active deadline")
+	assert.Eventually(t, func() bool {
+		left, err := reaper.ListManaged(t.Context(), map[string]string{sandbox.LabelRun: "deadline"})
+		return err == nil && len(left) == 0
+	}, 90*time.Second, time.Second, "no Pod or NetworkPolicy of the run is left")
 }
