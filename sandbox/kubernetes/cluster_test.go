@@ -680,3 +680,35 @@ func TestReapRemovesAPodStoppedAtItsDeadline(t *testing.T) {
 		return err == nil && len(left) == 0
 	}, 90*time.Second, time.Second, "no Pod or NetworkPolicy of the run is left")
 }
+
+// TestEvictedRunKeepsItsOutput writes output on both streams, then writes
+// past the run's disk cap, so the kubelet evicts the Pod: the run fails
+// with ErrEvicted and the kubelet's reason, and every byte the command
+// wrote before the eviction has reached the run's streams.
+func TestEvictedRunKeepsItsOutput(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	runDir := t.TempDir()
+	require.NoError(t, os.Chmod(runDir, 0o777))
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
+		Cmd: []string{"sh", "-c", "i=0; while [ $i -lt 500 ]; do i=$((i+1)); echo line-$i; done; echo err-line >&2; " +
+			"head -c 100000000 /dev/urandom >/taskrun/big.bin; sleep 90"},
+		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "evicted-output"},
+		Mounts:  []sandbox.Mount{{Source: runDir, Target: "/taskrun"}},
+		Timeout: 3 * time.Minute, StopGrace: time.Second, DiskBytes: 64 << 20}
+	pol := sandbox.DefaultPolicy()
+	pol.NanoCPUs = 500_000_000
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	res := h.Wait(t.Context())
+	require.ErrorIs(t, res.Err, ErrEvicted, "exit %d, %v", res.ExitCode, res.Err)
+	var want strings.Builder
+	for i := 1; i <= 500; i++ {
+		fmt.Fprintf(&want, "line-%d\n", i)
+	}
+	assert.Equal(t, want.String(), out.String(), "the output written before the eviction is kept whole")
+	assert.Equal(t, "err-line\n", errOut.String())
+	require.NoError(t, h.Close(t.Context()))
+}
