@@ -639,10 +639,12 @@ func TestDeletingTheRunPodReapsItsNetworkPolicy(t *testing.T) {
 
 	zero := int64(0)
 	require.NoError(t, cs.CoreV1().Pods(e.namespace).Delete(t.Context(), h.ID(), metav1.DeleteOptions{GracePeriodSeconds: &zero}))
+	deleted := time.Now()
 	assert.Eventually(t, func() bool {
 		_, err := cs.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
-	}, 90*time.Second, time.Second, "the garbage collector deletes the NetworkPolicy of a deleted run Pod")
+	}, 90*time.Second, 200*time.Millisecond, "the garbage collector deletes the NetworkPolicy of a deleted run Pod")
+	t.Logf("the NetworkPolicy was gone %s after the Pod's deletion", time.Since(deleted).Round(100*time.Millisecond))
 }
 
 // TestReapRemovesAPodStoppedAtItsDeadline shortens a live run's active
