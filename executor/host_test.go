@@ -22,7 +22,9 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/sandboxfake"
 	"github.com/taskrun/taskrun/uidpool"
+	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
+	"github.com/taskrun/taskrun/workspace"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
 )
 
@@ -295,4 +297,31 @@ func TestRunExecutesOnTheHost(t *testing.T) {
 	out, err = h.Run(ctx, spec)
 	require.NoError(t, err)
 	assert.Equal(t, "hello from r2\n", out.Result.OutputStr)
+}
+
+// The options for what a caller brings: Paths places the run directories
+// (the journal stays under Root), Artifacts takes the agents' files beside
+// Store, and WarmPool is the caller's pool, which Close leaves alone.
+func TestHostTakesTheCallersPathsArtifactsAndPool(t *testing.T) {
+	ctx := context.Background()
+	root, elsewhere := t.TempDir(), t.TempDir()
+	store, artifacts := memStore(t), memStore(t)
+	paths := workspace.NewPaths(elsewhere)
+	h, err := executor.New(ctx, executor.Config{Root: root, Paths: paths, Backend: sandboxfake.New(), Store: store, Artifacts: artifacts, Logger: discard})
+	require.NoError(t, err)
+	in := h.Input(executor.Spec{})
+	assert.Same(t, paths, in.Paths)
+	assert.Same(t, store, in.Persist)
+	assert.Same(t, artifacts, in.ArtifactStorage)
+
+	_, err = executor.New(ctx, executor.Config{Root: root, Warm: &executor.Warm{}, WarmPool: &warmpool.Pool{}})
+	require.ErrorIs(t, err, executor.ErrConfig)
+	assert.ErrorContains(t, err, "at most one of Config.Warm")
+
+	pool := &warmpool.Pool{}
+	h, err = executor.New(ctx, executor.Config{Root: root, WarmPool: pool, Logger: discard})
+	require.NoError(t, err)
+	assert.Same(t, pool, h.WarmPool())
+	assert.Same(t, pool, h.Input(executor.Spec{}).WarmPool)
+	require.NoError(t, h.Close(ctx), "the caller's pool is not closed (a zero Pool would panic)")
 }
