@@ -24,8 +24,8 @@ import (
 	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
-	"github.com/taskrun/taskrun/workspace"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
+	"github.com/taskrun/taskrun/workspace"
 )
 
 var discard = slog.New(slog.DiscardHandler)
