@@ -154,39 +154,9 @@ type Host struct {
 // under the root. Close releases what New
 // made; the backend, stores, uid pool and instance stay the caller's.
 func New(ctx context.Context, cfg Config) (*Host, error) {
-	if cfg.Root == "" {
-		return nil, fmt.Errorf("%w: Config.Root is required: the runs root holds the journal, pool and run directories (taskrun run's --root)", ErrConfig)
-	}
-	layout, err := NewLayout(cfg.Root)
+	cfg, layout, err := resolve(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	cfg.Root = layout.Root()
-	if len(cfg.Helpers) > 0 && cfg.HelpersDir != "" {
-		return nil, fmt.Errorf("%w: set at most one of Config.Helpers and Config.HelpersDir", ErrConfig)
-	}
-	if cfg.Defaults.Image == "" {
-		cfg.Defaults.Image = DefaultImage
-	}
-	if cfg.Defaults.Policy.MemoryBytes == 0 {
-		cfg.Defaults.Policy = sandbox.DefaultPolicy()
-	}
-	if cfg.Defaults.Timeout == 0 {
-		cfg.Defaults.Timeout = DefaultTimeout
-	}
-	if cfg.Defaults.Timeout < 0 {
-		return nil, fmt.Errorf("%w: Defaults.Timeout %v: give a positive duration such as 30m", ErrConfig, cfg.Defaults.Timeout)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Warm != nil && cfg.WarmPool != nil {
-		return nil, fmt.Errorf("%w: set at most one of Config.Warm (a pool New starts) and Config.WarmPool (a pool you started)", ErrConfig)
-	}
-	if cfg.Warm != nil {
-		if err := checkWarm(cfg); err != nil {
-			return nil, err
-		}
+		return nil, err
 	}
 	if err := layout.Create(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
@@ -204,6 +174,53 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	_ = ctx
 	return h, nil
+}
+
+// resolve checks cfg and fills its defaults, creating nothing.
+func resolve(cfg Config) (Config, Layout, error) {
+	if cfg.Root == "" {
+		return cfg, Layout{}, fmt.Errorf("%w: Config.Root is required: the runs root holds the journal, pool and run directories (taskrun run's --root)", ErrConfig)
+	}
+	layout, err := NewLayout(cfg.Root)
+	if err != nil {
+		return cfg, Layout{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	cfg.Root = layout.Root()
+	if len(cfg.Helpers) > 0 && cfg.HelpersDir != "" {
+		return cfg, Layout{}, fmt.Errorf("%w: set at most one of Config.Helpers and Config.HelpersDir", ErrConfig)
+	}
+	if cfg.Defaults, err = resolveDefaults(cfg.Defaults); err != nil {
+		return cfg, Layout{}, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Warm != nil && cfg.WarmPool != nil {
+		return cfg, Layout{}, fmt.Errorf("%w: set at most one of Config.Warm (a pool New starts) and Config.WarmPool (a pool you started)", ErrConfig)
+	}
+	if cfg.Warm != nil {
+		if err := checkWarm(cfg); err != nil {
+			return cfg, Layout{}, err
+		}
+	}
+	return cfg, layout, nil
+}
+
+// resolveDefaults fills d's zero fields with taskrun's defaults.
+func resolveDefaults(d Defaults) (Defaults, error) {
+	if d.Image == "" {
+		d.Image = DefaultImage
+	}
+	if d.Policy.MemoryBytes == 0 {
+		d.Policy = sandbox.DefaultPolicy()
+	}
+	if d.Timeout == 0 {
+		d.Timeout = DefaultTimeout
+	}
+	if d.Timeout < 0 {
+		return d, fmt.Errorf("%w: Defaults.Timeout %v: give a positive duration such as 30m", ErrConfig, d.Timeout)
+	}
+	return d, nil
 }
 
 // checkWarm refuses a warm pool that could never serve a run.
