@@ -7,10 +7,11 @@
 // through a TaskRunUpdater.
 //
 // This package is the seed's API and nothing more: every name here is an
-// alias of, or a thin wrapper over, package executor, which holds the run
-// pipeline and the long-lived executor.Host that services build once and
-// hand each run to. New code that runs many runs on one host uses
-// executor.New and Host.Run.
+// alias of package executor's, or a thin wrapper that splits a
+// RunTaskInput into an executor.Config and an executor.Spec and runs it
+// with executor.New and Host.Run. Package executor holds the run pipeline
+// and the long-lived executor.Host that services build once and hand each
+// run to; new code that runs many runs on one host uses it directly.
 package taskrun
 
 import (
