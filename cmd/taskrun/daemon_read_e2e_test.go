@@ -9,12 +9,14 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
+	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/runindex"
 )
 
@@ -169,4 +171,28 @@ func TestDaemonExecIsTheTenantsOwn(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rec))
 	require.Len(t, rec.Execs, 1)
 	assert.Equal(t, 4, rec.Execs[0].Exit)
+}
+
+// taskrun logs --follow through the daemon follows a client's run in
+// progress there from the daemon's spool to the run's end.
+func TestDaemonLogsFollowsARunInProgress(t *testing.T) {
+	e := newCrashEnv(t)
+	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
+	runID := "follow" + strings.ToLower(tenant(t)[:8])
+	client := d.client(t, nobody, "--run-id", runID, "--image", testImage, "--", "sh", "-c", "echo first; sleep 3; echo second")
+	require.NoError(t, client.Start())
+	done := make(chan error, 1)
+	go func() { done <- client.Wait() }()
+	require.Eventually(t, func() bool {
+		out, _, code := d.as(t, nobody, "inspect", "--json", runID)
+		var rec runindex.Record
+		return code == exitOK && json.Unmarshal([]byte(out), &rec) == nil && rec.Status == "RUNNING"
+	}, testdeadline.Scale(time.Minute), 50*time.Millisecond)
+	out, stderr, code := d.as(t, nobody, "logs", "--follow", runID)
+	assert.Equal(t, exitOK, code, stderr)
+	assert.Equal(t, "first\nsecond\n", out)
+	require.NoError(t, <-done)
+	// Another tenant cannot follow it.
+	_, stderr, code = d.as(t, nobody, "logs", "--follow", "--user", e.user, runID)
+	assert.Equal(t, exitUsage, code, stderr)
 }
