@@ -51,6 +51,9 @@ type Config struct {
 	Models func(name string) (config.ModelEntry, error)
 	// Tenant maps a peer uid to its tenant; UserNameTenant when nil.
 	Tenant func(uid uint32) (string, error)
+	// Records is the store whose runs clients read (taskrun runs, inspect,
+	// logs, cp...), each its tenant's only; nil: the daemon serves none.
+	Records *persist.Store
 	// StoreURL names the host's store to clients (without credentials).
 	StoreURL string
 	// Logger receives the daemon's log; the host's when nil.
@@ -168,6 +171,10 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("POST "+PathCancel, s.serveCancel)
 	mux.HandleFunc("POST "+PathExec, s.serveExec)
 	mux.HandleFunc(PathFiles, s.serveFiles)
+	mux.HandleFunc("GET "+PathRecords, s.serveRecords)
+	mux.HandleFunc("GET "+PathRecord, s.serveRecord)
+	mux.HandleFunc("GET "+PathRecordLog, s.serveRecordLog)
+	mux.HandleFunc("GET "+PathRecordObject, s.serveRecordObject)
 	return mux
 }
 
