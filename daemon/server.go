@@ -88,6 +88,14 @@ type liveRun struct {
 	used atomic.Int64
 	// container is the run's container ID once the run reported it.
 	container atomic.Pointer[string]
+	// ctx is the run's: its commands end with it.
+	ctx context.Context
+
+	// procMu guards the run's commands: procs by ID, order oldest first.
+	procMu   sync.Mutex
+	procs    map[string]*process
+	order    []string
+	nextProc int
 }
 
 // touch marks the run used now.
@@ -167,6 +175,12 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("POST "+PathRuns, func(w http.ResponseWriter, r *http.Request) { s.serveRun(ctx, w, r) })
 	mux.HandleFunc("POST "+PathCancel, s.serveCancel)
 	mux.HandleFunc("POST "+PathExec, s.serveExec)
+	mux.HandleFunc("POST "+PathProcesses, s.serveProcesses)
+	mux.HandleFunc("GET "+PathProcesses, s.serveProcesses)
+	mux.HandleFunc("GET "+PathProcess, s.serveProcess)
+	mux.HandleFunc("GET "+PathProcessOutput, s.serveProcessOutput)
+	mux.HandleFunc("POST "+PathProcessStdin, s.serveProcessStdin)
+	mux.HandleFunc("POST "+PathProcessSignal, s.serveProcessSignal)
 	mux.HandleFunc(PathFiles, s.serveFiles)
 	return mux
 }
@@ -253,7 +267,7 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	live := &liveRun{uid: peer.UID, cancel: cancel, ref: persist.RunRef{
+	live := &liveRun{uid: peer.UID, cancel: cancel, ctx: runCtx, procs: map[string]*process{}, ref: persist.RunRef{
 		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
 	live.touch()
 	s.mu.Lock()
