@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -410,4 +411,14 @@ func (c *Client) Signal(ctx context.Context, runID, pid, sig string) error {
 		return err
 	}
 	return c.call(ctx, http.MethodPost, processPath(runID, pid, "/signal"), bytes.NewReader(body), nil)
+}
+
+// Usage is the resource usage of the caller's live run runID at its last
+// live sample.
+func (c *Client) Usage(ctx context.Context, runID string) (*sandbox.Usage, error) {
+	var u sandbox.Usage
+	if err := c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID)+"/usage", nil, &u); err != nil {
+		return nil, err
+	}
+	return &u, nil
 }

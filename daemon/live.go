@@ -66,6 +66,7 @@ func (s *Server) runLive(ctx, runCtx context.Context, live *liveRun, spec execut
 	spec.Stderr = io.Discard
 	spec.Updater = runningUpdater{LogUpdater: executor.LogUpdater{Log: log}, running: running, live: live}
 	spec.Timings = timings.New(nil)
+	spec.OnUsage = func(u sandbox.Usage) { live.usage.Store(&u) }
 	log.Info("live run started", "max_idle", s.cfg.MaxIdle)
 	out, err := s.cfg.Host.Run(runCtx, spec)
 	var ended model.RunStatus
@@ -143,4 +144,24 @@ func dockerRunContainer(ctx context.Context, cli client.APIClient, run *liveRun)
 		recorded = *id
 	}
 	return docker.RunContainer(ctx, cli, run.ref.RunID, run.ref.UserID, recorded)
+}
+
+// PathUsage is a live run's resource usage so far (GET): a
+// sandbox.Usage, sampled from its container's cgroup every second. The
+// figures at its end are in its record.
+const PathUsage = "/v1/runs/{id}/usage"
+
+// serveUsage answers the peer's live run's usage at the last sample; 409
+// before the first.
+func (s *Server) serveUsage(w http.ResponseWriter, r *http.Request) {
+	run, _, ok := s.liveOf(w, r)
+	if !ok {
+		return
+	}
+	u := run.usage.Load()
+	if u == nil {
+		refuse(w, http.StatusConflict, fmt.Errorf("run %s: no sample of its usage yet", run.ref.RunID))
+		return
+	}
+	answerJSON(w, http.StatusOK, u)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runlimits"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
@@ -90,6 +91,8 @@ type liveRun struct {
 	container atomic.Pointer[string]
 	// ctx is the run's: its commands end with it.
 	ctx context.Context
+	// usage is the run's resource usage at the last live sample.
+	usage atomic.Pointer[sandbox.Usage]
 
 	// procMu guards the run's commands: procs by ID, order oldest first.
 	procMu   sync.Mutex
@@ -181,6 +184,7 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("GET "+PathProcessOutput, s.serveProcessOutput)
 	mux.HandleFunc("POST "+PathProcessStdin, s.serveProcessStdin)
 	mux.HandleFunc("POST "+PathProcessSignal, s.serveProcessSignal)
+	mux.HandleFunc("GET "+PathUsage, s.serveUsage)
 	mux.HandleFunc(PathFiles, s.serveFiles)
 	return mux
 }

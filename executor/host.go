@@ -306,7 +306,7 @@ func (h *Host) Input(spec Spec) Input {
 		ChangeExcludes:  spec.ChangeExcludes,
 		KeepRunDir:      spec.KeepRunDir,
 		Labels:          spec.Labels,
-		Stdout:          spec.Stdout, Stderr: spec.Stderr, Timings: spec.Timings,
+		Stdout:          spec.Stdout, Stderr: spec.Stderr, Timings: spec.Timings, OnUsage: spec.OnUsage,
 
 		Paths: h.layout.Paths(), Persist: c.Store, ArtifactStorage: c.Store,
 		Sandbox: c.Backend, Pull: c.Pull, AllowedImages: c.AllowedImages,
