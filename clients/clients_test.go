@@ -82,6 +82,7 @@ func TestTypeScriptClient(t *testing.T) {
 	node := interpreter(t, "node", "TypeScript", "20 or later",
 		"-e", "console.log(process.version); process.exit(Number(process.versions.node.split('.')[0]) >= 20 ? 0 : 1)")
 	cp := startControlPlane(t)
+	startDaemon(t)
 	cmd := exec.Command(node, "--test", "test/")
 	cmd.Dir = filepath.Join(moduleRoot(), "clients", "typescript")
 	out := cp.runClientTests(t, cmd)
