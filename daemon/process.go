@@ -223,7 +223,10 @@ func (s *Server) startProcess(ctx context.Context, run *liveRun, peer Peer, req 
 	run.procMu.Unlock()
 
 	started := make(chan struct{})
+	// The daemon's stop waits for the command's record.
+	s.wg.Add(1)
 	go func() {
+		defer s.wg.Done()
 		exit, err := docker.Exec(run.ctx, cli, id, docker.ExecOptions{User: user, Cmd: req.Argv, Env: req.Env, Dir: dir,
 			Tty: req.Tty, Stdin: stdin, Stdout: processWriter{p, false}, Stderr: processWriter{p, true},
 			Started: func(execID string) {
