@@ -25,6 +25,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runlimits"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
@@ -91,6 +92,16 @@ type liveRun struct {
 	used atomic.Int64
 	// container is the run's container ID once the run reported it.
 	container atomic.Pointer[string]
+	// ctx is the run's: its commands end with it.
+	ctx context.Context
+	// usage is the run's resource usage at the last live sample.
+	usage atomic.Pointer[sandbox.Usage]
+
+	// procMu guards the run's commands: procs by ID, order oldest first.
+	procMu   sync.Mutex
+	procs    map[string]*process
+	order    []string
+	nextProc int
 }
 
 // touch marks the run used now.
@@ -170,6 +181,13 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("POST "+PathRuns, func(w http.ResponseWriter, r *http.Request) { s.serveRun(ctx, w, r) })
 	mux.HandleFunc("POST "+PathCancel, s.serveCancel)
 	mux.HandleFunc("POST "+PathExec, s.serveExec)
+	mux.HandleFunc("POST "+PathProcesses, s.serveProcesses)
+	mux.HandleFunc("GET "+PathProcesses, s.serveProcesses)
+	mux.HandleFunc("GET "+PathProcess, s.serveProcess)
+	mux.HandleFunc("GET "+PathProcessOutput, s.serveProcessOutput)
+	mux.HandleFunc("POST "+PathProcessStdin, s.serveProcessStdin)
+	mux.HandleFunc("POST "+PathProcessSignal, s.serveProcessSignal)
+	mux.HandleFunc("GET "+PathUsage, s.serveUsage)
 	mux.HandleFunc(PathFiles, s.serveFiles)
 	mux.HandleFunc("GET "+PathRecords, s.serveRecords)
 	mux.HandleFunc("GET "+PathRecord, s.serveRecord)
@@ -260,7 +278,7 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	live := &liveRun{uid: peer.UID, cancel: cancel, ref: persist.RunRef{
+	live := &liveRun{uid: peer.UID, cancel: cancel, ctx: runCtx, procs: map[string]*process{}, ref: persist.RunRef{
 		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
 	live.touch()
 	s.mu.Lock()

@@ -361,7 +361,7 @@ func (h *Host) runInput(spec Spec) runInput {
 		ChangeExcludes:  spec.ChangeExcludes,
 		KeepRunDir:      spec.KeepRunDir,
 		Labels:          spec.Labels,
-		Stdout:          spec.Stdout, Stderr: spec.Stderr, Timings: spec.Timings,
+		Stdout:          spec.Stdout, Stderr: spec.Stderr, Timings: spec.Timings, OnUsage: spec.OnUsage,
 
 		root: h.layout.Root(), Paths: h.paths(), Persist: c.Store, ArtifactStorage: c.Store,
 		Sandbox: c.Backend, Pull: c.Pull, AllowedImages: c.AllowedImages,

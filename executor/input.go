@@ -184,6 +184,10 @@ type runInput struct {
 	// by default execute makes a Recorder. Either way the spans end up in
 	// Outcome.Timings and in the run's index record.
 	Timings *timings.Recorder
+	// OnUsage, when set, is called with the run's resource usage so far
+	// after each live sample of its container's counters (a backend with
+	// sandbox.Capabilities.Stats), from the sampler's goroutine.
+	OnUsage func(sandbox.Usage)
 	// ShutdownGrace bounds, once ctx is cancelled, everything the run still
 	// does (stopping the container, storing, reporting); what is left is in
 	// the journal for `taskrun gc`. Zero: the deadlines above only.

@@ -66,6 +66,8 @@ type Spec struct {
 	Stdout  io.Writer
 	Stderr  io.Writer
 	Timings *timings.Recorder
+	// OnUsage: see Input.
+	OnUsage func(sandbox.Usage)
 }
 
 // Lease is the control plane lease a run executes under.
