@@ -66,7 +66,9 @@ type Spec struct {
 	Stdout  io.Writer
 	Stderr  io.Writer
 	Timings *timings.Recorder
-	// OnUsage: see Input.
+	// OnUsage, when set, is called with the run's resource usage so far
+	// after each live sample of its container's counters (a backend with
+	// sandbox.Capabilities.Stats), from the sampler's goroutine.
 	OnUsage func(sandbox.Usage)
 }
 
