@@ -3,6 +3,7 @@ package taskrun_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,4 +113,46 @@ func TestRunTaskOnKubernetes(t *testing.T) {
 	left, err := backend.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: "kubetest-run"})
 	require.NoError(t, err)
 	assert.Empty(t, left, "the run's Pod and NetworkPolicy are gone")
+}
+
+// An evicted run, end to end: the command prints on both streams, then
+// writes past the run's disk cap, so the kubelet evicts its Pod. The run
+// ends FAILED with a reason naming the eviction, and its output and stderr
+// logs in the store hold everything the command wrote before it.
+func TestEvictedRunOnKubernetesKeepsItsLogs(t *testing.T) {
+	c := kubetest.Require(t)
+	c.RequireImage(t, images.PodHelperRef)
+	c.RequireImage(t, kubetest.TestboxImage)
+	ns := c.Namespace(t)
+	backend, err := kubernetes.New(t.Context(), c.Config, ns,
+		kubernetes.WithInstance("kubetest-evicted"), kubernetes.WithStopGrace(time.Second))
+	require.NoError(t, err)
+
+	h := newHarness(t)
+	rec := &controlplanetest.Recorder{}
+	in := h.input(rec, "evicted1", "sh", "-c",
+		`i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo line-$i; done; echo err-line >&2; `+
+			`head -c 100000000 /dev/urandom >"$HOME/big.bin"; sleep 90`)
+	in.Sandbox = backend
+	in.HelpersDir = testbin.Dir(t)
+	in.DiskLimitBytes = 64 << 20
+	in.Timeout = 3 * time.Minute
+
+	out, err := taskrun.Execute(context.Background(), in)
+	require.Error(t, err)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.ErrorIs(t, err, kubernetes.ErrEvicted)
+	assert.Contains(t, out.Reason, "evicted", "the reason names the eviction")
+	assert.Equal(t, model.StatusFailed, last(t, rec).Status, "the control plane heard the end")
+
+	var want strings.Builder
+	for i := 1; i <= 300; i++ {
+		fmt.Fprintf(&want, "line-%d\n", i)
+	}
+	assert.Equal(t, want.String(), h.runFile(t, "evicted1", taskrun.OutputLogName), "the output before the eviction is stored whole")
+	assert.Contains(t, h.runFile(t, "evicted1", taskrun.StderrLogName), "err-line\n")
+
+	left, err := backend.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: "kubetest-evicted"})
+	require.NoError(t, err)
+	assert.Empty(t, left, "the evicted run's Pod and NetworkPolicy are gone")
 }

@@ -7,6 +7,8 @@
 //     (--local) and `docker run --rm` with the same policy flags, warm hit
 //     and pool empty; and runs per minute of 20 such runs 8 at a time,
 //     through the daemon against in-process;
+//   - a command's round trip in a live run through the daemon's process
+//     API against `docker exec` in the same container (median and p95);
 //   - cold-run wall time of the Docker backend and of the full RunTask path
 //     against `docker run --rm` with the same image, command, policy flags
 //     and bind mount (alternated, medians);
@@ -118,6 +120,7 @@ func runAll(ctx context.Context, c config) ([]row, *breakdown, error) {
 		{"cold CLI run", coldCLI},
 		{"daemon CLI run", daemonCLI},
 		{"daemon throughput", daemonThroughput},
+		{"live command", liveCommand},
 		{"cold run", coldRun},
 		{"kubernetes cold run", kubernetesColdRun},
 		{"first byte", firstByteLatency},

@@ -71,6 +71,7 @@ func TestPythonClient(t *testing.T) {
 	py := interpreter(t, "python3", "Python", "3.11 or later",
 		"-c", "import sys; print(sys.version); sys.exit(sys.version_info < (3, 11))")
 	cp := startControlPlane(t)
+	startDaemon(t)
 	cmd := exec.Command(py, "-m", "unittest", "discover", "-v", "-s", "tests")
 	cmd.Dir = filepath.Join(moduleRoot(), "clients", "python")
 	out := cp.runClientTests(t, cmd)
@@ -81,6 +82,7 @@ func TestTypeScriptClient(t *testing.T) {
 	node := interpreter(t, "node", "TypeScript", "20 or later",
 		"-e", "console.log(process.version); process.exit(Number(process.versions.node.split('.')[0]) >= 20 ? 0 : 1)")
 	cp := startControlPlane(t)
+	startDaemon(t)
 	cmd := exec.Command(node, "--test", "test/")
 	cmd.Dir = filepath.Join(moduleRoot(), "clients", "typescript")
 	out := cp.runClientTests(t, cmd)
@@ -167,6 +169,25 @@ func startControlPlane(t *testing.T) *controlPlane {
 		"--drain-grace", "5s", "--lease-wait", "2s", "--metrics-listen", freeAddr(t),
 		"--disk", "64m", "--max-output", "16m", "--timeout", "5m")
 	return cp
+}
+
+// startDaemon starts `taskrun daemon` on a socket of its own, named to the
+// client's tests by $TASKRUN_HOST (the live runs' process API), stopped
+// when the test ends.
+func startDaemon(t *testing.T) {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "taskrun.sock")
+	t.Setenv("TASKRUN_HOST", sock)
+	start(t, taskrunBin(t), filepath.Join(dir, "daemon.log"), "daemon", "--root", filepath.Join(dir, "root"),
+		"--store", "file://"+filepath.Join(dir, "store"), "--image", testImage, "--helpers-dir", testbin.Dir(t))
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, testdeadline.Scale(time.Minute), 20*time.Millisecond, "the daemon never answered at %s", sock)
 }
 
 // requireNoContainerLeft checks that no container is left of the runs whose

@@ -13,10 +13,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/taskrun/taskrun/executor"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workspace"
 )
 
@@ -353,4 +355,123 @@ func (c *Client) Remove(ctx context.Context, runID, path string) error {
 		return err
 	}
 	return resp.Body.Close()
+}
+
+// call sends one request of the process API and decodes a JSON answer
+// into out (nil: none); a refusal is a RefusedError.
+func (c *Client) call(ctx context.Context, method, p string, body io.Reader, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://taskrun"+p, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return refused(resp)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// processPath is the path of process pid of run runID, with tail.
+func processPath(runID, pid, tail string) string {
+	return "/v1/runs/" + url.PathEscape(runID) + "/processes/" + url.PathEscape(pid) + tail
+}
+
+// StartProcess starts req in the background in the caller's live run
+// runID and returns it once it runs: follow it with Output.
+func (c *Client) StartProcess(ctx context.Context, runID string, req ExecRequest) (*ProcessInfo, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	var info ProcessInfo
+	if err := c.call(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/processes", bytes.NewReader(body), &info); err != nil {
+		return nil, err
+	}
+	return &info, nil
+}
+
+// Processes lists the commands of the caller's live run runID, oldest first.
+func (c *Client) Processes(ctx context.Context, runID string) ([]ProcessInfo, error) {
+	var list []ProcessInfo
+	return list, c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID)+"/processes", nil, &list)
+}
+
+// Process describes command pid of the caller's live run runID.
+func (c *Client) Process(ctx context.Context, runID, pid string) (*ProcessInfo, error) {
+	var info ProcessInfo
+	if err := c.call(ctx, http.MethodGet, processPath(runID, pid, ""), nil, &info); err != nil {
+		return nil, err
+	}
+	return &info, nil
+}
+
+// Output copies command pid's output from offset to stdout and stderr:
+// to its end and then its result, or with follow false what is there
+// (the result nil while it runs). It returns the offset past what it
+// copied too, to go on from.
+func (c *Client) Output(ctx context.Context, runID, pid string, offset int64, follow bool, stdout, stderr io.Writer) (*ExecResult, int64, error) {
+	q := url.Values{"offset": {strconv.FormatInt(offset, 10)}, "follow": {strconv.FormatBool(follow)}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://taskrun"+processPath(runID, pid, "/output?"+q.Encode()), nil)
+	if err != nil {
+		return nil, offset, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, offset, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, offset, refused(resp)
+	}
+	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
+	for {
+		var fr Frame
+		if err := dec.Decode(&fr); errors.Is(err, io.EOF) && !follow {
+			return nil, offset, nil
+		} else if err != nil {
+			return nil, offset, fmt.Errorf("%w: process %s of run %s has no result: %w", ErrDaemonGone, pid, runID, err)
+		}
+		switch {
+		case fr.Exec != nil:
+			return fr.Exec, offset, nil
+		case fr.Stdout != nil:
+			_, _ = stdout.Write(fr.Stdout)
+			offset = fr.Offset + int64(len(fr.Stdout))
+		case fr.Stderr != nil:
+			_, _ = stderr.Write(fr.Stderr)
+			offset = fr.Offset + int64(len(fr.Stderr))
+		}
+	}
+}
+
+// WriteStdin writes data (at most MaxStdinBytes) to the stdin of command
+// pid, and closes it after when closeAfter.
+func (c *Client) WriteStdin(ctx context.Context, runID, pid string, data []byte, closeAfter bool) error {
+	return c.call(ctx, http.MethodPost, processPath(runID, pid, "/stdin?close="+strconv.FormatBool(closeAfter)), bytes.NewReader(data), nil)
+}
+
+// Signal sends signal sig (a name of Signals) to command pid.
+func (c *Client) Signal(ctx context.Context, runID, pid, sig string) error {
+	body, err := json.Marshal(SignalRequest{Signal: sig})
+	if err != nil {
+		return err
+	}
+	return c.call(ctx, http.MethodPost, processPath(runID, pid, "/signal"), bytes.NewReader(body), nil)
+}
+
+// Usage is the resource usage of the caller's live run runID at its last
+// live sample.
+func (c *Client) Usage(ctx context.Context, runID string) (*sandbox.Usage, error) {
+	var u sandbox.Usage
+	if err := c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID)+"/usage", nil, &u); err != nil {
+		return nil, err
+	}
+	return &u, nil
 }

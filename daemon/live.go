@@ -2,21 +2,17 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"path"
-	"strconv"
 	"time"
 
 	"github.com/docker/docker/client"
 
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
-	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
 	"github.com/taskrun/taskrun/timings"
@@ -71,6 +67,7 @@ func (s *Server) runLive(ctx, runCtx context.Context, live *liveRun, spec execut
 	spec.Stderr = io.Discard
 	spec.Updater = runningUpdater{LogUpdater: executor.LogUpdater{Log: log}, running: running, live: live}
 	spec.Timings = timings.New(nil)
+	spec.OnUsage = func(u sandbox.Usage) { live.usage.Store(&u) }
 	log.Info("live run started", "max_idle", s.cfg.MaxIdle)
 	out, err := run(runCtx, spec)
 	var ended model.RunStatus
@@ -140,60 +137,6 @@ func (s *Server) dockerClient() (client.APIClient, error) {
 	return s.docker, s.dockerErr
 }
 
-// serveExec runs a command in the peer's live run, as the run's own user
-// under its container's policy (as taskrun exec does), streams its output
-// and records it in the run's records.
-func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
-	run, peer, ok := s.liveOf(w, r)
-	if !ok {
-		return
-	}
-	var req ExecRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxExecRequest)).Decode(&req); err != nil {
-		refuse(w, http.StatusBadRequest, fmt.Errorf("exec request: %w", err))
-		return
-	}
-	if len(req.Argv) == 0 {
-		refuse(w, http.StatusBadRequest, errors.New("exec request: no argv"))
-		return
-	}
-	dir := model.ContainerHomeDir
-	if req.Cwd != "" {
-		dir = path.Join(model.ContainerHomeDir, req.Cwd)
-		if path.IsAbs(req.Cwd) {
-			dir = path.Clean(req.Cwd)
-		}
-	}
-	cli, err := s.dockerClient()
-	if err != nil {
-		refuse(w, http.StatusNotImplemented, err)
-		return
-	}
-	id, user, err := dockerRunContainer(r.Context(), cli, run)
-	if err != nil {
-		refuse(w, http.StatusConflict, err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
-	fw := &frameWriter{w: w, rc: http.NewResponseController(w)}
-	at := time.Now().UTC()
-	exit, err := docker.Exec(r.Context(), cli, id, docker.ExecOptions{User: user, Cmd: req.Argv, Env: req.Env, Dir: dir,
-		Stdout: streamWriter{fw, false}, Stderr: streamWriter{fw, true}})
-	res := &ExecResult{Exit: exit}
-	if err != nil {
-		res.Error, res.Exit = err.Error(), -1
-	}
-	run.touch()
-	rec := &runindex.Record{RunID: run.ref.RunID, UserID: run.ref.UserID, ConversationID: run.ref.ConversationID, TaskID: run.ref.TaskID}
-	by := "uid " + strconv.FormatUint(uint64(peer.UID), 10) + " through the taskrun daemon"
-	if _, perr := runindex.PutExec(context.WithoutCancel(r.Context()), s.cfg.Host.Store(), rec,
-		runindex.Exec{By: by, At: at, Command: req.Argv, Exit: res.Exit}); perr != nil {
-		s.log.Warn("record a live run's command", "run", run.ref.RunID, "err", perr)
-	}
-	fw.write(Frame{Exec: res})
-}
-
 // dockerRunContainer is the live run's container and its user.
 func dockerRunContainer(ctx context.Context, cli client.APIClient, run *liveRun) (id, user string, err error) {
 	recorded := ""
@@ -202,4 +145,24 @@ func dockerRunContainer(ctx context.Context, cli client.APIClient, run *liveRun)
 		recorded = *id
 	}
 	return docker.RunContainer(ctx, cli, run.ref.RunID, run.ref.UserID, recorded)
+}
+
+// PathUsage is a live run's resource usage so far (GET): a
+// sandbox.Usage, sampled from its container's cgroup every second. The
+// figures at its end are in its record.
+const PathUsage = "/v1/runs/{id}/usage"
+
+// serveUsage answers the peer's live run's usage at the last sample; 409
+// before the first.
+func (s *Server) serveUsage(w http.ResponseWriter, r *http.Request) {
+	run, _, ok := s.liveOf(w, r)
+	if !ok {
+		return
+	}
+	u := run.usage.Load()
+	if u == nil {
+		refuse(w, http.StatusConflict, fmt.Errorf("run %s: no sample of its usage yet", run.ref.RunID))
+		return
+	}
+	answerJSON(w, http.StatusOK, u)
 }

@@ -133,6 +133,10 @@ type ExecRequest struct {
 	Argv []string `json:"argv"`
 	Env  []string `json:"env,omitempty"`
 	Cwd  string   `json:"cwd,omitempty"`
+	// Stdin keeps the command's stdin open for PathProcessStdin (else it
+	// has none); Tty runs it on a PTY, its output all on stdout.
+	Stdin bool `json:"stdin,omitempty"`
+	Tty   bool `json:"tty,omitempty"`
 }
 
 // ExecResult is how a command in a live run ended.
@@ -149,8 +153,13 @@ type Frame struct {
 	Result *Result `json:"result,omitempty"`
 	// Started says a keep-alive run is running (its RunID).
 	Started string `json:"started,omitempty"`
-	// Exec ends a command's stream (PathExec).
+	// Exec ends a command's stream (PathExec, PathProcessOutput).
 	Exec *ExecResult `json:"exec,omitempty"`
+	// Process names the command a PathExec stream is of (its first frame).
+	Process string `json:"process,omitempty"`
+	// Offset is where a command's stdout or stderr chunk starts in its
+	// output (stdout and stderr together).
+	Offset int64 `json:"offset,omitempty"`
 }
 
 // Result is how a run ended.

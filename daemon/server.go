@@ -26,6 +26,7 @@ import (
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runlimits"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workspace"
@@ -52,6 +53,9 @@ type Config struct {
 	Models func(name string) (config.ModelEntry, error)
 	// Tenant maps a peer uid to its tenant; UserNameTenant when nil.
 	Tenant func(uid uint32) (string, error)
+	// Records is the store whose runs clients read (taskrun runs, inspect,
+	// logs, cp...), each its tenant's only; nil: the daemon serves none.
+	Records *persist.Store
 	// StoreURL names the host's store to clients (without credentials).
 	StoreURL string
 	// Logger receives the daemon's log; the host's when nil.
@@ -92,6 +96,16 @@ type liveRun struct {
 	used atomic.Int64
 	// container is the run's container ID once the run reported it.
 	container atomic.Pointer[string]
+	// ctx is the run's: its commands end with it.
+	ctx context.Context
+	// usage is the run's resource usage at the last live sample.
+	usage atomic.Pointer[sandbox.Usage]
+
+	// procMu guards the run's commands: procs by ID, order oldest first.
+	procMu   sync.Mutex
+	procs    map[string]*process
+	order    []string
+	nextProc int
 	// spec is the run as it was asked for, for a resume.
 	spec executor.Spec
 }
@@ -181,9 +195,20 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("POST "+PathRuns, func(w http.ResponseWriter, r *http.Request) { s.serveRun(ctx, w, r) })
 	mux.HandleFunc("POST "+PathCancel, s.serveCancel)
 	mux.HandleFunc("POST "+PathExec, s.serveExec)
+	mux.HandleFunc("POST "+PathProcesses, s.serveProcesses)
+	mux.HandleFunc("GET "+PathProcesses, s.serveProcesses)
+	mux.HandleFunc("GET "+PathProcess, s.serveProcess)
+	mux.HandleFunc("GET "+PathProcessOutput, s.serveProcessOutput)
+	mux.HandleFunc("POST "+PathProcessStdin, s.serveProcessStdin)
+	mux.HandleFunc("POST "+PathProcessSignal, s.serveProcessSignal)
+	mux.HandleFunc("GET "+PathUsage, s.serveUsage)
 	mux.HandleFunc("POST "+PathPause, s.servePause)
 	mux.HandleFunc("POST "+PathResume, func(w http.ResponseWriter, r *http.Request) { s.serveResume(ctx, w, r) })
 	mux.HandleFunc(PathFiles, s.serveFiles)
+	mux.HandleFunc("GET "+PathRecords, s.serveRecords)
+	mux.HandleFunc("GET "+PathRecord, s.serveRecord)
+	mux.HandleFunc("GET "+PathRecordLog, s.serveRecordLog)
+	mux.HandleFunc("GET "+PathRecordObject, s.serveRecordObject)
 	return mux
 }
 
@@ -269,7 +294,7 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	live := &liveRun{uid: peer.UID, cancel: cancel, spec: spec, ref: persist.RunRef{
+	live := &liveRun{uid: peer.UID, cancel: cancel, ctx: runCtx, spec: spec, procs: map[string]*process{}, ref: persist.RunRef{
 		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
 	live.touch()
 	s.mu.Lock()

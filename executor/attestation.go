@@ -14,7 +14,7 @@ import (
 
 // attestation stores the run's attestation (attest.ObjectName): an in-toto
 // Statement over every object stored so far, with what the executor knows
-// of the run as its predicate, signed with Input.AttestKey or left
+// of the run as its predicate, signed with Config.AttestKey or left
 // unsigned without one. It runs last (filesHook.seal), so that its
 // subjects are the run's objects.
 func (h *filesHook) attestation(ctx context.Context, objects []persist.ObjectInfo, ex execution, v verdict) error {

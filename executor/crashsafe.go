@@ -52,21 +52,14 @@ func DiskCapTemplatesDir(root string) string { return filepath.Join(root, DiskCa
 // (journal, run.json, audit.json, gateway record) beside its spools.
 const recordsSlackBytes = 16 << 20
 
-// rootPather is a RuntimePaths that knows its root (workspace.Paths).
-type rootPather interface{ Root() string }
-
 // OpenRunJournal opens the journal of the runs under root.
 func OpenRunJournal(root string) (*journal.Dir, error) {
 	return journal.Open(filepath.Join(root, JournalDirName))
 }
 
-// runsRoot is the root of the runs' layout, or "" when Paths does not say.
-func runsRoot(p *plan) string {
-	if rp, ok := p.in.Paths.(rootPather); ok {
-		return rp.Root()
-	}
-	return ""
-}
+// runsRoot is the root of the runs' layout (Host.Layout), or "" for an
+// input without one.
+func runsRoot(p *plan) string { return p.in.root }
 
 // openJournal resolves the run's journal: input.Journal, or the one under
 // the runs root; nil when there is neither.

@@ -1,4 +1,4 @@
-// Package executor runs taskrun runs: the run pipeline (Execute), and the
+// Package executor runs taskrun runs: the run pipeline (Host.Run), and the
 // machine it runs on, one Host per executor process, built once, with a
 // Spec per run handed to it.
 //
@@ -31,16 +31,16 @@
 //
 // # The pipeline
 //
-// Execute runs one run end to end from an Input: the machine and the run
-// in one value. Host.Run composes that Input from the host and the spec
-// (Host.Input) and calls Execute; RetryPersist and RecoverRun finish a kept
-// or journaled run the same way. Execute plans, admits and journals the
-// run (run.go, plan.go, crashsafe.go) and hands it to the runner
-// (runner.go), the only code that sequences a run: each concern is a hook
-// (*_hook.go, hooks.go), and every state change leaves through one tracer
-// (trace.go).
+// Host.Run composes the pipeline's input (input.go) from the host's Config
+// and the Spec and executes it (run.go); Host.RetryPersist and recovery
+// finish a kept or journaled run the same way (keptrun.go, recover.go). A
+// run is planned, admitted and journaled (plan.go, crashsafe.go) and handed
+// to the runner (runner.go), the only code that sequences a run: each
+// concern is a hook (*_hook.go, hooks.go), and every state change leaves
+// through one tracer (trace.go).
 //
 // The module root, package taskrun, is the seed's facade over this
-// package: its RunTaskInput is Input, its RunTask calls Execute. This
-// package never imports the root.
+// package: its RunTask builds a Host from a RunTaskInput (New, with
+// Config.Paths, Artifacts and WarmPool for what the seed input carries)
+// and calls Host.Run. This package never imports the root.
 package executor

@@ -23,7 +23,7 @@ import (
 //	Seal     (after every Collect) the collection record, then the
 //	         attestation over every object stored, itself excepted
 //
-// It also runs for a kept run (RetryPersist, RecoverRun).
+// It also runs for a kept run (RetryPersist, recoverRun).
 type filesHook struct {
 	p  *plan
 	wd *workdir

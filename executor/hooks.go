@@ -198,7 +198,7 @@ type collectResponse struct {
 }
 
 // collectHook stores what the hook owns, in the records' order. It also
-// runs for a kept run (RetryPersist, RecoverRun) from its local copy.
+// runs for a kept run (RetryPersist, recoverRun) from its local copy.
 type collectHook interface {
 	hook
 	collect(ctx context.Context, req *collectRequest, resp *collectResponse) error

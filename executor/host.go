@@ -40,11 +40,14 @@ type Defaults struct {
 	Policy sandbox.Policy
 	// Timeout bounds a run's container; DefaultTimeout when zero.
 	Timeout time.Duration
-	// MaxOutputBytes and DiskLimitBytes: see Input (zero:
-	// the taskrun defaults).
+	// MaxOutputBytes caps the stdout and the stderr kept from a run, each
+	// (negative: no cap); DiskLimitBytes caps what a run may store under
+	// /taskrun (negative: no cap). Zero: DefaultMaxOutputBytes and
+	// DefaultDiskLimitBytes.
 	MaxOutputBytes int64
 	DiskLimitBytes int64
-	// SessionExcludes: see Input.SessionExcludes.
+	// SessionExcludes are the glob patterns (relative to home) left out
+	// of a run's session state; workspace.DefaultExcludes when nil.
 	SessionExcludes []string
 }
 
@@ -63,6 +66,10 @@ type Config struct {
 	// Root is the runs root (see Layout). Required: it holds the journal,
 	// so no run on the host goes unjournaled.
 	Root string
+	// Paths, when set, places the run directories in place of the
+	// layout's (workspace.Paths under Root, Layout.Paths). The journal,
+	// the warm pool and the disk admission stay under Root.
+	Paths RuntimePaths
 	// Journal is the runs' crash journal; Layout.OpenJournal when nil.
 	Journal *journal.Dir
 	// Backend runs the containers. A host without one only recovers and
@@ -71,6 +78,9 @@ type Config struct {
 	// Store keeps the runs' files and the files the agents deliver (a
 	// *persist.Store). Run refuses without it.
 	Store Store
+	// Artifacts, when set, keeps the files the agents deliver in place of
+	// Store (the seed API's ArtifactStorage beside its PersistStorage).
+	Artifacts persist.ArtifactStorage
 	// StoreURL is Store's URL, journaled (without credentials) so that
 	// recovery can reopen it.
 	StoreURL string
@@ -79,6 +89,10 @@ type Config struct {
 	Executor instance.Info
 	// UIDs, when set, leases each run a host uid of its own.
 	UIDs *uidpool.Pool
+	// WarmPool, when set, is a warm pool the caller started and keeps
+	// (Close leaves it running): it must park on Backend and lease from
+	// UIDs. Set at most one of Warm and WarmPool.
+	WarmPool *warmpool.Pool
 	// Warm, when set, makes the host a warm pool (see Host.WarmPool); it
 	// needs a backend that parks containers, the self-check (Helpers or
 	// HelpersDir) and Executor.
@@ -90,11 +104,12 @@ type Config struct {
 	// Defaults fill a Spec's zero fields.
 	Defaults Defaults
 	// Pull and AllowedImages are the operator's image rules for every run
-	// (Input).
+	// (sandbox.PullPolicy, package imageref).
 	Pull          sandbox.PullPolicy
 	AllowedImages []string
 	// PersistTimeout, ReportTimeout and ShutdownGrace bound a run's
-	// wind-down (Input; zero: the taskrun defaults).
+	// wind-down (zero: DefaultPersistTimeout, DefaultReportTimeout and no
+	// grace beyond those).
 	PersistTimeout time.Duration
 	ReportTimeout  time.Duration
 	ShutdownGrace  time.Duration
@@ -124,7 +139,9 @@ type Host struct {
 	cfg    Config
 	layout Layout
 	pool   *warmpool.Pool
-	log    *slog.Logger
+	// ownPool is whether New started pool (Config.Warm), so Close stops it.
+	ownPool bool
+	log     *slog.Logger
 	// live are the runs whose container is live, for Pause.
 	live *liveRuns
 
@@ -139,42 +156,16 @@ type Host struct {
 // under the root. Close releases what New
 // made; the backend, stores, uid pool and instance stay the caller's.
 func New(ctx context.Context, cfg Config) (*Host, error) {
-	if cfg.Root == "" {
-		return nil, fmt.Errorf("%w: Config.Root is required: the runs root holds the journal, pool and run directories (taskrun run's --root)", ErrConfig)
-	}
-	layout, err := NewLayout(cfg.Root)
+	cfg, layout, err := resolve(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	cfg.Root = layout.Root()
-	if len(cfg.Helpers) > 0 && cfg.HelpersDir != "" {
-		return nil, fmt.Errorf("%w: set at most one of Config.Helpers and Config.HelpersDir", ErrConfig)
-	}
-	if cfg.Defaults.Image == "" {
-		cfg.Defaults.Image = DefaultImage
-	}
-	if cfg.Defaults.Policy.MemoryBytes == 0 {
-		cfg.Defaults.Policy = sandbox.DefaultPolicy()
-	}
-	if cfg.Defaults.Timeout == 0 {
-		cfg.Defaults.Timeout = DefaultTimeout
-	}
-	if cfg.Defaults.Timeout < 0 {
-		return nil, fmt.Errorf("%w: Defaults.Timeout %v: give a positive duration such as 30m", ErrConfig, cfg.Defaults.Timeout)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Warm != nil {
-		if err := checkWarm(cfg); err != nil {
-			return nil, err
-		}
+		return nil, err
 	}
 	if err := layout.Create(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	h := &Host{cfg: cfg, layout: layout, log: cfg.Logger, live: &liveRuns{}}
+	h := &Host{cfg: cfg, layout: layout, log: cfg.Logger, pool: cfg.WarmPool, live: &liveRuns{}}
 	if cfg.Warm != nil {
+		h.ownPool = true
 		h.pool, err = warmpool.New(warmpool.Config{
 			Backend: cfg.Backend, Dir: layout.PoolDir(), DiskCapTemplates: layout.DiskCapTemplatesDir(),
 			Instance: cfg.Executor.ID, UIDs: cfg.UIDs, PerKey: cfg.Warm.PerKey, MaxSlots: cfg.Warm.MaxSlots, FillConcurrency: cfg.Warm.FillConcurrency, Logger: cfg.Logger,
@@ -185,6 +176,53 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	_ = ctx
 	return h, nil
+}
+
+// resolve checks cfg and fills its defaults, creating nothing.
+func resolve(cfg Config) (Config, Layout, error) {
+	if cfg.Root == "" {
+		return cfg, Layout{}, fmt.Errorf("%w: Config.Root is required: the runs root holds the journal, pool and run directories (taskrun run's --root)", ErrConfig)
+	}
+	layout, err := NewLayout(cfg.Root)
+	if err != nil {
+		return cfg, Layout{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	cfg.Root = layout.Root()
+	if len(cfg.Helpers) > 0 && cfg.HelpersDir != "" {
+		return cfg, Layout{}, fmt.Errorf("%w: set at most one of Config.Helpers and Config.HelpersDir", ErrConfig)
+	}
+	if cfg.Defaults, err = resolveDefaults(cfg.Defaults); err != nil {
+		return cfg, Layout{}, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Warm != nil && cfg.WarmPool != nil {
+		return cfg, Layout{}, fmt.Errorf("%w: set at most one of Config.Warm (a pool New starts) and Config.WarmPool (a pool you started)", ErrConfig)
+	}
+	if cfg.Warm != nil {
+		if err := checkWarm(cfg); err != nil {
+			return cfg, Layout{}, err
+		}
+	}
+	return cfg, layout, nil
+}
+
+// resolveDefaults fills d's zero fields with taskrun's defaults.
+func resolveDefaults(d Defaults) (Defaults, error) {
+	if d.Image == "" {
+		d.Image = DefaultImage
+	}
+	if d.Policy.MemoryBytes == 0 {
+		d.Policy = sandbox.DefaultPolicy()
+	}
+	if d.Timeout == 0 {
+		d.Timeout = DefaultTimeout
+	}
+	if d.Timeout < 0 {
+		return d, fmt.Errorf("%w: Defaults.Timeout %v: give a positive duration such as 30m", ErrConfig, d.Timeout)
+	}
+	return d, nil
 }
 
 // checkWarm refuses a warm pool that could never serve a run.
@@ -205,10 +243,11 @@ func checkWarm(cfg Config) error {
 	return nil
 }
 
-// Close removes the warm pool's parked containers. The host is not used
+// Close removes the parked containers of the warm pool New started
+// (Config.Warm; a Config.WarmPool stays the caller's). The host is not used
 // after.
 func (h *Host) Close(ctx context.Context) error {
-	if h.pool == nil {
+	if h.pool == nil || !h.ownPool {
 		return nil
 	}
 	return h.pool.Close(ctx)
@@ -238,7 +277,8 @@ func (h *Host) Backend() sandbox.Backend { return h.cfg.Backend }
 // recovers (each recovered run's store comes from its journal record).
 func (h *Host) Store() Store { return h.cfg.Store }
 
-// WarmPool is the warm pool New started, or nil.
+// WarmPool is the host's warm pool (Config.WarmPool, or the one New
+// started for Config.Warm), or nil.
 func (h *Host) WarmPool() *warmpool.Pool { return h.pool }
 
 // Defaults are the host's defaults, resolved.
@@ -253,14 +293,19 @@ func (h *Host) ShutdownGrace() time.Duration { return h.cfg.ShutdownGrace }
 // Logger is the host's log.
 func (h *Host) Logger() *slog.Logger { return h.cfg.Logger }
 
-// Run executes one run on the host, end to end, as Execute does:
-// its outcome is reported through spec.Updater, and the error is nil only
-// for a run that SUCCEEDED (errors.Is ErrRunFailed otherwise).
+// Run executes one run on the host, end to end: it plans the run, claims
+// a warm container when the pool has one ready, admits and journals it and
+// hands it to the runner (see the package documentation). Its outcome is
+// reported through spec.Updater -- a spec refused as invalid too, as
+// FAILED, with an error wrapping ErrInvalidInput -- and the error is nil
+// only for a run that SUCCEEDED (errors.Is ErrRunFailed otherwise). A host
+// that cannot run (no Backend or Store) returns an ErrConfig error and
+// reports nothing.
 func (h *Host) Run(ctx context.Context, spec Spec) (*Outcome, error) {
 	if err := h.canRun(); err != nil {
 		return nil, err
 	}
-	return Execute(ctx, h.Input(spec))
+	return execute(ctx, h.runInput(spec))
 }
 
 // canRun refuses to run on a host built only to recover.
@@ -274,28 +319,38 @@ func (h *Host) canRun() error {
 	return nil
 }
 
-// RetryPersist finishes the run spec names whose storing failed, from
-// what it kept on the host (see RetryPersist).
+// RetryPersist finishes the run spec names whose storing failed: it
+// uploads the local copy the run kept (output logs, trace, artifacts,
+// output files, session state, isolation record), removes it once
+// everything is stored, and reports the run's final status again through
+// spec.Updater, with the verdict the run reached before persisting. spec
+// names the same run (same IDs and session); the original run's session
+// excludes and KeepRunDir apply, and the host's Backend is unused. A
+// journaled run is taken over from the journal (while a live process holds
+// it the error wraps journal.ErrBusy); a run whose executor died before
+// collecting is finished from its journal record, as FAILED.
 func (h *Host) RetryPersist(ctx context.Context, spec Spec) (*Outcome, error) {
 	if h.cfg.Store == nil {
 		return nil, fmt.Errorf("%w: this host has no store to persist to: set Config.Store", ErrConfig)
 	}
-	return RetryPersist(ctx, h.Input(spec))
+	return retryPersist(ctx, h.runInput(spec))
 }
 
-// WarmTemplate is the warm pool key of runs shaped like spec (see
-// WarmTemplate): give it to WarmPool().Warm or WaitReady.
+// WarmTemplate is the warm pool key of runs shaped like spec (its IDs,
+// workspace, prompt, model and environment do not matter): give it to
+// WarmPool().Warm or WaitReady to keep containers ready for such runs
+// before the first one comes. It validates spec and, on a host with a
+// Backend, resolves its image (Config.Pull applies) as Run does.
 func (h *Host) WarmTemplate(ctx context.Context, spec Spec) (warmpool.Template, error) {
-	return WarmTemplate(ctx, h.Input(spec))
+	return warmTemplate(ctx, h.runInput(spec))
 }
 
-// Input is the Input of spec on this host: the spec's
+// runInput is the pipeline's input for spec on this host: the spec's
 // per-run fields, the host's machine and the defaults for what spec leaves
-// zero. Run executes it; it is exported for callers still built on
-// Input.
-func (h *Host) Input(spec Spec) Input {
+// zero.
+func (h *Host) runInput(spec Spec) runInput {
 	c, d := h.cfg, h.cfg.Defaults
-	in := Input{
+	in := runInput{
 		Task: spec.Task, Run: spec.Run, SessionID: spec.SessionID,
 		Updater: spec.Updater, StreamSender: spec.StreamSender,
 		Model: spec.Model, Egress: spec.Egress,
@@ -308,17 +363,20 @@ func (h *Host) Input(spec Spec) Input {
 		ChangeExcludes:  spec.ChangeExcludes,
 		KeepRunDir:      spec.KeepRunDir,
 		Labels:          spec.Labels,
-		Stdout:          spec.Stdout, Stderr: spec.Stderr, Timings: spec.Timings,
+		Stdout:          spec.Stdout, Stderr: spec.Stderr, Timings: spec.Timings, OnUsage: spec.OnUsage,
 
-		Paths: h.layout.Paths(), Persist: c.Store, ArtifactStorage: c.Store,
+		root: h.layout.Root(), Paths: h.paths(), Persist: c.Store, ArtifactStorage: c.Store,
 		Sandbox: c.Backend, Pull: c.Pull, AllowedImages: c.AllowedImages,
 		Helpers: c.Helpers, HelpersDir: c.HelpersDir, UIDs: c.UIDs, WarmPool: h.pool,
 		// Without Config.Journal the pipeline opens the layout's journal
-		// itself, once the run is admitted: Paths always has the root.
+		// itself, under root, once the run is admitted.
 		Logger: c.Logger, Journal: c.Journal, Executor: c.Executor,
 		AttestKey: c.AttestKey, Version: c.Version, StoreURL: c.StoreURL, ControlPlane: c.ControlPlane,
 		PersistTimeout: c.PersistTimeout, ReportTimeout: c.ReportTimeout, ShutdownGrace: c.ShutdownGrace,
 		live: h.live,
+	}
+	if c.Artifacts != nil {
+		in.ArtifactStorage = c.Artifacts
 	}
 	if spec.Policy != nil {
 		in.Policy = *spec.Policy
@@ -342,6 +400,15 @@ func (h *Host) Input(spec Spec) Input {
 		}
 	}
 	return in
+}
+
+// paths places the host's run directories: Config.Paths, else the
+// layout's.
+func (h *Host) paths() RuntimePaths {
+	if h.cfg.Paths != nil {
+		return h.cfg.Paths
+	}
+	return h.layout.Paths()
 }
 
 // cmpOr is v, or def when v is zero.

@@ -22,8 +22,10 @@ import (
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/sandboxfake"
 	"github.com/taskrun/taskrun/uidpool"
+	"github.com/taskrun/taskrun/warmpool"
 	"github.com/taskrun/taskrun/workerclient"
 	"github.com/taskrun/taskrun/workerclient/controlplanetest"
+	"github.com/taskrun/taskrun/workspace"
 )
 
 var discard = slog.New(slog.DiscardHandler)
@@ -295,4 +297,61 @@ func TestRunExecutesOnTheHost(t *testing.T) {
 	out, err = h.Run(ctx, spec)
 	require.NoError(t, err)
 	assert.Equal(t, "hello from r2\n", out.Result.OutputStr)
+}
+
+// The options for what a caller brings: Paths places the run directories
+// (the journal stays under Root), Artifacts takes the agents' files beside
+// Store, and WarmPool is the caller's pool, which Close leaves alone.
+func TestHostTakesTheCallersPathsArtifactsAndPool(t *testing.T) {
+	ctx := context.Background()
+	root, elsewhere := t.TempDir(), t.TempDir()
+	store, artifacts := memStore(t), memStore(t)
+	paths := workspace.NewPaths(elsewhere)
+	h, err := executor.New(ctx, executor.Config{Root: root, Paths: paths, Backend: sandboxfake.New(), Store: store, Artifacts: artifacts, Logger: discard})
+	require.NoError(t, err)
+	in := h.Input(executor.Spec{})
+	assert.Same(t, paths, in.Paths)
+	assert.Same(t, store, in.Persist)
+	assert.Same(t, artifacts, in.ArtifactStorage)
+
+	_, err = executor.New(ctx, executor.Config{Root: root, Warm: &executor.Warm{}, WarmPool: &warmpool.Pool{}})
+	require.ErrorIs(t, err, executor.ErrConfig)
+	assert.ErrorContains(t, err, "at most one of Config.Warm")
+
+	pool := &warmpool.Pool{}
+	h, err = executor.New(ctx, executor.Config{Root: root, WarmPool: pool, Logger: discard})
+	require.NoError(t, err)
+	assert.Same(t, pool, h.WarmPool())
+	assert.Same(t, pool, h.Input(executor.Spec{}).WarmPool)
+	require.NoError(t, h.Close(ctx), "the caller's pool is not closed (a zero Pool would panic)")
+}
+
+// rootlessPaths is a run-directory layout that does not say where a runs
+// root is.
+type rootlessPaths struct{ executor.RuntimePaths }
+
+// A run on a host with a layout of the caller's is still journaled under
+// the host's Root: the root comes from the host, not from the layout.
+func TestRunWithTheCallersPathsIsJournaledUnderRoot(t *testing.T) {
+	ctx := context.Background()
+	root, elsewhere := t.TempDir(), t.TempDir()
+	fake := sandboxfake.New(sandboxfake.WithMaxStopGrace(time.Millisecond))
+	var journaled bool
+	fake.Install("/agent/look", func(context.Context, *sandboxfake.Process) int {
+		entries, _ := os.ReadDir(filepath.Join(root, executor.JournalDirName))
+		journaled = len(entries) > 0
+		return 0
+	})
+	h, err := executor.New(ctx, executor.Config{
+		Root: root, Paths: rootlessPaths{workspace.NewPaths(elsewhere)}, Backend: fake, Store: memStore(t), Logger: discard,
+		Defaults: executor.Defaults{Image: "fake/agent", DiskLimitBytes: -1, Command: []string{"/agent/look"}},
+	})
+	require.NoError(t, err)
+	out, err := h.Run(ctx, executor.Spec{
+		Task: &model.Task{ID: "t", UserID: "u", ConversationID: "c"}, Run: &model.TaskRun{ID: "r1", TaskID: "t"}, SessionID: "s",
+		Updater: &controlplanetest.Recorder{}, KeepRunDir: true,
+	})
+	require.NoError(t, err)
+	assert.True(t, journaled, "the run had a journal record under Root while it ran")
+	assert.True(t, strings.HasPrefix(out.Result.RunArtifactsDir, elsewhere+"/"), "the run directory is the caller's layout's: %s", out.Result.RunArtifactsDir)
 }

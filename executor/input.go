@@ -36,9 +36,14 @@ type TaskRunUpdater interface {
 	UpdateRunStatus(ctx context.Context, taskRunID string, req *workerclient.PatchTaskRunRequest) error
 }
 
-// Input is everything one run needs: the machine it runs on (a Host
-// composes that part, see Host.Input) and the run itself.
-type Input struct {
+// runInput is everything one run needs: the machine it runs on and the
+// run itself. Host.runInput composes it from the host's Config and a Spec;
+// the phases read it through the run's plan.
+type runInput struct {
+	// root is the runs root: the journal (without Journal) and the disk
+	// admission live under it. Host sets it; only a phase test's input
+	// may leave it empty, and then neither is done.
+	root string
 	// Task is the task to run. Its UserID, ConversationID and ID place the run.
 	Task *model.Task
 	// Run is the run to execute; Run.PreviousRunID names a run to resume.
@@ -176,9 +181,13 @@ type Input struct {
 	// ReportTimeout bounds the final report: DefaultReportTimeout when zero.
 	ReportTimeout time.Duration
 	// Timings, when set, records the run's phases (see package timings);
-	// by default Execute makes a Recorder. Either way the spans end up in
+	// by default execute makes a Recorder. Either way the spans end up in
 	// Outcome.Timings and in the run's index record.
 	Timings *timings.Recorder
+	// OnUsage, when set, is called with the run's resource usage so far
+	// after each live sample of its container's counters (a backend with
+	// sandbox.Capabilities.Stats), from the sampler's goroutine.
+	OnUsage func(sandbox.Usage)
 	// ShutdownGrace bounds, once ctx is cancelled, everything the run still
 	// does (stopping the container, storing, reporting); what is left is in
 	// the journal for `taskrun gc`. Zero: the deadlines above only.
@@ -192,11 +201,11 @@ type Input struct {
 	restore *restore
 }
 
-// Defaults applied to a zero Input field.
+// Defaults applied to a zero Spec or Config field.
 const (
 	DefaultImage   = "taskrun/agent:local"
 	DefaultTimeout = 30 * time.Minute
-	// DefaultMaxOutputBytes is the default of Input.MaxOutputBytes.
+	// DefaultMaxOutputBytes is the default of Defaults.MaxOutputBytes.
 	DefaultMaxOutputBytes = 1 << 30
 	// MaxResultOutputBytes caps RunResult.Output. The complete output always
 	// goes to blob storage as output.log.

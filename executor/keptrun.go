@@ -19,7 +19,7 @@ import (
 // local copy: it was persisted already, or never ran on this host.
 var ErrNothingKept = errors.New("no kept local copy of the run")
 
-// keptRun is what RetryPersist needs to finish a run as Execute would have:
+// keptRun is what RetryPersist needs to finish a run as execute would have:
 // what supervise observed, the verdict before persisting, and the input that
 // shapes persisting.
 type keptRun struct {
@@ -64,17 +64,17 @@ func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
 	return nil
 }
 
-// RetryPersist finishes a run whose persistence failed: it uploads the
-// local copy Execute kept (output logs, trace, artifacts, output files,
+// retryPersist finishes a run whose persistence failed: it uploads the
+// local copy execute kept (output logs, trace, artifacts, output files,
 // session state, isolation record), removes it once everything is stored,
 // and reports the run's final status again through input.Updater, with the
-// verdict Execute reached before persisting. input names the same run as the
-// failed Execute (same IDs, session and Paths); the session excludes and
+// verdict execute reached before persisting. input names the same run as the
+// failed execute (same IDs, session and Paths); the session excludes and
 // KeepRunDir of the original run apply; Sandbox, Image and Model are unused.
 // A journaled run is taken over from the journal (while a live process holds
 // it the error wraps journal.ErrBusy); a run whose executor died before
 // collecting is finished from its journal record, as FAILED.
-func RetryPersist(ctx context.Context, input Input) (*Outcome, error) {
+func retryPersist(ctx context.Context, input runInput) (*Outcome, error) {
 	p, err := newPlan(input)
 	if err != nil {
 		return nil, err
@@ -101,14 +101,14 @@ func RetryPersist(ctx context.Context, input Input) (*Outcome, error) {
 	return out, err
 }
 
-// RecoverRun finishes a run whose executor died, from its journal record
+// recoverRun finishes a run whose executor died, from its journal record
 // (see recovery.FinishFunc): it stores what the run left on the host,
 // reports rec.Status and rec.Reason (FAILED, "executor lost" when the
 // executor died before its verdict) and releases the run dir. input names
 // the run as RetryPersist's does; the record itself is the caller's to keep
 // or remove. The error is storing's or reporting's, not the run's own
 // failure.
-func RecoverRun(ctx context.Context, input Input, rec journal.Record) (*Outcome, error) {
+func recoverRun(ctx context.Context, input runInput, rec journal.Record) (*Outcome, error) {
 	p, err := newPlan(input)
 	if err != nil {
 		return nil, err
@@ -158,7 +158,7 @@ func keptFromRecord(rec journal.Record) keptRun {
 	}
 }
 
-// loadKept reads the run.json Execute kept before persisting.
+// loadKept reads the run.json execute kept before persisting.
 func loadKept(p *plan) (keptRun, error) {
 	var kept keptRun
 	data, err := os.ReadFile(filepath.Join(p.hostDir, keptRunName))
@@ -175,7 +175,7 @@ func loadKept(p *plan) (keptRun, error) {
 }
 
 // keptHooks are the hooks that store records of a kept run (RetryPersist,
-// RecoverRun) from its local copy; each stores only what exists.
+// recoverRun) from its local copy; each stores only what exists.
 func keptHooks(p *plan, wd *workdir) []hook {
 	return []hook{&selfCheckHook{p: p}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &egressHook{p: p}, &filesHook{p: p, wd: wd}}
 }

@@ -89,7 +89,11 @@ func (h *metricsHook) read(ctx context.Context) (gone bool) {
 	}
 	h.mu.Lock()
 	h.usage.Add(s)
+	u := h.usage
 	h.mu.Unlock()
+	if h.p.in.OnUsage != nil {
+		h.p.in.OnUsage(u)
+	}
 	return false
 }
 

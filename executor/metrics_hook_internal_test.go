@@ -118,3 +118,37 @@ func TestMetricsHookWithoutStats(t *testing.T) {
 	assert.Nil(t, resp.Usage)
 	assert.Zero(t, b.StatsReads())
 }
+
+// OnUsage hears the usage so far after each live sample, before the run
+// ends: what a live run's client reads.
+func TestMetricsHookReportsLiveUsage(t *testing.T) {
+	b := sandboxfake.New()
+	done := make(chan struct{})
+	h := startFake(t, b, func(_ context.Context, p *sandboxfake.Process) int {
+		p.SetStats(sandbox.Stats{CPU: 2 * time.Second, MemoryBytes: 30 << 20, Pids: 4})
+		<-done
+		return 0
+	})
+	heard := make(chan sandbox.Usage, 100)
+	hook := &metricsHook{p: &plan{log: slog.New(slog.DiscardHandler), in: Input{OnUsage: func(u sandbox.Usage) {
+		select {
+		case heard <- u:
+		default:
+		}
+	}}}, interval: 5 * time.Millisecond}
+	hook.poststart(context.Background(), &poststartRequest{Hard: context.Background(), Handle: h})
+	var u sandbox.Usage
+	require.Eventually(t, func() bool {
+		select {
+		case u = <-heard:
+		default:
+		}
+		return u.CPUSeconds == 2
+	}, 10*time.Second, time.Millisecond)
+	assert.EqualValues(t, 30<<20, u.PeakMemoryBytes)
+	assert.EqualValues(t, 4, u.PeakPids)
+	close(done)
+	require.Zero(t, h.Wait(context.Background()).ExitCode)
+	var resp exitedResponse
+	require.NoError(t, hook.exited(context.Background(), &exitedRequest{}, &resp))
+}

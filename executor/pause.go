@@ -232,7 +232,7 @@ func (h *Host) Resume(ctx context.Context, spec Spec, m checkpoint.Manifest) (*O
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	in := h.Input(spec)
+	in := h.runInput(spec)
 	ref := model.RunRef{UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Task.ID, RunID: spec.Run.ID}
 	pol := in.Policy
 	if pol == (sandbox.Policy{}) {
@@ -254,7 +254,7 @@ func (h *Host) Resume(ctx context.Context, spec Spec, m checkpoint.Manifest) (*O
 		return nil, fmt.Errorf("executor: resume run %s: it stays PAUSED: %w", ref.RunID, err)
 	}
 	in.restore = &restore{dir: img, manifest: m}
-	return Execute(ctx, in)
+	return execute(ctx, in)
 }
 
 // restore is a run restored from its checkpoint (Host.Resume).

@@ -37,7 +37,7 @@ const defaultStopGrace = 10 * time.Second
 type plan struct {
 	// in is the caller's input, for the collaborators it names (Persist,
 	// Updater, Sandbox, StreamSender, ...); its defaulted values are below.
-	in  Input
+	in  runInput
 	log *slog.Logger
 	// ref identifies the run everywhere: host dirs, blob keys, labels.
 	ref  model.RunRef
@@ -80,7 +80,7 @@ type plan struct {
 }
 
 // ErrImageNotAllowed is wrapped when the run's image matches none of
-// Input.AllowedImages.
+// Config.AllowedImages.
 var ErrImageNotAllowed = imageref.ErrNotAllowed
 
 // allowedImagesFlag names the allow list in refusals, as the CLI spells it.
@@ -102,7 +102,7 @@ type limits struct {
 
 // newPlan validates in and resolves every default. Bad input is refused here,
 // before anything touches disk or Docker.
-func newPlan(in Input) (*plan, error) {
+func newPlan(in runInput) (*plan, error) {
 	if err := validateInput(in); err != nil {
 		return nil, err
 	}
@@ -182,7 +182,7 @@ func newPlan(in Input) (*plan, error) {
 
 // resolveHelpers returns the run's helper files. A helpers directory without
 // a usable self-check is an error: the self-check is never skipped silently.
-func resolveHelpers(in Input) (helpers.Files, error) {
+func resolveHelpers(in runInput) (helpers.Files, error) {
 	switch {
 	case len(in.Helpers) > 0 && in.HelpersDir != "":
 		return nil, fmt.Errorf("%w: set Helpers or HelpersDir, not both", ErrInvalidInput)
@@ -296,7 +296,7 @@ func (p *plan) preflight(ctx context.Context) error {
 }
 
 // validateInput refuses bad input before anything touches disk or Docker.
-func validateInput(in Input) error {
+func validateInput(in runInput) error {
 	var errs []error
 	missing := func(cond bool, what string) {
 		if cond {

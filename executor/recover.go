@@ -108,10 +108,10 @@ func (h *Host) ExecutorProcessGone(id, process string) (bool, string) {
 	return gone, why
 }
 
-// RecoveryInput is the Input that names a journaled run, with its
+// recoveryInput is the runInput that names a journaled run, with its
 // store and control plane opened from the record (a leased run's writes
 // and reports fenced with its journaled lease); closeFn releases them.
-func (h *Host) RecoveryInput(ctx context.Context, rec journal.Record) (in Input, closeFn func(), err error) {
+func (h *Host) recoveryInput(ctx context.Context, rec journal.Record) (in runInput, closeFn func(), err error) {
 	jd, err := h.Journal()
 	if err != nil {
 		return in, nil, err
@@ -120,11 +120,12 @@ func (h *Host) RecoveryInput(ctx context.Context, rec journal.Record) (in Input,
 	if err != nil {
 		return in, nil, fmt.Errorf("run %s: store %s: %w", rec.RunID, rec.Store, err)
 	}
-	in = Input{
+	in = runInput{
 		Task:            &model.Task{ID: rec.TaskID, UserID: rec.UserID, ConversationID: rec.ConversationID},
 		Run:             &model.TaskRun{ID: rec.RunID, TaskID: rec.TaskID},
 		SessionID:       rec.SessionID,
-		Paths:           h.layout.Paths(),
+		root:            h.layout.Root(),
+		Paths:           h.paths(),
 		Persist:         store,
 		ArtifactStorage: store,
 		Updater:         LogUpdater{Log: h.log},
@@ -191,12 +192,12 @@ func (h *Host) recoverer(jd *journal.Dir, containers recovery.Containers) *recov
 		Finish: func(ctx context.Context, rec journal.Record) error {
 			ctx, cancel := context.WithTimeout(ctx, RecoverDeadline)
 			defer cancel()
-			in, closeFn, err := h.RecoveryInput(ctx, rec)
+			in, closeFn, err := h.recoveryInput(ctx, rec)
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			_, err = RecoverRun(ctx, in, rec)
+			_, err = recoverRun(ctx, in, rec)
 			return err
 		},
 	}
@@ -246,13 +247,13 @@ func (h *Host) RetryKeptRuns(ctx context.Context, out io.Writer) (int, error) {
 	errs := []error{err}
 	still := 0
 	for _, rec := range kept {
-		in, closeFn, err := h.RecoveryInput(ctx, *rec)
+		in, closeFn, err := h.recoveryInput(ctx, *rec)
 		if err != nil {
 			errs = append(errs, err)
 			still++
 			continue
 		}
-		res, err := RetryPersist(ctx, in)
+		res, err := retryPersist(ctx, in)
 		closeFn()
 		switch {
 		case err == nil || (errors.Is(err, ErrRunFailed) && !stillKept(jd, rec.RunID)):

@@ -204,7 +204,7 @@ func outcome(p *plan, ex execution, v verdict, st stored, persistErr error) *Out
 // or CANCELLED when the caller cancelled meanwhile. The PATCH is sent only
 // when the run ID itself is valid, since it names the URL, and on a context
 // of its own so that a cancellation cannot swallow it.
-func failEarly(ctx context.Context, in Input, cause error) (*Outcome, error) {
+func failEarly(ctx context.Context, in runInput, cause error) (*Outcome, error) {
 	status := model.StatusFailed
 	if ctx.Err() != nil {
 		status = model.StatusCancelled

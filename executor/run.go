@@ -13,25 +13,25 @@ import (
 // run that ended in FAILED or CANCELLED.
 var ErrRunFailed = errors.New("run failed")
 
-// ErrInvalidInput is wrapped by errors about Input itself.
+// ErrInvalidInput is wrapped by errors about a run's input (a Spec, or the seed's RunTaskInput).
 var ErrInvalidInput = errors.New("invalid run input")
 
 // cleanupTimeout bounds removing the container and an early report, on a
 // context detached from the caller's cancellation.
 const cleanupTimeout = 2 * time.Minute
 
-// Execute executes one run end to end and reports it through
+// execute executes one run end to end and reports it through
 // input.Updater. The error is nil only when the run SUCCEEDED; the Outcome
 // is for callers that present the result (the CLI) or need the container's
 // exit code. Host.Run composes input from a host and a spec.
 //
-// Execute plans the run (plan.go), claims a warm container when the
+// execute plans the run (plan.go), claims a warm container when the
 // input's pool has one ready (warm.go), admits and journals it
 // (crashsafe.go), and hands it to the runner (runner.go), which sequences
 // the rest over the run's hooks (hooks.go, *_hook.go). Whatever fails
 // after admission, the later events still happen: a failed run persists
 // what exists and reports a final status.
-func Execute(ctx context.Context, input Input) (*Outcome, error) {
+func execute(ctx context.Context, input runInput) (*Outcome, error) {
 	rec := input.Timings
 	if rec == nil {
 		rec = timings.New(nil)

@@ -37,7 +37,10 @@ type Spec struct {
 	// Egress what it may reach (zero: nothing).
 	Model  config.ModelEntry
 	Egress egress.Policy
-	// Image, Command, Entrypoint and Env: see Input.
+	// Image is the run image (a digest reference runs exactly that
+	// image); Command and Entrypoint replace the image's as `docker run`
+	// does; Env adds NAME=VALUE variables visible to the agent (no
+	// secrets: names taskrun sets itself are refused).
 	Image      string
 	Command    []string
 	Entrypoint []string
@@ -50,7 +53,9 @@ type Spec struct {
 	MaxOutputBytes int64
 	DiskLimitBytes int64
 	// SessionExcludes replaces the host's default when non-nil;
-	// ChangeExcludes, KeepRunDir: see Input.
+	// ChangeExcludes are left out of the run's change set
+	// (changeset.DefaultExcludes when nil, nothing when empty);
+	// KeepRunDir keeps the run directory after a successful run.
 	SessionExcludes []string
 	ChangeExcludes  []string
 	KeepRunDir      bool
@@ -61,6 +66,10 @@ type Spec struct {
 	Stdout  io.Writer
 	Stderr  io.Writer
 	Timings *timings.Recorder
+	// OnUsage, when set, is called with the run's resource usage so far
+	// after each live sample of its container's counters (a backend with
+	// sandbox.Capabilities.Stats), from the sampler's goroutine.
+	OnUsage func(sandbox.Usage)
 }
 
 // Lease is the control plane lease a run executes under.

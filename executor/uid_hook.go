@@ -11,7 +11,7 @@ import (
 )
 
 // uidHook gives a cold run its own host uid/gid, when the host leases
-// them (Input.UIDs):
+// them (runInput.UIDs):
 //
 //	Prestart  the uid is leased; the agent runs as it and owns its dirs
 //	Stop      the uid is given back, once the container is gone (last)

@@ -14,12 +14,12 @@ import (
 	"github.com/taskrun/taskrun/workspace"
 )
 
-// WarmTemplate is the warm pool key of runs shaped like input (its IDs,
+// warmTemplate is the warm pool key of runs shaped like input (its IDs,
 // workspace, prompt, model and environment do not matter): give it to
 // input.WarmPool's Warm or WaitReady to keep containers ready for such runs
 // before the first one comes. It validates input and resolves its image
-// (input.Pull applies) as Execute does.
-func WarmTemplate(ctx context.Context, input Input) (warmpool.Template, error) {
+// (input.Pull applies) as execute does.
+func warmTemplate(ctx context.Context, input runInput) (warmpool.Template, error) {
 	p, err := newPlan(input)
 	if err != nil {
 		return warmpool.Template{}, err

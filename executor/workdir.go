@@ -34,7 +34,7 @@ type workdir struct {
 	// isolationRoom is the part of records set aside for the isolation
 	// record, so that a flood of output cannot cost the run its record.
 	isolationRoom int64
-	// lease is the host uid/gid the run holds from Input.UIDs until
+	// lease is the host uid/gid the run holds from runInput.UIDs until
 	// release; nil without a pool.
 	lease *uidpool.Lease
 	// owner is the uid/gid the agent runs as and that owns the directories

@@ -162,3 +162,46 @@ export declare class Client {
   follow(runId: string, offset?: number, opts?: CallOptions & { maxReconnects?: number }): AsyncGenerator<OutputChunk, void, undefined>;
   wait(runId: string, opts?: CallOptions & { timeoutMs?: number; pollIntervalMs?: number }): Promise<Run>;
 }
+
+/** A process of a live run (docs/live-runs.md). */
+export interface ProcessInfo {
+  id: string;
+  argv: string[];
+  cwd: string;
+  stdin?: boolean;
+  tty?: boolean;
+  started_at: string;
+  running: boolean;
+  result?: { exit: number; error?: string };
+  output_bytes: number;
+  output_from: number;
+}
+
+/** A live run's resource usage at its last sample. */
+export interface Usage {
+  cpu_seconds: number;
+  peak_memory_bytes: number;
+  read_bytes: number;
+  write_bytes: number;
+  peak_pids: number;
+  samples: number;
+}
+
+/** The daemon's socket: $TASKRUN_HOST, else root's. */
+export declare function socketPath(): string;
+
+/** Client of a host's taskrun daemon: live runs and their processes. */
+export declare class LiveClient {
+  constructor(path?: string);
+  readonly path: string;
+  start(runId: string, opts?: { image?: string; command?: string[]; user?: string; env?: string[]; conversation?: string; task?: string; session?: string }): Promise<void>;
+  stop(runId: string): Promise<void>;
+  exec(runId: string, argv: string[], opts?: { env?: string[]; cwd?: string }): Promise<{ exit: number; stdout: Uint8Array; stderr: Uint8Array }>;
+  startProcess(runId: string, argv: string[], opts?: { env?: string[]; cwd?: string; stdin?: boolean; tty?: boolean }): Promise<ProcessInfo>;
+  processes(runId: string): Promise<ProcessInfo[]>;
+  process(runId: string, pid: string): Promise<ProcessInfo>;
+  output(runId: string, pid: string, offset?: number, opts?: { follow?: boolean }): AsyncGenerator<{ stream: 'stdout' | 'stderr'; data: Uint8Array; offset: number }, void, undefined>;
+  writeStdin(runId: string, pid: string, data: Uint8Array | string, opts?: { close?: boolean }): Promise<void>;
+  signal(runId: string, pid: string, signal: string): Promise<void>;
+  usage(runId: string): Promise<Usage>;
+}

@@ -23,7 +23,7 @@ func init() {
 		Name:     "apply",
 		Synopsis: "apply what a run changed to a checkout of its workspace",
 		Args:     "RUN DIR",
-		Help:     applyHelp + runLookupHelp + serverReadHelp,
+		Help:     applyHelp + runLookupHelp + serverReadHelp + daemonReadHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var run readRunFlags
 			run.define(fs)

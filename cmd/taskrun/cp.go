@@ -32,7 +32,7 @@ func init() {
 		Name:     "cp",
 		Synopsis: "copy an artifact, output file or home file of a run out of the store",
 		Args:     "RUN:PATH DEST",
-		Help:     cpHelp + runLookupHelp + serverReadHelp,
+		Help:     cpHelp + runLookupHelp + serverReadHelp + daemonReadHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
 				run     readRunFlags

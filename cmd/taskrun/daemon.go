@@ -189,7 +189,7 @@ func runDaemon(ctx context.Context, a *app, o daemonOptions) error {
 	// What an earlier daemon (or any gone executor of the root) left.
 	host.Recover(ctx)
 	srv, err := daemon.New(daemon.Config{Host: host.Host, Maxima: o.maxima, Egress: o.egress, Models: o.daemonModel,
-		StoreURL: journal.RedactURL(o.store), Logger: a.log, MaxIdle: o.maxIdle})
+		Records: host.store, StoreURL: journal.RedactURL(o.store), Logger: a.log, MaxIdle: o.maxIdle})
 	if err != nil {
 		return err
 	}

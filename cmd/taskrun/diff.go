@@ -20,7 +20,7 @@ func init() {
 		Name:     "diff",
 		Synopsis: "print what a run changed in its workspace, as a git patch",
 		Args:     "RUN",
-		Help:     diffHelp + runLookupHelp + serverReadHelp,
+		Help:     diffHelp + runLookupHelp + serverReadHelp + daemonReadHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
 				run     readRunFlags

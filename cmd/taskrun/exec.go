@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"os/user"
@@ -16,6 +17,7 @@ import (
 	"github.com/moby/term"
 	"github.com/spf13/pflag"
 
+	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/sandbox/docker"
@@ -33,6 +35,12 @@ are added to the run's record (taskrun inspect). The exit status is CMD's.
 A run on Kubernetes (taskrun run --backend kubernetes) is reached with
 --namespace NS (and --kubeconfig): CMD runs in the run container of the
 run's Pod, under the Pod's security context.
+
+When a taskrun daemon answers (see taskrun run) and no --store or
+--namespace is given, CMD runs through the daemon, in a run of yours in
+progress there (root: any), with no stdin and no PTY; the daemon records it.
+Another user's run is not found. --local runs it from this process, which
+needs the engine's socket.
 `
 
 func init() {
@@ -48,8 +56,10 @@ func init() {
 				raw        bool
 				kubeconfig string
 				namespace  string
+				via        daemonReadFlags
 			)
 			run.define(fs)
+			via.define(fs)
 			fs.BoolVar(&raw, "raw", false, "copy the command's output to the terminal verbatim")
 			fs.StringVar(&namespace, "namespace", "", "for a run on Kubernetes: the namespace of its Pod")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "with --namespace: the cluster's kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
@@ -59,6 +69,14 @@ func init() {
 				}
 				if len(args) < 2 {
 					return a.usageError("exec", errors.New("name a run and a command: taskrun exec RUN -- CMD [ARGS...]"))
+				}
+				c, code := via.dial(ctx, a, "exec")
+				if code != exitOK {
+					return code
+				}
+				if c != nil {
+					defer c.Close()
+					return daemonExec(ctx, a, c, args[0], run.user, args[1:], raw)
 				}
 				st, rec, code := run.openRun(ctx, a, "exec", args[0])
 				if st == nil {
@@ -163,4 +181,42 @@ func forwardResize(ctx context.Context, cli *client.Client, execID string, fd ui
 	}()
 	resize()
 	return func() { signal.Stop(sig); close(done) }
+}
+
+// daemonExec runs cmd in the caller's run in progress on the taskrun
+// daemon and returns its exit status, as execInRun in this process.
+func daemonExec(ctx context.Context, a *app, c *daemon.Client, runID, user string, cmd []string, raw bool) int {
+	stdout, stderr := a.stdout, a.stderr
+	if !raw {
+		o, fo := a.terminalSafe(a.stdout)
+		e, fe := a.terminalSafe(a.stderr)
+		defer fo() //nolint:errcheck // best effort on the way out
+		defer fe() //nolint:errcheck // best effort on the way out
+		stdout, stderr = o, e
+	}
+	res, err := c.Exec(ctx, runID, daemon.ExecRequest{Argv: cmd}, stdout, stderr)
+	var re *daemon.RefusedError
+	if errors.As(err, &re) && re.Status == http.StatusNotFound {
+		// Say why, as in this process: not a run of the caller's, or one
+		// that is over.
+		rec, rerr := c.Record(ctx, runID, user)
+		if rerr != nil {
+			return a.daemonError("exec", rerr)
+		}
+		if rec.Status != model.StatusRunning {
+			fmt.Fprintf(a.stderr, "taskrun exec: run %s is %s, not in progress: exec needs a live run\n", rec.RunID, rec.Status)
+			return exitUsage
+		}
+		fmt.Fprintf(a.stderr, "taskrun exec: %s: the taskrun daemon holds no run %s of yours in progress (a run started with --local: taskrun exec --local)\n", termsafe.String(err.Error()), termsafe.String(runID))
+		return exitUsage
+	}
+	if err != nil {
+		fmt.Fprintln(a.stderr, "taskrun exec:", termsafe.String(oneLine(err)))
+		return exitCannotRun
+	}
+	if res.Error != "" {
+		fmt.Fprintln(a.stderr, "taskrun exec:", termsafe.String(res.Error))
+		return exitCannotRun
+	}
+	return res.Exit
 }

@@ -30,7 +30,7 @@ func init() {
 		Name:     "inspect",
 		Synopsis: "print a run's record: status, reason, limits, image, tokens, stored objects",
 		Args:     "RUN",
-		Help:     inspectHelp + runLookupHelp + serverReadHelp,
+		Help:     inspectHelp + runLookupHelp + serverReadHelp + daemonReadHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
 				run     readRunFlags

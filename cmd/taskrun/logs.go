@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -38,16 +39,18 @@ func init() {
 		Name:     "logs",
 		Synopsis: "print a run's output log (--stderr: its stderr), --follow a live run",
 		Args:     "RUN",
-		Help:     logsHelp + runLookupHelp,
+		Help:     logsHelp + runLookupHelp + daemonReadHelp,
 		Flags: func(fs *pflag.FlagSet) action {
 			var (
 				run            storedRunFlags
 				root           string
 				stderr, follow bool
 				api            userAPIFlags
+				via            daemonReadFlags
 			)
 			run.define(fs)
 			api.define(fs)
+			via.define(fs)
 			addRootFlag(fs, &root, defaultRoot)
 			fs.BoolVar(&stderr, "stderr", false, "print the stderr log instead of the output log")
 			fs.BoolVarP(&follow, "follow", "f", false, "keep printing a live run's output until it ends")
@@ -61,6 +64,14 @@ func init() {
 						return a.usageError("logs", errors.New("--stderr: a control plane holds only the output stream"))
 					}
 					return remoteLogs(ctx, a, api, runID, follow)
+				}
+				c, code := via.dial(ctx, a, "logs")
+				if code != exitOK {
+					return code
+				}
+				if c != nil {
+					defer c.Close()
+					return daemonLogs(ctx, a, c, runID, run.user, stderr, follow)
 				}
 				st, rec, code := run.openRun(ctx, a, "logs", runID)
 				if st == nil {
@@ -173,6 +184,25 @@ func remoteLogs(ctx context.Context, a *app, api userAPIFlags, runID string, fol
 	out, flush := a.terminalSafe(a.stdout)
 	defer flush()
 	if _, err := io.Copy(out, rc); err != nil && ctx.Err() == nil {
+		fmt.Fprintln(a.stderr, "taskrun logs:", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// daemonLogs prints (or follows) a run's log through the taskrun daemon.
+func daemonLogs(ctx context.Context, a *app, c *daemon.Client, runID, user string, stderr, follow bool) int {
+	rc, err := c.OpenLog(ctx, runID, user, stderr, follow)
+	if err != nil {
+		return a.daemonError("logs", err)
+	}
+	defer rc.Close()
+	out, flush := a.terminalSafe(a.stdout)
+	defer flush()
+	if _, err := io.Copy(out, rc); err != nil {
+		if ctx.Err() != nil {
+			return exitInterrupted
+		}
 		fmt.Fprintln(a.stderr, "taskrun logs:", err)
 		return exitFailure
 	}

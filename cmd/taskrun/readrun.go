@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/controlplane/client"
+	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/termsafe"
@@ -28,26 +29,41 @@ instead of the store: only the user's own runs, as its workers stored them.
 type readRunFlags struct {
 	storedRunFlags
 	api userAPIFlags
+	via daemonReadFlags
 }
 
 func (f *readRunFlags) define(fs *pflag.FlagSet) {
 	f.storedRunFlags.define(fs)
 	f.api.define(fs)
+	f.via.define(fs)
 }
 
 // readRun is a run whose stored objects are read from the store, or
-// through a control plane.
+// through a control plane, or through the taskrun daemon.
 type readRun struct {
 	rec *runindex.Record
 	st  *persist.Store
 	c   *client.Client
+	d   *daemon.Client
 }
 
 // open finds runID in the store's run index or, with --server, asks the
-// control plane for its record. On failure it has reported the error and
-// returns the exit status to use.
+// control plane for its record, or the taskrun daemon when one answers.
+// On failure it has reported the error and returns the exit status to use.
 func (f *readRunFlags) open(ctx context.Context, a *app, cmd, runID string) (*readRun, int) {
 	if f.api.server == "" {
+		d, code := f.via.dial(ctx, a, cmd)
+		if code != exitOK {
+			return nil, code
+		}
+		if d != nil {
+			rec, err := d.Record(ctx, runID, f.user)
+			if err != nil {
+				d.Close()
+				return nil, a.daemonError(cmd, err)
+			}
+			return &readRun{rec: rec, d: d}, exitOK
+		}
 		st, rec, code := f.openRun(ctx, a, cmd, runID)
 		if st == nil {
 			return nil, code
@@ -79,17 +95,20 @@ func (f *readRunFlags) open(ctx context.Context, a *app, cmd, runID string) (*re
 	return &readRun{rec: &rec, c: c}, exitOK
 }
 
-// Close releases the store.
+// Close releases the store or the daemon's connections.
 func (r *readRun) Close() {
 	if r.st != nil {
 		r.st.Close()
+	}
+	if r.d != nil {
+		r.d.Close()
 	}
 }
 
 // execs returns the commands run in the run's container: read from the
 // store, or already in the control plane's record.
 func (r *readRun) execs(ctx context.Context) ([]runindex.Exec, error) {
-	if r.c != nil {
+	if r.c != nil || r.d != nil {
 		return r.rec.Execs, nil
 	}
 	return runindex.Execs(ctx, r.st, r.rec)
@@ -99,12 +118,18 @@ func (r *readRun) openPatch(ctx context.Context) (io.ReadCloser, error) {
 	if r.c != nil {
 		return r.c.OpenPatch(ctx, r.rec.RunID)
 	}
+	if r.d != nil {
+		return r.d.OpenObject(ctx, r.rec.RunID, r.rec.UserID, "patch", "")
+	}
 	return runindex.OpenPatch(ctx, r.st, r.rec)
 }
 
 func (r *readRun) openChanges(ctx context.Context) (io.ReadCloser, error) {
 	if r.c != nil {
 		return r.c.OpenChanges(ctx, r.rec.RunID)
+	}
+	if r.d != nil {
+		return r.d.OpenObject(ctx, r.rec.RunID, r.rec.UserID, "changes", "")
 	}
 	return runindex.OpenChanges(ctx, r.st, r.rec)
 }
@@ -116,6 +141,9 @@ func (r *readRun) openFile(ctx context.Context, p string) (io.ReadCloser, error)
 		}
 		return r.c.OpenFile(ctx, r.rec.RunID, p)
 	}
+	if r.d != nil {
+		return r.d.OpenObject(ctx, r.rec.RunID, r.rec.UserID, "file", p)
+	}
 	return runindex.OpenFile(ctx, r.st, r.rec, p)
 }
 
@@ -125,6 +153,10 @@ func (a *app) readError(cmd string, err error) int {
 	var he *client.HTTPError
 	if errors.As(err, &he) {
 		return a.remoteError(cmd, err)
+	}
+	var re *daemon.RefusedError
+	if errors.As(err, &re) || errors.Is(err, daemon.ErrDaemonGone) {
+		return a.daemonError(cmd, err)
 	}
 	return a.storeError(cmd, err)
 }

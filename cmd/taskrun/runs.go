@@ -22,7 +22,7 @@ record to tenants/USER/index/ when it starts and again when it ends, so a run
 in progress shows as RUNNING. --user, --task and --status keep only the runs
 that match. --json prints a JSON array of run records (the objects
 'taskrun inspect --json' prints).
-`
+` + daemonReadHelp
 
 func init() {
 	register(&command{
@@ -35,9 +35,11 @@ func init() {
 				limit                     int
 				jsonOut                   bool
 				api                       userAPIFlags
+				via                       daemonReadFlags
 			)
 			addStoreFlag(fs, &store)
 			api.define(fs)
+			via.define(fs)
 			fs.StringVar(&user, "user", "", "user (tenant) ID")
 			fs.StringVar(&task, "task", "", "task ID")
 			fs.StringVar(&status, "status", "", "only runs with this status: RUNNING, SUCCEEDED, FAILED or CANCELLED")
@@ -53,6 +55,18 @@ func init() {
 				f := runindex.Filter{UserID: user, TaskID: task, Status: model.RunStatus(strings.ToUpper(status)), Limit: max(limit, 0)}
 				if err := checkRunsFilter(f); err != nil {
 					return a.usageError("runs", err)
+				}
+				c, code := via.dial(ctx, a, "runs")
+				if code != exitOK {
+					return code
+				}
+				if c != nil {
+					defer c.Close()
+					recs, err := c.Records(ctx, f)
+					if err != nil {
+						return a.daemonError("runs", err)
+					}
+					return printRuns(a, recs, jsonOut)
 				}
 				return listRuns(ctx, a, store, f, jsonOut)
 			}
@@ -89,6 +103,11 @@ func listRuns(ctx context.Context, a *app, storeURL string, f runindex.Filter, j
 	if err != nil {
 		return a.storeError("runs", err)
 	}
+	return printRuns(a, recs, jsonOut)
+}
+
+// printRuns prints the listed runs, as a table or (jsonOut) a JSON array.
+func printRuns(a *app, recs []runindex.Record, jsonOut bool) int {
 	if jsonOut {
 		if recs == nil {
 			recs = []runindex.Record{}

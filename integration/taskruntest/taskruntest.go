@@ -2,7 +2,7 @@
 // policy and read what it produced, next to the containers of a
 // testcontainers-go suite.
 //
-// A run goes through executor.Execute exactly as in production: a fresh
+// A run goes through executor.Host.Run exactly as in production: a fresh
 // hardened container from the Docker engine named by DOCKER_HOST, its output
 // spooled and streamed, its files persisted to a file:// blob store in a
 // temporary directory, and its status reported to a recording updater that
@@ -26,11 +26,11 @@
 package taskruntest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"path/filepath"
 	"testing"
@@ -75,7 +75,7 @@ type Options struct {
 	// no registry unless it asks; sandbox.PullMissing or PullAlways pull.
 	Pull sandbox.PullPolicy
 	// AllowedImages, when non-empty, refuses any other image before it is
-	// pulled (executor.Input.AllowedImages).
+	// pulled (executor.Config.AllowedImages).
 	AllowedImages []string
 	// Cmd replaces the image's default command when non-empty.
 	Cmd []string
@@ -209,26 +209,31 @@ func (e *Env) Labels(extra map[string]string) map[string]string {
 }
 
 // Run executes one run and returns what it produced. The error is
-// executor.Execute's: nil only for a SUCCEEDED run, matching
+// executor.Host.Run's: nil only for a SUCCEEDED run, matching
 // executor.ErrRunFailed for a run that failed or was cancelled, in which case
 // the Result is still complete.
 func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Image == "" {
 		return nil, fmt.Errorf("%w: Image is required: name an image such as taskrun/testbox:local", ErrBadOptions)
 	}
+	host, done, err := e.host(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	rec := &controlplanetest.Recorder{}
-	in := e.input(opts, rec)
-	out, err := executor.Execute(ctx, in)
+	spec := e.spec(opts, rec)
+	out, err := host.Run(ctx, spec)
 	if out == nil {
 		return nil, err
 	}
 	res := &Result{
-		RunID:    in.Run.ID,
-		Ref:      persist.RunRef{UserID: UserID, ConversationID: ConversationID, TaskID: in.Task.ID, RunID: in.Run.ID},
+		RunID:    spec.Run.ID,
+		Ref:      persist.RunRef{UserID: UserID, ConversationID: ConversationID, TaskID: spec.Task.ID, RunID: spec.Run.ID},
 		Status:   out.Status,
 		Reason:   out.Reason,
 		ExitCode: -1,
-		Labels:   in.Labels,
+		Labels:   spec.Labels,
 		Outcome:  out,
 		store:    e.env.Store,
 	}
@@ -240,29 +245,39 @@ func (e *Env) Run(ctx context.Context, opts Options) (*Result, error) {
 	return res, err
 }
 
-// input builds the RunTaskInput of opts.
-func (e *Env) input(opts Options, rec *controlplanetest.Recorder) executor.Input {
-	in := e.env.Input(defaultString(opts.RunID, "run-"+runtest.RandomID()), opts.Image, opts.Cmd...)
+// host is the executor host opts run on: the Env's, or, for a pull policy
+// or image rules of their own, one built for the run from the Env's
+// configuration; done releases it.
+func (e *Env) host(ctx context.Context, opts Options) (*executor.Host, func(), error) {
+	if (opts.Pull == "" || opts.Pull == sandbox.PullNever) && len(opts.AllowedImages) == 0 {
+		return e.env.Host, func() {}, nil
+	}
+	cfg := e.env.Config
+	cfg.Pull, cfg.AllowedImages = opts.Pull, opts.AllowedImages
+	host, err := executor.New(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("taskruntest: %w", err)
+	}
+	return host, func() { _ = host.Close(context.WithoutCancel(ctx)) }, nil
+}
+
+// spec builds the executor.Spec of opts.
+func (e *Env) spec(opts Options, rec *controlplanetest.Recorder) executor.Spec {
+	s := e.env.Spec(defaultString(opts.RunID, "run-"+runtest.RandomID()), opts.Image, opts.Cmd...)
 	taskID := defaultString(opts.TaskID, DefaultTaskID)
-	in.Task.ID, in.Run.TaskID = taskID, taskID
-	in.Task.Prompt, in.Task.WorkspaceDir = opts.Prompt, opts.Workspace
-	in.Run.PreviousRunID = opts.ResumeFrom
-	in.SessionID = defaultString(opts.SessionID, DefaultSessionID)
-	in.Updater, in.StreamSender = rec, rec
-	in.Model, in.Policy = opts.Model, opts.Policy
-	in.Env = opts.Env
-	in.Pull, in.AllowedImages = opts.Pull, opts.AllowedImages
-	if in.Pull == "" {
-		in.Pull = sandbox.PullNever
+	s.Task.ID, s.Run.TaskID = taskID, taskID
+	s.Task.Prompt, s.Task.WorkspaceDir = opts.Prompt, opts.Workspace
+	s.Run.PreviousRunID = opts.ResumeFrom
+	s.SessionID = defaultString(opts.SessionID, DefaultSessionID)
+	s.Updater, s.StreamSender = rec, rec
+	s.Model, s.Env = opts.Model, opts.Env
+	if opts.Policy != (sandbox.Policy{}) {
+		s.Policy = &opts.Policy
 	}
-	in.Labels = e.Labels(opts.Labels)
-	in.Timeout = opts.Timeout
-	if in.Timeout == 0 {
-		in.Timeout = DefaultTimeout
-	}
-	in.Stdout = opts.Stdout
-	in.Logger = slog.New(slog.DiscardHandler)
-	return in
+	s.Labels = e.Labels(opts.Labels)
+	s.Timeout = cmp.Or(opts.Timeout, DefaultTimeout)
+	s.Stdout = opts.Stdout
+	return s
 }
 
 // Close removes every container still carrying the Env's label and releases

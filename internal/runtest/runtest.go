@@ -1,9 +1,12 @@
 // Package runtest is the one end-to-end harness of taskrun's tests: the root
 // package's, abuse/ and integration/ use it, and integration/taskruntest is
 // built on it. An Env holds the real parts runs need -- a Docker backend, a
-// blob store and a run root, made one executor.Host -- for one tenant of its
-// own, builds the RunTaskInput of a run on that host, reads back what runs stored, and tells which of the
-// tenant's containers are still there, so each test can prove it left none.
+// blob store and a run root, made one executor.Host with executor.New -- for
+// one tenant of its own. It runs a Spec on that host (Spec, Run), or builds
+// the seed API's RunTaskInput of the same machine for tests of the root
+// facade (Input, Execute), reads back what runs stored, and tells which of
+// the tenant's containers are still there, so each test can prove it left
+// none.
 package runtest
 
 import (
@@ -25,6 +28,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 
+	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/internal/testbin"
@@ -61,11 +65,12 @@ type Options struct {
 	// Labels are put on every run's container next to the dev.taskrun.*
 	// labels (e.g. a test framework's session labels).
 	Labels map[string]string
-	// Logger receives the backend's log; discarded when nil.
+	// Logger receives the backend's and the host's log; discarded when
+	// nil. (A RunTaskInput from Input logs to its own Logger.)
 	Logger *slog.Logger
-	// Warm gives the Env a warm pool (Env.Pool): Input sets it, and Execute
-	// runs each run in a container parked ahead of it. It needs HelpersDir
-	// (New defaults it to testbin.Dir).
+	// Warm gives the Env a warm pool (Env.Pool): Input sets it, and Run and
+	// Execute run each run in a container parked ahead of it. It needs
+	// HelpersDir (New defaults it to testbin.Dir).
 	Warm bool
 	// HelpersDir, when set, gives every run the in-sandbox self-check with
 	// the static helpers there (executor.Config.HelpersDir).
@@ -84,8 +89,11 @@ type Env struct {
 	// Labels are on every run's container.
 	Labels map[string]string
 	// Host is the executor host the runs execute on, built with
-	// executor.New from the Env's backend, store and root.
+	// executor.New from Config.
 	Host *executor.Host
+	// Config is Host's configuration: a test that needs another machine
+	// (another pull policy, image rules) builds its own host from a copy.
+	Config executor.Config
 	// Pool is the Env's warm pool with Options.Warm, else nil.
 	Pool *warmpool.Pool
 	// Instance is the executor instance ID the backend labels containers
@@ -131,6 +139,7 @@ func Open(ctx context.Context, opts Options) (*Env, error) {
 		// Tests reach no registry unless they ask for a pull.
 		Pull:     sandbox.PullNever,
 		Defaults: executor.Defaults{Timeout: DefaultTimeout},
+		Logger:   log,
 	}
 	if opts.Warm {
 		cfg.Warm = &executor.Warm{PerKey: 1, MaxSlots: 2}
@@ -143,6 +152,7 @@ func Open(ctx context.Context, opts Options) (*Env, error) {
 	}
 	return &Env{
 		Host:           host,
+		Config:         cfg,
 		Pool:           host.WarmPool(),
 		Instance:       inst,
 		Backend:        backend,
@@ -205,45 +215,83 @@ func (e *Env) Close() error {
 	return errors.Join(e.Host.Close(context.Background()), e.Backend.Close(), e.Store.Close())
 }
 
-// Execute runs in through executor.Execute. With a warm pool it first waits
-// until a container of in's key is parked, and fails unless the run took
-// it: a test meant for the warm path never passes on the cold one.
-func (e *Env) Execute(ctx context.Context, in executor.Input) (*executor.Outcome, error) {
+// Run runs spec on the Env's host (Host.Run). With a warm pool it first
+// waits until a container of spec's key is parked, and fails unless the
+// run took it: a test meant for the warm path never passes on the cold one.
+func (e *Env) Run(ctx context.Context, spec executor.Spec) (*executor.Outcome, error) {
+	return e.warm(ctx, runID(spec.Run),
+		func(ctx context.Context) (warmpool.Template, error) { return e.Host.WarmTemplate(ctx, spec) },
+		func(ctx context.Context) (*executor.Outcome, error) { return e.Host.Run(ctx, spec) })
+}
+
+// Execute runs in through the root facade (taskrun.Execute: the host of
+// in's machine, built with executor.New, and Host.Run), with Run's warm
+// pool check.
+func (e *Env) Execute(ctx context.Context, in taskrun.RunTaskInput) (*executor.Outcome, error) {
+	return e.warm(ctx, runID(in.Run),
+		func(ctx context.Context) (warmpool.Template, error) { return taskrun.WarmTemplate(ctx, in) },
+		func(ctx context.Context) (*executor.Outcome, error) { return taskrun.Execute(ctx, in) })
+}
+
+// warm runs run; with a warm pool, only once a container of tmpl's key is
+// parked, and it fails unless the run took one.
+func (e *Env) warm(ctx context.Context, id string, tmpl func(context.Context) (warmpool.Template, error), run func(context.Context) (*executor.Outcome, error)) (*executor.Outcome, error) {
 	if e.Pool == nil {
-		return executor.Execute(ctx, in)
+		return run(ctx)
 	}
-	tmpl, err := executor.WarmTemplate(ctx, in)
+	t, err := tmpl(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("runtest: warm template: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	if err := e.Pool.WaitReady(wctx, tmpl, 1); err != nil {
+	if err := e.Pool.WaitReady(wctx, t, 1); err != nil {
 		return nil, fmt.Errorf("runtest: %w", err)
 	}
 	before := e.Pool.Stats().Claims
-	out, runErr := executor.Execute(ctx, in)
+	out, runErr := run(ctx)
 	if e.Pool.Stats().Claims == before {
-		return out, errors.Join(runErr, fmt.Errorf("runtest: run %s did not take a warm container (%+v)", in.Run.ID, e.Pool.Stats()))
+		return out, errors.Join(runErr, fmt.Errorf("runtest: run %s did not take a warm container (%+v)", id, e.Pool.Stats()))
 	}
 	return out, runErr
+}
+
+// runID is r's ID, for messages.
+func runID(r *model.TaskRun) string {
+	if r == nil {
+		return ""
+	}
+	return r.ID
 }
 
 // Paths is the layout of the Env's run directories.
 func (e *Env) Paths() executor.RuntimePaths { return e.Host.Layout().Paths() }
 
-// Input is a run of cmd in image on the Env's host, stored in the Env and
-// placed by its IDs, with DefaultTimeout. The caller sets the Updater (and
-// whatever else the test needs).
-func (e *Env) Input(runID, image string, cmd ...string) executor.Input {
-	return e.Host.Input(executor.Spec{
+// Spec is a run of cmd in image, placed by the Env's IDs, for its host
+// (Run). The caller sets the Updater (and whatever else the test needs).
+func (e *Env) Spec(runID, image string, cmd ...string) executor.Spec {
+	return executor.Spec{
 		Task:      &model.Task{ID: e.TaskID, UserID: e.Tenant, ConversationID: e.ConversationID},
 		Run:       &model.TaskRun{ID: runID, TaskID: e.TaskID},
 		SessionID: e.SessionID,
 		Image:     image,
 		Command:   cmd,
 		Labels:    maps.Clone(e.Labels),
-	})
+	}
+}
+
+// Input is Spec as the seed API's RunTaskInput on the Env's machine (its
+// backend, store, root, helpers, pull policy and warm pool), with the
+// host's defaults (the default policy, DefaultTimeout) filled in, for tests of the root facade (Execute, taskrun.Execute).
+// The caller sets the Updater (and whatever else the test needs).
+func (e *Env) Input(runID, image string, cmd ...string) taskrun.RunTaskInput {
+	s, c := e.Spec(runID, image, cmd...), e.Config
+	return taskrun.RunTaskInput{
+		Task: s.Task, Run: s.Run, SessionID: s.SessionID, Image: s.Image, Command: s.Command, Labels: s.Labels,
+		Policy: e.Host.Defaults().Policy, Timeout: e.Host.Defaults().Timeout,
+		Paths: e.Paths(), Persist: e.Store, ArtifactStorage: e.Store, StoreURL: c.StoreURL,
+		Sandbox: e.Backend, Pull: c.Pull, HelpersDir: c.HelpersDir, Executor: c.Executor, WarmPool: e.Pool,
+	}
 }
 
 // Ref names one of the Env's runs.

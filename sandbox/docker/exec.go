@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"syscall"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+	"golang.org/x/sys/unix"
 
 	"github.com/taskrun/taskrun/sandbox"
 )
@@ -122,4 +124,47 @@ func Exec(ctx context.Context, cli client.APIClient, id string, o ExecOptions) (
 		return 0, err
 	}
 	return res.ExitCode, nil
+}
+
+// ErrExecNotRunning is a signal to a command that has already ended.
+var ErrExecNotRunning = errors.New("the command is not running")
+
+// SignalExec sends sig to the process of exec execID, a command started
+// by Exec in container id, and to nothing else: the exec must belong to
+// that container and still run. The process is pinned with a pidfd
+// between two looks at the exec, so a pid the kernel reused after the
+// command ended is never signalled.
+func SignalExec(ctx context.Context, cli client.APIClient, id, execID string, sig syscall.Signal) error {
+	before, err := cli.ContainerExecInspect(ctx, execID)
+	if err != nil {
+		return fmt.Errorf("signal command %s: %w", execID, err)
+	}
+	if before.ContainerID != id {
+		return fmt.Errorf("signal command %s: it is not of container %s", execID, id)
+	}
+	if !before.Running || before.Pid <= 0 {
+		return fmt.Errorf("signal command %s: %w", execID, ErrExecNotRunning)
+	}
+	fd, err := unix.PidfdOpen(before.Pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("signal command %s: %w", execID, ErrExecNotRunning)
+	}
+	if err != nil {
+		return fmt.Errorf("signal command %s: pidfd: %w", execID, err)
+	}
+	defer unix.Close(fd)
+	after, err := cli.ContainerExecInspect(ctx, execID)
+	if err != nil {
+		return fmt.Errorf("signal command %s: %w", execID, err)
+	}
+	if !after.Running || after.Pid != before.Pid {
+		return fmt.Errorf("signal command %s: %w", execID, ErrExecNotRunning)
+	}
+	if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("signal command %s: %w", execID, ErrExecNotRunning)
+		}
+		return fmt.Errorf("signal command %s: %w", execID, err)
+	}
+	return nil
 }

@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
 	"github.com/taskrun/taskrun/audit"
@@ -607,5 +608,109 @@ func TestRunPastItsDiskCapFailsWithTheReason(t *testing.T) {
 	assert.Contains(t, res.Err.Error(), "exceeds", "the kubelet's reason is named")
 	assert.Contains(t, res.Err.Error(), "disk cap is 67108864 bytes")
 	assert.NotContains(t, res.Err.Error(), "gzip", "no copy-out from a Pod that is gone")
+	require.NoError(t, h.Close(t.Context()))
+}
+
+// TestDeletingTheRunPodReapsItsNetworkPolicy deletes a live run's Pod as an
+// administrator (or a reaper that knows nothing of NetworkPolicies) would,
+// without the executor: the cluster's garbage collector deletes the Pod's
+// NetworkPolicy, which the Pod owns.
+func TestDeletingTheRunPodReapsItsNetworkPolicy(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	var out lockedbuf.Buffer
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo up; sleep 1000"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "owned"}, Timeout: 2 * time.Minute}
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	select {
+	case <-out.Seen("up"):
+	case <-time.After(time.Minute):
+		t.Fatal("the run never printed its marker")
+	}
+	cs := b.clientset()
+	pod, err := cs.CoreV1().Pods(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+	require.NoError(t, err)
+	np, err := cs.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Len(t, np.OwnerReferences, 1)
+	assert.Equal(t, pod.UID, np.OwnerReferences[0].UID, "the Pod owns its NetworkPolicy")
+
+	zero := int64(0)
+	require.NoError(t, cs.CoreV1().Pods(e.namespace).Delete(t.Context(), h.ID(), metav1.DeleteOptions{GracePeriodSeconds: &zero}))
+	deleted := time.Now()
+	assert.Eventually(t, func() bool {
+		_, err := cs.NetworkingV1().NetworkPolicies(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, 90*time.Second, 200*time.Millisecond, "the garbage collector deletes the NetworkPolicy of a deleted run Pod")
+	t.Logf("the NetworkPolicy was gone %s after the Pod's deletion", time.Since(deleted).Round(100*time.Millisecond))
+}
+
+// TestReapRemovesAPodStoppedAtItsDeadline shortens a live run's active
+// deadline (as if its executor had stopped renewing its interest long ago):
+// once the cluster stops the Pod at that deadline, another executor's
+// reaper removes it, though its executor is not proven gone, and the
+// cluster deletes its NetworkPolicy with it.
+func TestReapRemovesAPodStoppedAtItsDeadline(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sleep", "300"},
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "deadline"}, Timeout: 5 * time.Minute}
+	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
+	require.NoError(t, err)
+	defer h.Close(context.Background())
+	cs := b.clientset()
+	patch := []byte(`{"spec":{"activeDeadlineSeconds":1}}`)
+	_, err = cs.CoreV1().Pods(e.namespace).Patch(t.Context(), h.ID(), types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		pod, err := cs.CoreV1().Pods(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
+		return err == nil && pod.Status.Phase == corev1.PodFailed && pod.Status.Reason == reasonDeadlineExceeded
+	}, 90*time.Second, time.Second, "the kubelet stops the Pod at its deadline")
+
+	reaper := newTestBackend(t, e, WithInstance("another-executor"))
+	alive := func(string, string) (bool, string) { return false, "" }
+	rep, err := reaper.Reap(t.Context(), ReapOptions{Grace: time.Millisecond, ExecutorGone: alive,
+		Labels: map[string]string{sandbox.LabelRun: "deadline"}})
+	require.NoError(t, err)
+	require.Len(t, rep.Removed, 1, "%+v", rep)
+	assert.Equal(t, h.ID(), rep.Removed[0].Name)
+	assert.Contains(t, rep.Removed[0].Reason, "active deadline")
+	assert.Eventually(t, func() bool {
+		left, err := reaper.ListManaged(t.Context(), map[string]string{sandbox.LabelRun: "deadline"})
+		return err == nil && len(left) == 0
+	}, 90*time.Second, time.Second, "no Pod or NetworkPolicy of the run is left")
+}
+
+// TestEvictedRunKeepsItsOutput writes output on both streams, then writes
+// past the run's disk cap, so the kubelet evicts the Pod: the run fails
+// with ErrEvicted and the kubelet's reason, and every byte the command
+// wrote before the eviction has reached the run's streams.
+func TestEvictedRunKeepsItsOutput(t *testing.T) {
+	e := requireCluster(t)
+	b := newTestBackend(t, e)
+	runDir := t.TempDir()
+	require.NoError(t, os.Chmod(runDir, 0o777))
+	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
+		Cmd: []string{"sh", "-c", "i=0; while [ $i -lt 500 ]; do i=$((i+1)); echo line-$i; done; echo err-line >&2; " +
+			"head -c 100000000 /dev/urandom >/taskrun/big.bin; sleep 90"},
+		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "evicted-output"},
+		Mounts:  []sandbox.Mount{{Source: runDir, Target: "/taskrun"}},
+		Timeout: 3 * time.Minute, StopGrace: time.Second, DiskBytes: 64 << 20}
+	pol := sandbox.DefaultPolicy()
+	pol.NanoCPUs = 500_000_000
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	defer h.Close(t.Context())
+	res := h.Wait(t.Context())
+	require.ErrorIs(t, res.Err, ErrEvicted, "exit %d, %v", res.ExitCode, res.Err)
+	var want strings.Builder
+	for i := 1; i <= 500; i++ {
+		fmt.Fprintf(&want, "line-%d\n", i)
+	}
+	assert.Equal(t, want.String(), out.String(), "the output written before the eviction is kept whole")
+	assert.Equal(t, "err-line\n", errOut.String())
 	require.NoError(t, h.Close(t.Context()))
 }

@@ -73,7 +73,10 @@ type podConfig struct {
 	InstanceProcess string
 	InstanceHost    string
 	Created         time.Time
-	Slack           time.Duration
+	// Slack is added to the run's timeout and grace in its deadline
+	// (runDeadline): it covers what the executor itself may spend around
+	// the run (Backend.slack).
+	Slack time.Duration
 	// Sockets are the data volume paths the keeper serves through the
 	// model tunnel.
 	Sockets []string
@@ -189,7 +192,7 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, cfg podConfig) (converted, e
 	if spec.Timeout > 0 {
 		// A backstop the cluster enforces even when the executor is gone:
 		// the executor stops the run at its timeout itself.
-		deadline := int64((spec.Timeout + spec.StopGrace + cfg.Slack + time.Second - 1) / time.Second)
+		deadline := int64(runDeadline(spec, cfg) / time.Second)
 		pod.Spec.ActiveDeadlineSeconds = &deadline
 	}
 	return converted{Pod: pod, NetworkPolicy: networkPolicy(cfg, labels)}, nil
@@ -297,6 +300,26 @@ func networkPolicy(cfg podConfig, podLabels map[string]string) *networkingv1.Net
 	}
 }
 
+// runDeadline is how long after its creation a run's Pod may live: the
+// Pod's activeDeadlineSeconds, which the cluster enforces, and its
+// dev.taskrun.expires annotation, which the reaper reads, are both this,
+// in whole seconds (rounded up), so the two never disagree.
+func runDeadline(spec sandbox.Spec, cfg podConfig) time.Duration {
+	d := spec.Timeout + spec.StopGrace + cfg.Slack
+	return (d + time.Second - 1).Truncate(time.Second)
+}
+
+// ownedBy is the owner reference that makes a run's other objects (its
+// NetworkPolicy) the Pod's: deleting the Pod, by the executor, the reaper or
+// anyone, lets the cluster's garbage collector delete them. The Pod is the
+// controller of what it owns; blockOwnerDeletion stays unset, as it needs
+// update rights on the Pod's finalizers and would only delay the Pod's
+// deletion.
+func ownedBy(pod *corev1.Pod) metav1.OwnerReference {
+	controller := true
+	return metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: &controller}
+}
+
 // metadata returns the Pod's labels and annotations. Every dev.taskrun.*
 // value and every Spec label is an annotation (times and paths are not
 // valid label values); those that are valid label values are labels too,
@@ -312,7 +335,7 @@ func metadata(spec sandbox.Spec, cfg podConfig) (labels, annotations map[string]
 	all[sandbox.LabelCreated] = cfg.Created.UTC().Format(time.RFC3339)
 	delete(all, sandbox.LabelExpires)
 	if spec.Timeout > 0 {
-		all[sandbox.LabelExpires] = cfg.Created.Add(spec.Timeout + spec.StopGrace + cfg.Slack).UTC().Format(time.RFC3339)
+		all[sandbox.LabelExpires] = cfg.Created.Add(runDeadline(spec, cfg)).UTC().Format(time.RFC3339)
 	}
 	delete(all, sandbox.LabelInstance)
 	delete(all, sandbox.LabelInstanceProcess)

@@ -467,3 +467,26 @@ func TestRunDiskCapSizesTheDataVolume(t *testing.T) {
 	require.NotNil(t, got.SizeLimit)
 	assert.Equal(t, int64(DefaultDiskBytes), got.SizeLimit.Value(), "no run cap: the backend's default")
 }
+
+func TestRunDeadlineCoversTheExecutorsBudget(t *testing.T) {
+	b := &Backend{expirySlack: time.Minute, startTimeout: 2 * time.Minute, apiOutage: 10 * time.Minute, stopGrace: DefaultStopGrace}
+	spec := testSpec()
+	spec.Timeout = time.Minute
+	spec.StopGrace = 2500 * time.Millisecond
+	cfg := b.podConfig(spec, "", created)
+	cv := mustConvert(t, spec, sandbox.DefaultPolicy(), cfg)
+	require.NotNil(t, cv.Pod.Spec.ActiveDeadlineSeconds)
+	deadline := time.Duration(*cv.Pod.Spec.ActiveDeadlineSeconds) * time.Second
+	// What the executor may spend on the run: start, timeout, stop, the
+	// wait for the exit and the copy-out across an outage.
+	own := b.startTimeout + spec.Timeout + 2*spec.StopGrace + 3*cleanupTimeout + b.apiOutage
+	assert.GreaterOrEqual(t, deadline, own, "the cluster never stops a Pod its executor is still entitled to")
+	expires, err := time.Parse(time.RFC3339, cv.Pod.Annotations[sandbox.LabelExpires])
+	require.NoError(t, err)
+	assert.Equal(t, deadline, expires.Sub(created), "the reaper's expiry is the cluster's deadline")
+
+	b.expirySlack = time.Hour
+	cv = mustConvert(t, spec, sandbox.DefaultPolicy(), b.podConfig(spec, "", created))
+	assert.Equal(t, int64((spec.Timeout+3*time.Second+time.Hour)/time.Second), *cv.Pod.Spec.ActiveDeadlineSeconds,
+		"a larger slack is kept, the deadline rounded up to whole seconds")
+}

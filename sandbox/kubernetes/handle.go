@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/sandbox"
@@ -83,23 +84,39 @@ func newHandle(b *Backend, name string, spec sandbox.Spec, streams sandbox.Strea
 		stdout: stdout, stderr: stderr, runCtx: runCtx, cancelRun: cancel, pumpDone: make(chan struct{})}
 }
 
-// start creates the NetworkPolicy and the Pod, fills the mounts, attaches
+// start creates the Pod and the NetworkPolicy it owns, fills the mounts, attaches
 // to the run container and releases the gate, in that order.
 func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) error {
 	ctx, cancel := context.WithTimeout(ctx, h.b.startTimeout)
 	defer cancel()
 	ns := h.b.namespace
-	if err := h.b.createRetried(ctx, "create network policy "+h.name, func(ctx context.Context) error {
-		_, err := h.b.client.networkPolicies(ns).Create(ctx, cv.NetworkPolicy)
-		return err
-	}); err != nil {
-		return fmt.Errorf("create network policy %s: %w", h.name, err)
-	}
+	// The Pod first: the NetworkPolicy names it as its owner, so the
+	// cluster's garbage collector deletes the policy with the Pod, whoever
+	// deletes the Pod. The command cannot run before the policy exists: the
+	// fill container waits for the mounts and the gate for its release,
+	// both sent only after the policy is created.
+	var created *corev1.Pod
 	if err := h.b.createRetried(ctx, "create pod "+h.name, func(ctx context.Context) error {
-		_, err := h.b.client.pods(ns).Create(ctx, cv.Pod)
+		var err error
+		created, err = h.b.client.pods(ns).Create(ctx, cv.Pod)
 		return err
 	}); err != nil {
 		return fmt.Errorf("create pod %s in namespace %s: %w", h.name, ns, err)
+	}
+	if created == nil || created.UID == "" {
+		// The create's answer was lost and a retry was told the Pod exists.
+		var err error
+		if created, err = h.b.getPod(ctx, h.name); err != nil {
+			return fmt.Errorf("pod %s: %w", h.name, err)
+		}
+	}
+	np := cv.NetworkPolicy.DeepCopy()
+	np.OwnerReferences = []metav1.OwnerReference{ownedBy(created)}
+	if err := h.b.createRetried(ctx, "create network policy "+h.name, func(ctx context.Context) error {
+		_, err := h.b.client.networkPolicies(ns).Create(ctx, np)
+		return err
+	}); err != nil {
+		return fmt.Errorf("create network policy %s: %w", h.name, err)
 	}
 	if err := h.waitRunning(ctx, ContainerFill); err != nil {
 		return err

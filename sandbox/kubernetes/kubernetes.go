@@ -19,7 +19,8 @@
 //     read-write mounts back over exec and deleted the Pod.
 //
 // A NetworkPolicy denying all ingress and egress selects the run's Pod
-// alone. Timeouts and cancellation stop the run container with SIGTERM and,
+// alone; the Pod owns it (an owner reference), so whoever deletes the Pod,
+// the cluster's garbage collector deletes the policy. Timeouts and cancellation stop the run container with SIGTERM and,
 // after the grace period, SIGKILL (exec of the helper's stop); the Pod's
 // activeDeadlineSeconds is a backstop the cluster enforces when the executor
 // is gone, and Reap removes such Pods by label.
@@ -129,7 +130,9 @@ func WithRequests(cpu, memory resource.Quantity) Option {
 func WithStopGrace(d time.Duration) Option { return func(b *Backend) { b.stopGrace = d } }
 
 // WithExpirySlack sets the margin added to timeout and grace in the expiry
-// annotation and the Pod's active deadline.
+// annotation and the Pod's active deadline. It never goes below what the
+// executor may spend on a run around its timeout (start timeout, stop
+// grace, API server outage bound).
 func WithExpirySlack(d time.Duration) Option { return func(b *Backend) { b.expirySlack = d } }
 
 // WithStartTimeout bounds how long Start waits for the Pod to start.
@@ -240,7 +243,7 @@ func New(ctx context.Context, cfg *rest.Config, namespace string, opts ...Option
 	return b, nil
 }
 
-// Start creates the run's NetworkPolicy and Pod, fills the mounts, attaches
+// Start creates the run's Pod and the NetworkPolicy it owns, fills the mounts, attaches
 // to the run container and releases its gate. On error nothing is left
 // behind.
 func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Policy, streams sandbox.Streams) (sandbox.Handle, error) {
@@ -304,9 +307,24 @@ func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time
 		InstanceProcess:  b.instanceProcess,
 		InstanceHost:     b.host,
 		Created:          created,
-		Slack:            b.expirySlack,
+		Slack:            b.slack(spec),
 		AckIdle:          b.ackIdle,
 	}
+}
+
+// slack is the margin of a run's deadline past its timeout and grace: the
+// backend's expiry slack, but never less than what the executor itself may
+// still spend on the run around its timeout (starting the Pod, stopping the
+// command, waiting out an API server outage, copying the mounts out), so
+// neither the cluster's active deadline nor the reaper ends a Pod its
+// executor is still within its bounds to finish.
+func (b *Backend) slack(spec sandbox.Spec) time.Duration {
+	grace := spec.StopGrace
+	if grace <= 0 {
+		grace = b.stopGrace
+	}
+	own := b.startTimeout + 2*grace + 3*cleanupTimeout + b.apiOutage
+	return max(b.expirySlack, own)
 }
 
 // dataVolumeBytes is the size of the data volume of a Pod running spec: the

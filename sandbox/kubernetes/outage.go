@@ -2,13 +2,17 @@ package kubernetes
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/taskrun/taskrun/internal/backoff"
 )
@@ -31,24 +35,45 @@ var apiBackoff = backoff.Exponential{Initial: 250 * time.Millisecond, Max: 5 * t
 var ErrAPIServerUnreachable = errors.New("kubernetes API server unreachable")
 
 // unanswered reports whether err means the API server did not answer, or
-// answered that it cannot serve now (429, 5xx), as opposed to an answer
-// about the request (not found, forbidden, invalid), which no retry changes.
+// answered that it cannot serve now, as opposed to an answer about the
+// request (not found, forbidden, invalid), which no retry changes, or a
+// failure on the executor's side that no retry changes either (the server's
+// certificate not verified, a request that cannot be encoded).
 func unanswered(err error) bool {
 	if err == nil {
 		return false
 	}
 	var status apierrors.APIStatus
-	if !errors.As(err, &status) {
-		// Connection refused or reset, TLS handshake or response timeouts,
-		// a lost HTTP/2 connection: nothing came back from the server.
-		return true
+	if errors.As(err, &status) {
+		// 429, 500, 503 and 504 (the server's timeouts), and a 502 from a
+		// proxy in front of it.
+		return apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) ||
+			apierrors.IsServiceUnavailable(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+			status.Status().Code == http.StatusBadGateway
 	}
-	switch status.Status().Code {
-	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
-		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		return true
+	if permanent(err) {
+		return false
 	}
-	return false
+	// Connection refused or reset, no response within the attempt's
+	// timeout, a TLS handshake timeout, a connection lost or sent away
+	// (HTTP/2 GOAWAY) by a restarting server: nothing came back.
+	return true
+}
+
+// permanent reports whether err, which carries no answer of the API server,
+// is one that retrying cannot change: the server's certificate or name did
+// not verify against the kubeconfig, or the request could not be made.
+func permanent(err error) bool {
+	var (
+		unknownCA   x509.UnknownAuthorityError
+		invalidCert x509.CertificateInvalidError
+		hostname    x509.HostnameError
+		verify      *tls.CertificateVerificationError
+		tlsRecord   tls.RecordHeaderError
+		badHost     url.InvalidHostError
+	)
+	return errors.As(err, &unknownCA) || errors.As(err, &invalidCert) || errors.As(err, &hostname) ||
+		errors.As(err, &verify) || errors.As(err, &tlsRecord) || errors.As(err, &badHost) || runtime.IsNotRegisteredError(err)
 }
 
 // retryAPI calls f until it returns nil or an answer from the API server,

@@ -2,14 +2,19 @@ package kubernetes
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -231,4 +236,85 @@ func TestCreateOfAnExistingNameFails(t *testing.T) {
 	require.NoError(t, createPod(t, b, "p1"))
 	err := createPod(t, b, "p1")
 	require.True(t, apierrors.IsAlreadyExists(err), "%v", err)
+}
+
+func TestUnansweredClassifiesByType(t *testing.T) {
+	gr := corev1.Resource("pods")
+	refused := &url.Error{Op: "Get", URL: "https://127.0.0.1:1", Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}
+	reset := &url.Error{Op: "Get", URL: "https://127.0.0.1:1", Err: &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"connection refused", refused, true},
+		{"connection reset", reset, true},
+		{"attempt timed out", &url.Error{Op: "Get", URL: "https://x", Err: context.DeadlineExceeded}, true},
+		{"lost response", &url.Error{Op: "Get", URL: "https://x", Err: io.ErrUnexpectedEOF}, true},
+		{"429", apierrors.NewTooManyRequests("slow down", 1), true},
+		{"500", apierrors.NewInternalError(io.EOF), true},
+		{"502", apierrors.NewGenericServerResponse(http.StatusBadGateway, "get", gr, "p", "", 0, false), true},
+		{"503", apierrors.NewServiceUnavailable("starting"), true},
+		{"504", apierrors.NewTimeoutError("etcd", 1), true},
+		{"server timeout", apierrors.NewServerTimeout(gr, "get", 1), true},
+		{"not found", apierrors.NewNotFound(gr, "p"), false},
+		{"forbidden", apierrors.NewForbidden(gr, "p", io.EOF), false},
+		{"conflict", apierrors.NewAlreadyExists(gr, "p"), false},
+		{"invalid", apierrors.NewBadRequest("no"), false},
+		{"unauthorized", apierrors.NewUnauthorized("who"), false},
+		{"unknown certificate authority", &url.Error{Op: "Get", URL: "https://x", Err: &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}}, false},
+		{"certificate for another name", &url.Error{Op: "Get", URL: "https://x", Err: x509.HostnameError{Host: "x"}}, false},
+		{"not TLS", &url.Error{Op: "Get", URL: "https://x", Err: tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, unanswered(tc.err), "%v", tc.err)
+		})
+	}
+}
+
+func TestRetriesEachTransientAnswerThenSucceeds(t *testing.T) {
+	codes := []int{http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout}
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if i := int(n.Add(1)) - 1; i < len(codes) {
+			w.WriteHeader(codes[i])
+			_ = json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+				Status: metav1.StatusFailure, Code: int32(codes[i])})
+			return
+		}
+		_ = json.NewEncoder(w).Encode(corev1.Pod{TypeMeta: metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
+			ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}})
+	}))
+	defer srv.Close()
+	cfg := &rest.Config{Host: srv.URL}
+	c, err := newClient(cfg)
+	require.NoError(t, err)
+	b := &Backend{client: c, config: cfg, namespace: "ns", log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		apiOutage: time.Minute, now: time.Now, live: map[string]*handle{}}
+	pod, err := b.getPod(t.Context(), "p")
+	require.NoError(t, err)
+	assert.Equal(t, "p", pod.Name)
+	assert.Equal(t, int32(len(codes)+1), n.Load(), "one attempt per failure, then the answer")
+}
+
+func TestAnUntrustedServerIsNotRetried(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.Add(1) }))
+	defer srv.Close()
+	cfg := &rest.Config{Host: srv.URL} // the kubeconfig does not trust the server's CA
+	c, err := newClient(cfg)
+	require.NoError(t, err)
+	b := &Backend{client: c, config: cfg, namespace: "ns", log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		apiOutage: time.Hour, now: time.Now, live: map[string]*handle{}}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err = b.getPod(ctx, "p")
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, ErrAPIServerUnreachable, "a certificate that does not verify is an answer no retry changes")
+	var verify *tls.CertificateVerificationError
+	assert.ErrorAs(t, err, &verify)
+	assert.Zero(t, n.Load(), "no request reached the untrusted server")
 }

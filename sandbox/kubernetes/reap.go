@@ -17,6 +17,10 @@ import (
 // another executor may not be registered anywhere yet.
 const DefaultReapGrace = time.Minute
 
+// reasonDeadlineExceeded is the Pod status reason of a Pod the kubelet
+// stopped at its activeDeadlineSeconds.
+const reasonDeadlineExceeded = "DeadlineExceeded"
+
 // ReapOptions narrows and tunes a Reap, as for the Docker backend.
 type ReapOptions struct {
 	// Labels restricts the reaper to Pods that also carry all of these labels.
@@ -50,7 +54,8 @@ type ReapReport struct {
 }
 
 // Reap deletes managed Pods (and their NetworkPolicies) that no live run
-// owns. A Pod of an executor proven gone is removed whatever its state;
+// owns. A Pod of an executor proven gone, or one the cluster stopped at its
+// active deadline, is removed whatever created it;
 // otherwise a Pod is owned by a live run when this Backend holds a handle
 // for it, or when it is not finished and not past its dev.taskrun.expires
 // time. Pods younger than the grace period are spared.
@@ -101,6 +106,12 @@ func (b *Backend) reapReason(pod *corev1.Pod, opts ReapOptions, now time.Time) (
 		if gone, why := opts.ExecutorGone(inst, process); gone {
 			return "executor " + inst + " is gone: " + why, true
 		}
+	}
+	if pod.Status.Phase == corev1.PodFailed && pod.Status.Reason == reasonDeadlineExceeded {
+		// The cluster stopped it at its active deadline, which lies past
+		// everything its executor may still spend on the run: whoever
+		// created it, no run holds it any more.
+		return "stopped by the cluster at its active deadline", true
 	}
 	if !opts.All && (inst == "" || inst != b.instance) {
 		return "", false

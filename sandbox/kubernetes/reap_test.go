@@ -64,6 +64,8 @@ func TestReapReason(t *testing.T) {
 		{"no instance, All, expired", pod("e", "", time.Hour, corev1.PodRunning, past), ReapOptions{All: true}, true},
 		{"no instance, All, not expired", pod("f", "", time.Hour, corev1.PodRunning, future), ReapOptions{All: true}, false},
 		{"All, finished", pod("g", "alive", time.Hour, corev1.PodSucceeded, future), ReapOptions{All: true}, true},
+		{"another live executor's, stopped at its deadline", deadlineExceeded(pod("h", "alive", time.Hour, corev1.PodFailed, past)), ReapOptions{ExecutorGone: gone}, true},
+		{"another live executor's, failed otherwise", pod("i", "alive", time.Hour, corev1.PodFailed, future), ReapOptions{ExecutorGone: gone}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -78,4 +80,10 @@ func TestReapReason(t *testing.T) {
 			}
 		})
 	}
+}
+
+// deadlineExceeded marks p as stopped by the kubelet at its active deadline.
+func deadlineExceeded(p *corev1.Pod) *corev1.Pod {
+	p.Status.Reason = "DeadlineExceeded"
+	return p
 }

@@ -14,6 +14,7 @@ output stream, wait for a run to end, cancel it::
 Errors are typed by HTTP status (:mod:`taskrun.errors`).
 """
 
+from .live import LiveClient
 from .client import STATUSES, TERMINAL_STATUSES, Client, OutputChunk, Run, Submission
 from .errors import (
     APIError,
@@ -33,6 +34,7 @@ from .errors import (
 
 __all__ = [
     "Client",
+    "LiveClient",
     "Run",
     "Submission",
     "OutputChunk",

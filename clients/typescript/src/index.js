@@ -463,3 +463,5 @@ async function apiError(resp, method, url) {
     url,
   });
 }
+
+export { LiveClient, socketPath } from './live.js';

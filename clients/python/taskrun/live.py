@@ -1,0 +1,240 @@
+"""Client of a host's taskrun daemon: live runs and their processes.
+
+The daemon (``taskrun daemon``) serves live runs on a unix socket; each
+call is its caller's by the socket's peer credentials. Standard library
+only::
+
+    from taskrun.live import LiveClient
+
+    c = LiveClient()  # $TASKRUN_HOST, else the default sockets
+    c.start("r1", image="my/agent:local")
+    p = c.start_process("r1", ["sh", "-c", "cat"], stdin=True)
+    c.write_stdin("r1", p["id"], b"hello\\n", close=True)
+    for stream, data, offset in c.output("r1", p["id"]):
+        print(stream, data)
+    print(c.process("r1", p["id"])["result"])
+    c.stop("r1")
+
+See docs/live-runs.md for the protocol.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import socket
+import urllib.parse
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from .errors import TransportError, error_for_status
+
+__all__ = ["LiveClient", "socket_path"]
+
+
+def socket_path() -> str:
+    """The daemon's socket: $TASKRUN_HOST, else root's or $XDG_RUNTIME_DIR's."""
+    p = os.environ.get("TASKRUN_HOST")
+    if p:
+        return p
+    d = os.environ.get("XDG_RUNTIME_DIR")
+    if d and os.geteuid() != 0:
+        cand = os.path.join(d, "taskrun.sock")
+        if os.path.exists(cand):
+            return cand
+    return "/run/taskrun/taskrun.sock"
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: Optional[float]) -> None:
+        super().__init__("taskrun", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self.timeout is not None:
+            s.settimeout(self.timeout)
+        s.connect(self._path)
+        self.sock = s
+
+
+def _q(s: str) -> str:
+    return urllib.parse.quote(s, safe="")
+
+
+class LiveClient:
+    """Calls the live-run API of the daemon at ``path``.
+
+    Every refusal raises the :class:`taskrun.APIError` subclass of its HTTP
+    status (a run or process not found, or another user's: NotFoundError);
+    a daemon that cannot be reached raises TransportError.
+    """
+
+    def __init__(self, path: Optional[str] = None, *, timeout: Optional[float] = 60.0) -> None:
+        self.path = path or socket_path()
+        self.timeout = timeout
+
+    def _request(
+        self, method: str, url: str, body: Optional[bytes] = None, *, timeout: Any = "default"
+    ) -> tuple[_UnixConnection, http.client.HTTPResponse]:
+        conn = _UnixConnection(self.path, self.timeout if timeout == "default" else timeout)
+        try:
+            conn.request(method, url, body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+        except OSError as e:
+            conn.close()
+            raise TransportError(f"taskrun daemon at {self.path}: {e}") from e
+        if resp.status // 100 != 2:
+            data = resp.read(64 << 10)
+            conn.close()
+            try:
+                msg = json.loads(data)["error"]
+            except (ValueError, KeyError, TypeError):
+                msg = data.decode(errors="replace").strip() or resp.reason
+            raise error_for_status(resp.status, msg, method=method, url=url)
+        return conn, resp
+
+    def _json(self, method: str, url: str, body: Any = None) -> Any:
+        raw = None if body is None else json.dumps(body).encode()
+        conn, resp = self._request(method, url, raw)
+        try:
+            data = resp.read()
+        finally:
+            conn.close()
+        return json.loads(data) if data else None
+
+    def _frames(self, method: str, url: str, body: Optional[bytes] = None) -> Iterator[dict[str, Any]]:
+        conn, resp = self._request(method, url, body, timeout=None)
+        try:
+            for line in resp:
+                line = line.strip()
+                if line:
+                    yield json.loads(line)
+        finally:
+            conn.close()
+
+    def start(
+        self,
+        run_id: str,
+        *,
+        image: Optional[str] = None,
+        command: Optional[Sequence[str]] = None,
+        user: Optional[str] = None,
+        env: Optional[Sequence[str]] = None,
+        conversation: str = "cli",
+        task: str = "default",
+        session: str = "default",
+    ) -> None:
+        """Starts live run ``run_id`` and returns once its agent runs (the
+        daemon's image and an idle loop unless named; the caller's tenant
+        unless ``user``, which only root may name)."""
+        req: dict[str, Any] = {
+            "run_id": run_id,
+            "conversation": conversation,
+            "task": task,
+            "session": session,
+            "keep_alive": True,
+        }
+        if image:
+            req["image"] = image
+        if command:
+            req["command"] = list(command)
+        if user:
+            req["user"] = user
+        if env:
+            req["env"] = list(env)
+        for fr in self._frames("POST", "/v1/runs", json.dumps(req).encode() + b"\n"):
+            if fr.get("started"):
+                return
+            if fr.get("result") is not None:
+                raise TransportError(f"live run {run_id} ended before it ran: {fr['result'].get('error', '')}")
+        raise TransportError(f"live run {run_id}: the daemon answered no start")
+
+    def stop(self, run_id: str) -> None:
+        """Stops live run ``run_id``: its record says CANCELLED."""
+        self._json("POST", f"/v1/runs/{_q(run_id)}/cancel")
+
+    @staticmethod
+    def _command(argv: Sequence[str], env: Optional[Sequence[str]], cwd: Optional[str], stdin: bool, tty: bool) -> dict[str, Any]:
+        req: dict[str, Any] = {"argv": list(argv)}
+        if env:
+            req["env"] = list(env)
+        if cwd:
+            req["cwd"] = cwd
+        if stdin:
+            req["stdin"] = True
+        if tty:
+            req["tty"] = True
+        return req
+
+    def exec(
+        self,
+        run_id: str,
+        argv: Sequence[str],
+        *,
+        env: Optional[Sequence[str]] = None,
+        cwd: Optional[str] = None,
+    ) -> tuple[int, bytes, bytes]:
+        """Runs a command to its end: (exit status, stdout, stderr)."""
+        out, err = bytearray(), bytearray()
+        body = json.dumps(self._command(argv, env, cwd, False, False)).encode()
+        for fr in self._frames("POST", f"/v1/runs/{_q(run_id)}/exec", body):
+            if "stdout" in fr:
+                out += base64.b64decode(fr["stdout"])
+            elif "stderr" in fr:
+                err += base64.b64decode(fr["stderr"])
+            elif fr.get("exec") is not None:
+                if fr["exec"].get("error"):
+                    raise TransportError(f"command in run {run_id}: {fr['exec']['error']}")
+                return int(fr["exec"]["exit"]), bytes(out), bytes(err)
+        raise TransportError(f"command in run {run_id} has no result")
+
+    def start_process(
+        self,
+        run_id: str,
+        argv: Sequence[str],
+        *,
+        env: Optional[Sequence[str]] = None,
+        cwd: Optional[str] = None,
+        stdin: bool = False,
+        tty: bool = False,
+    ) -> dict[str, Any]:
+        """Starts a command in the background: its process (``id``, ...)."""
+        return self._json("POST", f"/v1/runs/{_q(run_id)}/processes", self._command(argv, env, cwd, stdin, tty))
+
+    def processes(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's processes, oldest first."""
+        return self._json("GET", f"/v1/runs/{_q(run_id)}/processes")
+
+    def process(self, run_id: str, pid: str) -> dict[str, Any]:
+        """One process: ``running``, ``result`` ({"exit": N}) once ended, ..."""
+        return self._json("GET", f"/v1/runs/{_q(run_id)}/processes/{_q(pid)}")
+
+    def output(
+        self, run_id: str, pid: str, offset: int = 0, *, follow: bool = True
+    ) -> Iterator[tuple[str, bytes, int]]:
+        """Yields (``"stdout"`` or ``"stderr"``, bytes, offset) of a process's
+        output from ``offset``: to its end, or what is there with follow=False."""
+        q = urllib.parse.urlencode({"offset": offset, "follow": "true" if follow else "false"})
+        for fr in self._frames("GET", f"/v1/runs/{_q(run_id)}/processes/{_q(pid)}/output?{q}"):
+            for stream in ("stdout", "stderr"):
+                if stream in fr:
+                    yield stream, base64.b64decode(fr[stream]), int(fr.get("offset", 0))
+            if fr.get("exec") is not None:
+                return
+
+    def write_stdin(self, run_id: str, pid: str, data: bytes, *, close: bool = False) -> None:
+        """Writes ``data`` (at most 1 MiB) to a process's stdin; ``close`` closes it after."""
+        url = f"/v1/runs/{_q(run_id)}/processes/{_q(pid)}/stdin?close={'true' if close else 'false'}"
+        conn, resp = self._request("POST", url, data)
+        resp.read()
+        conn.close()
+
+    def signal(self, run_id: str, pid: str, sig: str) -> None:
+        """Sends a signal (``"TERM"``, ``"KILL"``, ...: the daemon's allow-list)."""
+        self._json("POST", f"/v1/runs/{_q(run_id)}/processes/{_q(pid)}/signal", {"signal": sig})
+
+    def usage(self, run_id: str) -> Mapping[str, Any]:
+        """The run's resource usage at its last sample (cpu_seconds, peak_memory_bytes, ...)."""
+        return self._json("GET", f"/v1/runs/{_q(run_id)}/usage")
