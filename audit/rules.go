@@ -9,6 +9,7 @@ import (
 
 	units "github.com/docker/go-units"
 
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/seccomp"
 )
 
@@ -374,10 +375,13 @@ func checkGVisor(c checkCtx) (Status, string) {
 	if !c.opts.RequireGVisor {
 		return na("runtime %s recorded; gVisor not required", rt)
 	}
-	if c.p.Runtime != "runsc" {
-		return fail("runtime is %s; gVisor (runsc) is required", rt)
+	switch c.p.Runtime {
+	case sandbox.RuntimeGVisor:
+		return pass("runtime is runsc")
+	case sandbox.RuntimeGVisorRestore:
+		return pass("runtime is %s: runsc restoring the run's checkpoint", rt)
 	}
-	return pass("runtime is runsc")
+	return fail("runtime is %s; gVisor (runsc) is required", rt)
 }
 
 func checkWorkdir(c checkCtx) (Status, string) {

@@ -214,6 +214,12 @@ func TestOptions(t *testing.T) {
 	r := Check(p, fullHost, Options{RequireGVisor: true})
 	assert.Empty(t, r.FailedIDs())
 	assert.Equal(t, Pass, findingByID(t, r, "TR:gvisor").Status)
+	// A sandbox restored from its checkpoint runs under the restore
+	// runtime, runsc behind it; any other runtime name is not gVisor.
+	p.Runtime = sandbox.RuntimeGVisorRestore
+	assert.Empty(t, Check(p, fullHost, Options{RequireGVisor: true}).FailedIDs())
+	p.Runtime = "runsc-but-not-really"
+	assert.Equal(t, []string{"TR:gvisor"}, Check(p, fullHost, Options{RequireGVisor: true}).FailedIDs())
 
 	p = compliant()
 	assert.Equal(t, []string{"TR:only-run-mount"}, Check(p, fullHost, Options{Mounts: MountPolicy{ForbidHelpers: true}}).FailedIDs())

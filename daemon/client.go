@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workspace"
 )
@@ -195,6 +196,58 @@ func (c *Client) Stop(ctx context.Context, runID string) error {
 	}
 	return nil
 }
+
+// Pause pauses the caller's live run runID (executor.Host.Pause) and
+// returns its outcome: PAUSED, its Checkpoint the manifest a resume needs.
+func (c *Client) Pause(ctx context.Context, runID string) (*executor.Outcome, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/pause", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, refused(resp)
+	}
+	var out executor.Outcome
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxOutcome)).Decode(&out); err != nil {
+		return nil, fmt.Errorf("daemon: pause %s: %w", runID, err)
+	}
+	return &out, nil
+}
+
+// Resume resumes the caller's run runID paused through the daemon as a
+// live run again. It returns once the agent runs (a Result with no
+// Outcome) or with how the run ended first; a checkpoint the host refused
+// is an error wrapping ErrRefused, and the run stays paused.
+func (c *Client) Resume(ctx context.Context, runID string) (*Result, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/resume", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, refused(resp)
+	}
+	var fr Frame
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxOutcome)).Decode(&fr); err != nil {
+		return nil, fmt.Errorf("%w: resume %s: %w", ErrDaemonGone, runID, err)
+	}
+	if fr.Result != nil {
+		return fr.Result, nil
+	}
+	return &Result{}, nil
+}
+
+// maxOutcome caps an Outcome the daemon answers.
+const maxOutcome = 16 << 20
 
 // Exec runs req in the caller's live run runID, copies its output to
 // stdout and stderr as it comes and returns how it ended.

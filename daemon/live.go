@@ -55,10 +55,11 @@ func (u runningUpdater) UpdateRunStatus(ctx context.Context, runID string, req *
 	return u.LogUpdater.UpdateRunStatus(ctx, runID, req)
 }
 
-// runLive runs a keep-alive run to its end: cancelled by its client, its
+// runLive runs a keep-alive run (run: Host.Run, or a resume) to its end: cancelled by its client, its
 // idle timeout, its run timeout or the daemon's stop. Its output goes to
 // its records only.
-func (s *Server) runLive(ctx, runCtx context.Context, live *liveRun, spec executor.Spec, log *slog.Logger, running chan *Result) {
+func (s *Server) runLive(ctx, runCtx context.Context, live *liveRun, spec executor.Spec, log *slog.Logger, running chan *Result,
+	run func(context.Context, executor.Spec) (*executor.Outcome, error)) {
 	defer s.forget(live.ref.RunID)
 	defer live.cancel()
 	go s.watchIdle(runCtx, live, log)
@@ -68,7 +69,7 @@ func (s *Server) runLive(ctx, runCtx context.Context, live *liveRun, spec execut
 	spec.Timings = timings.New(nil)
 	spec.OnUsage = func(u sandbox.Usage) { live.usage.Store(&u) }
 	log.Info("live run started", "max_idle", s.cfg.MaxIdle)
-	out, err := s.cfg.Host.Run(runCtx, spec)
+	out, err := run(runCtx, spec)
 	var ended model.RunStatus
 	if out != nil {
 		ended = out.Status

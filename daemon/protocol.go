@@ -45,6 +45,12 @@ const (
 	PathRuns   = "/v1/runs"
 	PathCancel = "/v1/runs/{id}/cancel"
 	PathExec   = "/v1/runs/{id}/exec"
+	// PathPause pauses a live run (executor.Host.Pause) and answers its
+	// executor.Outcome, PAUSED, once it ended.
+	PathPause = "/v1/runs/{id}/pause"
+	// PathResume resumes a run paused through the daemon as a live run
+	// again, answering as a detached run's start (Frame).
+	PathResume = "/v1/runs/{id}/resume"
 )
 
 // SocketPath is where the daemon listens and the client dials: $TASKRUN_HOST,

@@ -19,6 +19,7 @@ import (
 
 	"github.com/docker/docker/client"
 
+	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
@@ -75,7 +76,10 @@ type Server struct {
 
 	mu   sync.Mutex
 	runs map[string]*liveRun
-	wg   sync.WaitGroup
+	// paused are the live runs paused through the daemon, by run ID: what
+	// a resume restores (in memory only: a daemon restart forgets them).
+	paused map[string]*pausedRun
+	wg     sync.WaitGroup
 
 	dockerOnce sync.Once
 	docker     client.APIClient
@@ -102,6 +106,16 @@ type liveRun struct {
 	procs    map[string]*process
 	order    []string
 	nextProc int
+	// spec is the run as it was asked for, for a resume.
+	spec executor.Spec
+}
+
+// pausedRun is a live run paused through the daemon: its caller's uid,
+// its spec and the checkpoint its outcome named.
+type pausedRun struct {
+	uid        uint32
+	spec       executor.Spec
+	checkpoint checkpoint.Manifest
 }
 
 // touch marks the run used now.
@@ -141,7 +155,7 @@ func New(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	return &Server{cfg: cfg, log: cfg.Logger, dir: dir, runs: map[string]*liveRun{}}, nil
+	return &Server{cfg: cfg, log: cfg.Logger, dir: dir, runs: map[string]*liveRun{}, paused: map[string]*pausedRun{}}, nil
 }
 
 // Listen listens on the unix socket path: its directory is created 0755,
@@ -188,6 +202,8 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("POST "+PathProcessStdin, s.serveProcessStdin)
 	mux.HandleFunc("POST "+PathProcessSignal, s.serveProcessSignal)
 	mux.HandleFunc("GET "+PathUsage, s.serveUsage)
+	mux.HandleFunc("POST "+PathPause, s.servePause)
+	mux.HandleFunc("POST "+PathResume, func(w http.ResponseWriter, r *http.Request) { s.serveResume(ctx, w, r) })
 	mux.HandleFunc(PathFiles, s.serveFiles)
 	mux.HandleFunc("GET "+PathRecords, s.serveRecords)
 	mux.HandleFunc("GET "+PathRecord, s.serveRecord)
@@ -278,7 +294,7 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	live := &liveRun{uid: peer.UID, cancel: cancel, ctx: runCtx, procs: map[string]*process{}, ref: persist.RunRef{
+	live := &liveRun{uid: peer.UID, cancel: cancel, ctx: runCtx, spec: spec, procs: map[string]*process{}, ref: persist.RunRef{
 		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
 	live.touch()
 	s.mu.Lock()
@@ -300,7 +316,7 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		go func() {
 			defer s.wg.Done()
 			defer done()
-			s.runLive(ctx, runCtx, live, spec, log, running)
+			s.runLive(ctx, runCtx, live, spec, log, running, s.cfg.Host.Run)
 		}()
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		w.WriteHeader(http.StatusOK)
@@ -472,6 +488,95 @@ func (s *Server) serveCancel(w http.ResponseWriter, r *http.Request) {
 	run.cancel()
 	s.log.Info("run cancelled by its client", "run", id, "uid", peer.UID)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// servePause pauses the peer's live run through the host and answers its
+// outcome once the run ended PAUSED.
+func (s *Server) servePause(w http.ResponseWriter, r *http.Request) {
+	run, peer, ok := s.liveOf(w, r)
+	if !ok {
+		return
+	}
+	id := run.ref.RunID
+	out, err := s.cfg.Host.Pause(r.Context(), id)
+	switch {
+	case errors.Is(err, executor.ErrNotLive):
+		refuse(w, http.StatusConflict, err)
+		return
+	case err != nil:
+		refuse(w, http.StatusInternalServerError, err)
+		return
+	}
+	s.log.Info("run paused by its client", "run", id, "uid", peer.UID, "status", out.Status)
+	if out.Checkpoint != nil {
+		s.mu.Lock()
+		s.paused[id] = &pausedRun{uid: run.uid, spec: run.spec, checkpoint: *out.Checkpoint}
+		s.mu.Unlock()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// serveResume resumes the peer's run paused through the daemon as a live
+// run again (executor.Host.Resume), answering as a detached run's start:
+// once its agent runs, or how it ended first. A checkpoint the host
+// refuses leaves the run paused.
+func (s *Server) serveResume(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+	peer, err := peerFrom(r.Context())
+	if err != nil {
+		refuse(w, http.StatusForbidden, err)
+		return
+	}
+	id := r.PathValue("id")
+	s.mu.Lock()
+	pr, ok := s.paused[id]
+	_, live := s.runs[id]
+	if ok && (pr.uid == peer.UID || peer.UID == 0) && !live {
+		delete(s.paused, id)
+	}
+	s.mu.Unlock()
+	if !ok || (pr.uid != peer.UID && peer.UID != 0) {
+		refuse(w, http.StatusNotFound, fmt.Errorf("run %s: no paused run of yours by that id", id))
+		return
+	}
+	if live {
+		refuse(w, http.StatusConflict, fmt.Errorf("run %s is live", id))
+		return
+	}
+	spec := pr.spec
+	log := s.log.With("run", id, "uid", peer.UID, "user", spec.Task.UserID)
+	runCtx, cancel := context.WithCancel(ctx)
+	lr := &liveRun{uid: pr.uid, cancel: cancel, spec: spec, ref: persist.RunRef{
+		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
+	lr.touch()
+	s.mu.Lock()
+	s.runs[id] = lr
+	s.mu.Unlock()
+	running := make(chan *Result, 1)
+	resume := func(ctx context.Context, spec executor.Spec) (*executor.Outcome, error) {
+		out, err := s.cfg.Host.Resume(ctx, spec, pr.checkpoint)
+		if out == nil && err != nil {
+			// Refused before it ran: the run stays paused.
+			s.mu.Lock()
+			s.paused[id] = pr
+			s.mu.Unlock()
+		}
+		return out, err
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.runLive(ctx, runCtx, lr, spec, log, running, resume)
+	}()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	fw := &frameWriter{w: w, rc: http.NewResponseController(w)}
+	fw.flush()
+	if res := <-running; res != nil {
+		fw.write(Frame{Result: res})
+		return
+	}
+	fw.write(Frame{Started: id})
 }
 
 // frameWriter writes frames to a response, one JSON line each, flushed.

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/sandbox"
 )
 
@@ -39,6 +40,8 @@ type execution struct {
 	// Usage is what the container used, as its backend sampled it; nil
 	// when it was not sampled.
 	Usage *sandbox.Usage `json:"usage,omitempty"`
+	// Checkpoint is the stored checkpoint of a PAUSED run.
+	Checkpoint *checkpoint.Manifest `json:"checkpoint,omitempty"`
 	// isolation is the isolation record (audit.json); nil when no
 	// container was inspected.
 	isolation *audit.Record

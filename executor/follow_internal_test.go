@@ -43,7 +43,7 @@ func TestFollowersGiveUpOnAStalledConsumer(t *testing.T) {
 	_, err = stdout.Write([]byte("bytes nobody takes"))
 	require.NoError(t, err)
 
-	f := follow(context.Background(), p, stdout, stderr)
+	f := follow(context.Background(), p, stdout, stderr, 0, 0)
 	require.NoError(t, stdout.Close())
 	require.NoError(t, stderr.Close())
 	assert.Error(t, f.wait(), "the stall is reported")
@@ -77,7 +77,7 @@ func TestFollowersDoNotWaitForABlockedWriter(t *testing.T) {
 	require.NoError(t, stderr.Close())
 
 	done := make(chan error, 1)
-	go func() { done <- follow(context.Background(), p, stdout, stderr).wait() }()
+	go func() { done <- follow(context.Background(), p, stdout, stderr, 0, 0).wait() }()
 	select {
 	case err := <-done:
 		assert.Error(t, err)

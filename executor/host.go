@@ -142,6 +142,8 @@ type Host struct {
 	// ownPool is whether New started pool (Config.Warm), so Close stops it.
 	ownPool bool
 	log     *slog.Logger
+	// live are the runs whose container is live, for Pause.
+	live *liveRuns
 
 	journalOnce sync.Once
 	journal     *journal.Dir
@@ -161,7 +163,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	if err := layout.Create(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	h := &Host{cfg: cfg, layout: layout, log: cfg.Logger, pool: cfg.WarmPool}
+	h := &Host{cfg: cfg, layout: layout, log: cfg.Logger, pool: cfg.WarmPool, live: &liveRuns{}}
 	if cfg.Warm != nil {
 		h.ownPool = true
 		h.pool, err = warmpool.New(warmpool.Config{
@@ -371,6 +373,7 @@ func (h *Host) runInput(spec Spec) runInput {
 		Logger: c.Logger, Journal: c.Journal, Executor: c.Executor,
 		AttestKey: c.AttestKey, Version: c.Version, StoreURL: c.StoreURL, ControlPlane: c.ControlPlane,
 		PersistTimeout: c.PersistTimeout, ReportTimeout: c.ReportTimeout, ShutdownGrace: c.ShutdownGrace,
+		live: h.live,
 	}
 	if c.Artifacts != nil {
 		in.ArtifactStorage = c.Artifacts

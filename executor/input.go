@@ -192,6 +192,13 @@ type runInput struct {
 	// does (stopping the container, storing, reporting); what is left is in
 	// the journal for `taskrun gc`. Zero: the deadlines above only.
 	ShutdownGrace time.Duration
+
+	// live registers the run's live container for Host.Pause; nil for a
+	// run not executed by a Host.
+	live *liveRuns
+	// restore is the checkpoint the run is restored from (Host.Resume);
+	// nil for a run that starts afresh.
+	restore *restore
 }
 
 // Defaults applied to a zero Spec or Config field.

@@ -34,6 +34,10 @@ func newLaunch(p *plan, wd *workdir, hooks []hook) *launch {
 	spec := p.containerSpec()
 	wrapRelay(p, &spec)
 	configureAll(hooks, &spec)
+	if p.in.restore != nil && p.in.restore.manifest.Kind == sandbox.CheckpointMemory {
+		spec.RestoreFrom = p.in.restore.dir
+		spec.Mounts = append(spec.Mounts, p.restoreMounts...)
+	}
 	return &launch{spec: spec, policy: wd.policy(p), startWith: starterOf(hooks, p.in.Sandbox)}
 }
 

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/spool"
 	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
@@ -36,11 +37,14 @@ type outputHook struct {
 	p              *plan
 	stdout, stderr *spool.Spool
 	followers      *followers
+	// stdoutFrom and stderrFrom are where a restored run's output goes on
+	// (goOn): the live copies start there.
+	stdoutFrom, stderrFrom int64
 }
 
 func (h *outputHook) name() string { return "output" }
 
-func (h *outputHook) prestart(_ context.Context, req *prestartRequest, resp *prestartResponse) error {
+func (h *outputHook) prestart(ctx context.Context, req *prestartRequest, resp *prestartResponse) error {
 	p := h.p
 	limit, budget := spool.WithLimit(p.limits.maxOutput), spool.WithBudget(req.Records)
 	stdout, err := spool.New(filepath.Join(p.hostDir, stdoutSpoolName), limit, budget)
@@ -54,11 +58,44 @@ func (h *outputHook) prestart(_ context.Context, req *prestartRequest, resp *pre
 	}
 	h.stderr = stderr
 	resp.Stdout, resp.Stderr = stdout, stderr
+	if p.in.restore != nil {
+		return h.goOn(ctx)
+	}
+	return nil
+}
+
+// goOn starts a restored run's spools with the logs stored when it
+// paused, so that its output goes on from where it stopped: the stored
+// logs end whole, and the live copies get only what follows.
+func (h *outputHook) goOn(ctx context.Context) error {
+	p := h.p
+	for _, l := range []struct {
+		s      *spool.Spool
+		object string
+		from   *int64
+	}{{h.stdout, OutputLogName, &h.stdoutFrom}, {h.stderr, StderrLogName, &h.stderrFrom}} {
+		rc, err := p.in.Persist.OpenRunFile(ctx, p.ref, l.object)
+		if errors.Is(err, persist.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("fetch the %s of the paused run: %w", l.object, err)
+		}
+		n, err := io.Copy(l.s, rc)
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("fetch the %s of the paused run: %w", l.object, err)
+		}
+		*l.from = n
+	}
+	if want := p.in.restore.manifest.StdoutOffset; want != h.stdoutFrom {
+		p.log.Warn("the stored output log of the paused run is not as long as its checkpoint says", "stored_bytes", h.stdoutFrom, "checkpoint_offset", want)
+	}
 	return nil
 }
 
 func (h *outputHook) poststart(_ context.Context, req *poststartRequest) {
-	h.followers = follow(req.Hard, h.p, h.stdout, h.stderr)
+	h.followers = follow(req.Hard, h.p, h.stdout, h.stderr, h.stdoutFrom, h.stderrFrom)
 }
 
 func (h *outputHook) exited(_ context.Context, req *exitedRequest, resp *exitedResponse) error {
@@ -150,30 +187,33 @@ type followers struct {
 // cancellation of the run does not end: the container's last output
 // (written during its stop grace) is still delivered, within
 // streamDrainTimeout, but never past the run's shutdown grace.
-func follow(hard context.Context, p *plan, stdout, stderr *spool.Spool) *followers {
+func follow(hard context.Context, p *plan, stdout, stderr *spool.Spool, stdoutFrom, stderrFrom int64) *followers {
 	ctx, cancel := context.WithCancel(hard)
 	f := &followers{done: make(chan error, 3), ctx: ctx, cancel: cancel}
-	start := func(s *spool.Spool, consume func(io.Reader) error) {
+	start := func(s *spool.Spool, from int64, consume func(io.Reader) error) {
 		f.n++
 		go func() {
-			rd := s.NewReaderContext(ctx, 0)
+			rd := s.NewReaderContext(ctx, from)
 			defer rd.Close()
 			f.done <- consume(rd)
 		}()
 	}
 	if sender := p.in.StreamSender; sender != nil {
-		start(stdout, func(rd io.Reader) error {
-			_, err := workerclient.Pump(ctx, rd, p.ref.RunID, sender, workerclient.PumpOptions{})
+		// A resumed run's stream goes on where it paused: the control
+		// plane holds the bytes before.
+		start(stdout, stdoutFrom, func(rd io.Reader) error {
+			_, err := workerclient.Pump(ctx, rd, p.ref.RunID, sender, workerclient.PumpOptions{StartOffset: stdoutFrom})
 			f.streamEnded.Store(err == nil)
 			return err
 		})
 	}
 	for _, c := range []struct {
-		w io.Writer
-		s *spool.Spool
-	}{{p.in.Stdout, stdout}, {p.in.Stderr, stderr}} {
+		w    io.Writer
+		s    *spool.Spool
+		from int64
+	}{{p.in.Stdout, stdout, stdoutFrom}, {p.in.Stderr, stderr, stderrFrom}} {
 		if c.w != nil {
-			start(c.s, func(rd io.Reader) error {
+			start(c.s, c.from, func(rd io.Reader) error {
 				_, err := io.Copy(c.w, rd)
 				return err
 			})

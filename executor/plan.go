@@ -60,6 +60,9 @@ type plan struct {
 	// helpers are the helper files mounted into the container; nil when
 	// the run has no self-check.
 	helpers helpers.Files
+	// restoreMounts are the helper files' mounts of a run restored from
+	// a memory checkpoint, which runs without the self-check.
+	restoreMounts []sandbox.Mount
 	// slot is the warm container the run claimed (claimWarm); nil for a
 	// cold run. The run's dirs are then the slot's.
 	slot *warmpool.Slot
@@ -152,6 +155,14 @@ func newPlan(in runInput) (*plan, error) {
 	}
 	if p.helpers, err = resolveHelpers(in); err != nil {
 		return nil, err
+	}
+	if in.restore != nil && in.restore.manifest.Kind == sandbox.CheckpointMemory {
+		// A restored sandbox goes on past its self-check: no wrapper, no
+		// hold waits for it. The live audit still inspects it. Its helper
+		// files are mounted where they were: gVisor restores a sandbox
+		// with the mounts it was checkpointed with.
+		p.restoreMounts = p.helpers.Mounts()
+		p.helpers = nil
 	}
 	p.spec = p.baseSpec()
 	if p.pull, err = sandbox.ParsePullPolicy(string(in.Pull)); err != nil {

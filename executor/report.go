@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
@@ -55,6 +56,9 @@ type Outcome struct {
 	// peak pids), sampled from its cgroup while it ran; nil when no
 	// container ran or its backend samples none (Capabilities.Stats).
 	Usage *sandbox.Usage `json:"usage,omitempty"`
+	// Checkpoint is the checkpoint a PAUSED run's sandbox was stored as:
+	// Host.Resume needs it, and checks the stored archive against it.
+	Checkpoint *checkpoint.Manifest `json:"checkpoint,omitempty"`
 	// Timings are the run's phases and how long each took, in order of
 	// their start; overlapping phases ran concurrently.
 	Timings []timings.Span `json:"timings,omitempty"`
@@ -147,7 +151,11 @@ func (r *runner) report(ctx context.Context, ex execution, v verdict, st stored,
 		req.Artifact = &workerclient.Artifact{Key: a.Key, Size: a.Size, SHA256: a.SHA256, ContentType: a.ContentType}
 	}
 	var err error
-	if out.Status != model.StatusSucceeded {
+	switch out.Status {
+	case model.StatusSucceeded:
+	case model.StatusPaused:
+		err = fmt.Errorf("run %s: %w", p.ref.RunID, ErrPaused)
+	default:
 		err = &RunError{Status: out.Status, Reason: out.Reason, Err: errors.Join(v.err, persistErr, wd.streamLoss)}
 	}
 	if perr := r.tr.trace(ctx, transition{state: stateReported, ex: &ex, v: &v, out: out, req: req, st: &st}); perr != nil {
@@ -174,6 +182,7 @@ func outcome(p *plan, ex execution, v verdict, st stored, persistErr error) *Out
 		DroppedSkips:       st.droppedSkips,
 		DroppedRecordBytes: ex.DroppedRecordBytes,
 		Usage:              ex.Usage,
+		Checkpoint:         ex.Checkpoint,
 		Result: RunResult{
 			EndTime:          v.ended.UnixMilli(),
 			Output:           st.output,

@@ -51,7 +51,7 @@ func execute(ctx context.Context, input runInput) (*Outcome, error) {
 		p.timings = rec
 		err = rec.Time(timings.Preflight, func() error { return p.preflight(ctx) })
 	}
-	if err == nil && input.WarmPool != nil {
+	if err == nil && input.WarmPool != nil && input.restore == nil {
 		// After preflight: the warm container must run the image the run
 		// resolved (a moved tag is another key).
 		rec.Since(timings.WarmClaim, claimWarm(ctx, p))

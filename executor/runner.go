@@ -32,6 +32,8 @@ type runner struct {
 	// exitedDone is set once the Exited hooks ran; resp is what they said.
 	exitedDone bool
 	resp       exitedResponse
+	// pausing is the run's pause (Host.Pause), if any.
+	pausing pausing
 }
 
 // newRunner builds the runner of p, whose journal record is j (nil
@@ -40,6 +42,7 @@ func newRunner(p *plan, j *journal.Entry, started time.Time) *runner {
 	wd := &workdir{started: started, records: records.NewBudget(p.limits.records), journal: j, owner: policyOwner(p.policy.User)}
 	wd.isolationRoom = wd.records.Take(maxIsolationRecordBytes)
 	r := &runner{p: p, wd: wd, tr: &tracer{p: p, wd: wd}}
+	r.pausing.ended = make(chan struct{})
 	r.hooks, r.createAt = runHooks(p, wd)
 	return r
 }
@@ -101,6 +104,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	}
 	l.discardUnstarted(ctx, p)
 	v := judge(ctx, p, ex, runErr)
+	r.pauseVerdict(&v, &ex)
 	r.tr.trace(ctx, transition{state: stateJudged, v: &v, ex: &ex})
 
 	// Collecting and reporting happen even when ctx was cancelled, each with
@@ -126,6 +130,8 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	out, err := r.report(reportCtx, ex, v, st, persistErr)
 	r.tr.trace(ctx, transition{state: stateEnded, keep: persistErr != nil || reportFailed(err)})
 	out.Timings = p.timings.Spans()
+	r.pausing.out = out
+	close(r.pausing.ended)
 	return out, err
 }
 

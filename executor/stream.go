@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -46,9 +47,19 @@ func finishStream(ctx context.Context, p *plan, wd *workdir, ex execution) {
 	if fi, err := f.Stat(); err == nil {
 		size = fi.Size()
 	}
+	// A resumed run's stream goes on where it paused: the control plane
+	// holds the bytes before.
+	var from int64
+	if p.in.restore != nil {
+		from = min(p.in.restore.manifest.StdoutOffset, size)
+		if _, err := f.Seek(from, io.SeekStart); err != nil {
+			wd.streamLoss = fmt.Errorf("%w: read the stdout spool: %w", ErrOutputNotDelivered, err)
+			return
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, streamFinishTimeout)
 	defer cancel()
-	sent, err := workerclient.Pump(ctx, f, p.ref.RunID, sender, workerclient.PumpOptions{})
+	sent, err := workerclient.Pump(ctx, f, p.ref.RunID, sender, workerclient.PumpOptions{StartOffset: from})
 	if err != nil {
 		wd.streamLoss = fmt.Errorf("%w: the control plane acknowledged %d of the %d stdout bytes (the stored %s holds them all): %w",
 			ErrOutputNotDelivered, sent, size, OutputLogName, err)

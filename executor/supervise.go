@@ -48,10 +48,13 @@ func (r *runner) supervise(ctx, hard context.Context, l *launch) (h sandbox.Hand
 	gated := r.gates(ctx, gateCtx, stop, ex, &gateRequest{Run: ctx, Handle: h, HostFacts: hostFacts})
 	r.tr.trace(ctx, transition{state: stateStarted, containerID: h.ID()})
 	r.poststart(ctx, &poststartRequest{Stop: stop, Hard: hard, Handle: h})
+	r.started(h, stop)
 
 	stopWait := p.timings.Start(timings.Wait)
 	res := h.Wait(waitCtx)
 	stopWait()
+	// A pause under way ends before the run goes on.
+	r.containerExited()
 	// A self-check that never asked for the go-ahead (it refused, or the
 	// run was stopped first) no longer holds the gates up.
 	stopRecords := p.timings.Start(timings.Records)

@@ -37,7 +37,13 @@ func prepare(ctx context.Context, p *plan, wd *workdir) error {
 	}
 	stopMaterialize := p.timings.Start(timings.Materialize)
 	defer stopMaterialize()
-	if prev := p.in.Run.PreviousRunID; prev != "" {
+	if p.in.restore != nil {
+		// A restored run's home is the one it was paused with, stored as
+		// its session state when it paused.
+		if err := restoreSession(ctx, p, p.ref.RunID, wd.owner); err != nil {
+			return diskcap.Explain(p.dirs.Dir, err)
+		}
+	} else if prev := p.in.Run.PreviousRunID; prev != "" {
 		// The previous run's home already holds the persistent files and the
 		// workspace as that run left them.
 		if err := restoreSession(ctx, p, prev, wd.owner); err != nil {

@@ -7,13 +7,17 @@ type RunStatus string
 
 // The run statuses. A run executed directly starts RUNNING; a run submitted
 // to the control plane starts QUEUED and becomes RUNNING when a worker leases
-// it. Every run ends in exactly one of SUCCEEDED, FAILED or CANCELLED.
+// it. Every run ends in exactly one of SUCCEEDED, FAILED or CANCELLED. A
+// RUNNING run may be PAUSED: its sandbox was checkpointed and stored with
+// the run, and the host holds nothing of it; it becomes RUNNING again when
+// it is resumed.
 const (
 	StatusQueued    RunStatus = "QUEUED"
 	StatusRunning   RunStatus = "RUNNING"
 	StatusSucceeded RunStatus = "SUCCEEDED"
 	StatusFailed    RunStatus = "FAILED"
 	StatusCancelled RunStatus = "CANCELLED"
+	StatusPaused    RunStatus = "PAUSED"
 )
 
 // Terminal reports whether s is a final status.

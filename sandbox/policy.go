@@ -43,6 +43,10 @@ const (
 	DefaultLogMaxFile     = 2
 	NetworkNone           = "none"
 	RuntimeGVisor         = "runsc"
+	// RuntimeGVisorRestore is the engine runtime a gVisor sandbox restored
+	// from a checkpoint runs under (cmd/taskrun-runsc-restore, in front of
+	// runsc): a gVisor sandbox as well.
+	RuntimeGVisorRestore = "taskrun-runsc-restore"
 )
 
 // DefaultPolicy returns the design's default confinement.

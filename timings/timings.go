@@ -89,6 +89,10 @@ const (
 	Report = "report"
 	// Index writes the run's record into the store's run index.
 	Index = "index"
+	// Checkpoint checkpoints a paused run's live sandbox;
+	// CheckpointStore packs and stores the checkpoint with the run.
+	Checkpoint      = "checkpoint"
+	CheckpointStore = "checkpoint_store"
 )
 
 // Span is one timed phase: its start as an offset from the run's start and

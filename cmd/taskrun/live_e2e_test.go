@@ -250,3 +250,38 @@ func runTaskrun(t *testing.T, d *daemonProc, args ...string) (string, string, in
 	require.NoError(t, err)
 	return stdout.String(), stderr.String(), 0
 }
+
+// taskrun pause pauses a live run of the daemon through its host: on runc,
+// which keeps no memory, the checkpoint keeps the run's files only and the
+// command says so; the run's record is PAUSED and the host holds nothing
+// of it. Another tenant cannot pause it.
+func TestDaemonPausesALiveRun(t *testing.T) {
+	e := newCrashEnv(t)
+	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
+	runID := "pause" + strings.ToLower(tenant(t)[:8])
+	_, stderr, code := d.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
+	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
+	assert.Equal(t, "404", asNobody(t, d.sock, "POST", "/v1/runs/"+runID+"/pause", ""))
+
+	out, stderr, code := runTaskrun(t, d, "pause", runID)
+	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
+	assert.Contains(t, out, "run "+runID+" PAUSED")
+	assert.Contains(t, out, "keeps files")
+	assert.Contains(t, out, "only its files are kept")
+	rec := e.endedRecord(t, runID)
+	assert.Equal(t, model.StatusPaused, rec.Status)
+	e.requireNothingLeft(t, runID)
+
+	// Resumed, it is live again, and stops as any live run.
+	assert.Equal(t, "404", asNobody(t, d.sock, "POST", "/v1/runs/"+runID+"/resume", ""))
+	out, stderr, code = runTaskrun(t, d, "resume", runID)
+	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
+	assert.Equal(t, runID, strings.TrimSpace(out))
+	_, stderr, code = runTaskrun(t, d, "stop", runID)
+	require.Equal(t, exitOK, code, stderr)
+	require.Eventually(t, func() bool {
+		rec = e.endedRecord(t, runID)
+		return rec.Status == model.StatusCancelled
+	}, testdeadline.Scale(time.Minute), 200*time.Millisecond, "the resumed run ends CANCELLED once stopped")
+	e.requireNothingLeft(t, runID)
+}

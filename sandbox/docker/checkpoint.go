@@ -18,7 +18,7 @@ const (
 	// RestoreRuntime is the engine runtime that restores a gVisor sandbox
 	// from a checkpoint: cmd/taskrun-runsc-restore, registered with dockerd
 	// by scripts/test-setup.d/40-runsc-restore.
-	RestoreRuntime = "taskrun-runsc-restore"
+	RestoreRuntime = sandbox.RuntimeGVisorRestore
 	// DefaultRunscRoot is runsc's state directory for the containers
 	// dockerd's containerd shim creates (its "moby" namespace).
 	DefaultRunscRoot = "/run/docker/runtime-runc/moby"
