@@ -32,6 +32,9 @@ type runner struct {
 	// exitedDone is set once the Exited hooks ran; resp is what they said.
 	exitedDone bool
 	resp       exitedResponse
+	// judgedErr is the judged journal write's failure: the record then
+	// lacks the run's verdict and execution until a later write succeeds.
+	judgedErr error
 }
 
 // newRunner builds the runner of p, whose journal record is j (nil
@@ -101,7 +104,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	}
 	l.discardUnstarted(ctx, p)
 	v := judge(ctx, p, ex, runErr)
-	r.tr.trace(ctx, transition{state: stateJudged, v: &v, ex: &ex})
+	r.judgedErr = r.tr.trace(ctx, transition{state: stateJudged, v: &v, ex: &ex})
 
 	// Collecting and reporting happen even when ctx was cancelled, each with
 	// a deadline of its own, so a slow store cannot starve the final report.
@@ -117,7 +120,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 		<-removed
 		r.tr.step("removed")
 	}
-	r.tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
+	persistErr = errors.Join(persistErr, r.tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr}))
 	finishStream(hard, p, wd, ex)
 	p.timings.Time(timings.Release, func() error { r.stop(ctx, persistErr); return nil })
 
