@@ -132,3 +132,26 @@ func TestPhasesKeptRunFailsWhenTheJournalRefusesItsState(t *testing.T) {
 	require.ErrorIs(t, err, fs.ErrNotExist, "the journal's failure is the run's")
 	assert.Contains(t, out.Reason, "journal the run")
 }
+
+// An executor that died after judging its run left the verdict and the
+// execution in the journal record: recovery reports them, not a lost run.
+func TestPhasesRecoveryReportsTheJournaledExecution(t *testing.T) {
+	u := newUnit(t)
+	rec := deadExecutorRecord(t, u, "judged-lost", journal.PhaseCollect)
+	rec.Version, rec.Status, rec.Reason = journal.Version, model.StatusFailed, "agent exited with code 4"
+	rec.Judged = &journal.Judged{
+		Status: model.StatusFailed, Reason: "agent exited with code 4", EndedAt: time.Now(),
+		Execution: json.RawMessage(`{"container_id":"the-dead-executors-container","exit":{"exit_code":4},"stream_ended":true}`),
+	}
+	in := u.input("judged-lost", nil)
+	in.Sandbox = nil
+	out, err := executor.RecoverRun(context.Background(), in, rec)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	assert.Equal(t, "agent exited with code 4", out.Reason)
+	assert.Equal(t, 4, out.Exit.ExitCode)
+	require.NotNil(t, u.final(t).ExitCode)
+	assert.Equal(t, 4, *u.final(t).ExitCode)
+	assert.Equal(t, "the lost run's output", u.runFile(t, "judged-lost", executor.OutputLogName))
+	assert.NoDirExists(t, u.runDir("judged-lost"))
+}
