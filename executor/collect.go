@@ -40,8 +40,9 @@ const maxIsolationRecordBytes = 1 << 20
 const (
 	stdoutSpoolName = "stdout.log"
 	stderrSpoolName = "stderr.log"
-	// keptRunName holds what RetryPersist needs (see keptrun.go).
-	keptRunName = "run.json"
+	// legacyKeptName held what RetryPersist needs (see keptrun.go) for a
+	// run journaled with a Version 1 record; the record holds it since.
+	legacyKeptName = "run.json"
 )
 
 // Caps on what is collected from the run directory. The agent is untrusted;
@@ -109,11 +110,12 @@ type stored struct {
 	droppedSkips int64
 }
 
-// keepAndCollect keeps the run's local copy (keepLocalState), then
-// collects it (collect): the local copy comes before any upload, so a
-// failed upload can be retried by RetryPersist. It matters only then: a
-// full host disk that refuses it fails the persist only together with an
-// upload.
+// keepAndCollect keeps the run's local copy (keepLocalState; the verdict
+// and execution were journaled when the run was judged), then collects it
+// (collect): the local copy comes before any upload, so a failed upload
+// can be retried by RetryPersist. It matters only then: a full host disk
+// that refuses it, or refused the judged journal write, fails the persist
+// only together with an upload.
 func (r *runner) keepAndCollect(ctx context.Context, ex execution, v verdict) (stored, error) {
 	if ex.ContainerID == "" {
 		return stored{}, nil // the agent never ran: there is nothing of it to keep
@@ -121,7 +123,7 @@ func (r *runner) keepAndCollect(ctx context.Context, ex execution, v verdict) (s
 	p := r.p
 	r.tr.step("keep")
 	stopLocal := p.timings.Start(timings.KeepLocal)
-	localErr := keepLocalState(p, r.wd, ex, v)
+	localErr := errors.Join(r.judgedErr, keepLocalState(p, r.wd, ex))
 	stopLocal()
 	st, err := r.collect(ctx, ex, v)
 	if localErr != nil && err == nil {

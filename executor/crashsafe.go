@@ -49,7 +49,7 @@ const DiskCapTemplatesDirName = "diskcap"
 func DiskCapTemplatesDir(root string) string { return filepath.Join(root, DiskCapTemplatesDirName) }
 
 // recordsSlackBytes is the room admission keeps for the run's records
-// (journal, run.json, audit.json, gateway record) beside its spools.
+// (journal, audit.json, gateway record) beside its spools.
 const recordsSlackBytes = 16 << 20
 
 // OpenRunJournal opens the journal of the runs under root.

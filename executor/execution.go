@@ -7,8 +7,9 @@ import (
 )
 
 // execution is what supervise observed: the container, how it ended and
-// what it cost. It is also kept on disk (run.json) for RetryPersist, hence
-// the JSON names.
+// what it cost. It is also journaled once the run is judged (the journal
+// record's Judged state) for RetryPersist and recovery, hence the JSON
+// names.
 type execution struct {
 	// ContainerID is the container that ran the agent; empty when none ran.
 	ContainerID string `json:"container_id,omitempty"`

@@ -21,7 +21,9 @@ var ErrNothingKept = errors.New("no kept local copy of the run")
 
 // keptRun is what RetryPersist needs to finish a run as execute would have:
 // what supervise observed, the verdict before persisting, and the input that
-// shapes persisting.
+// shapes persisting. It comes from the run's journal record (its Judged
+// state); a Version 1 record left it in legacyKeptName beside the spools,
+// in this JSON form.
 type keptRun struct {
 	Execution       execution       `json:"execution"`
 	Status          model.RunStatus `json:"status"`
@@ -33,35 +35,36 @@ type keptRun struct {
 	KeepRunDir      bool            `json:"keep_run_dir,omitempty"`
 }
 
-// keepLocalState writes the execution, the verdict and the isolation record
-// next to the spools, before anything is uploaded, so that a failed upload
-// can be retried from the host alone.
-func keepLocalState(p *plan, wd *workdir, ex execution, v verdict) error {
-	kept := keptRun{
-		Execution: ex, Status: v.status, Reason: v.reason, EndedAt: v.ended,
-		StartedAt: wd.started, SessionExcludes: p.sessionExcludes, KeepRunDir: p.keepRunDir,
+// judgedState is the journal's Judged state of a run judged v whose
+// execution was ex.
+func judgedState(v verdict, ex execution) (*journal.Judged, error) {
+	exec, err := json.Marshal(ex)
+	if err != nil {
+		return nil, fmt.Errorf("journal the run's execution: %w", err)
 	}
+	j := &journal.Judged{Status: v.status, Reason: v.reason, EndedAt: v.ended, Execution: exec}
 	if v.err != nil {
-		kept.RunError = v.err.Error()
+		j.RunError = v.err.Error()
 	}
-	data, err := json.Marshal(kept)
+	return j, nil
+}
+
+// keepLocalState writes the isolation record next to the spools, before
+// anything is uploaded, so that a failed upload can be retried from the
+// host alone (the verdict and the execution are in the journal record,
+// written when the run was judged).
+func keepLocalState(p *plan, wd *workdir, ex execution) error {
+	if ex.isolation == nil {
+		return nil
+	}
+	rec, err := json.MarshalIndent(ex.isolation, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := journal.WriteFileAtomic(filepath.Join(p.hostDir, keptRunName), data, 0o600); err != nil {
-		return err
+	if int64(len(rec)) > wd.isolationRoom && wd.records != nil {
+		rec = fmt.Appendf(nil, "{\"error\":\"the isolation record of %d bytes is over its %d-byte room in the run's record budget\"}\n", len(rec), wd.isolationRoom)
 	}
-	if ex.isolation != nil {
-		rec, err := json.MarshalIndent(ex.isolation, "", "  ")
-		if err != nil {
-			return err
-		}
-		if int64(len(rec)) > wd.isolationRoom && wd.records != nil {
-			rec = fmt.Appendf(nil, "{\"error\":\"the isolation record of %d bytes is over its %d-byte room in the run's record budget\"}\n", len(rec), wd.isolationRoom)
-		}
-		return journal.WriteFileAtomic(filepath.Join(p.hostDir, AuditRecordName), rec, 0o600)
-	}
-	return nil
+	return journal.WriteFileAtomic(filepath.Join(p.hostDir, AuditRecordName), rec, 0o600)
 }
 
 // retryPersist finishes a run whose persistence failed: it uploads the
@@ -83,13 +86,13 @@ func retryPersist(ctx context.Context, input runInput) (*Outcome, error) {
 	if err != nil {
 		return nil, err
 	}
+	var rec *journal.Record
 	if entry != nil {
-		p.adoptJournaledDirs(entry.Record())
+		r := entry.Record()
+		rec = &r
+		p.adoptJournaledDirs(r)
 	}
-	kept, err := loadKept(p)
-	if errors.Is(err, ErrNothingKept) && entry != nil {
-		kept, err = keptFromRecord(entry.Record()), nil
-	}
+	kept, err := loadKept(p, rec)
 	if err != nil {
 		if entry != nil {
 			_ = entry.Close()
@@ -117,15 +120,11 @@ func recoverRun(ctx context.Context, input runInput, rec journal.Record) (*Outco
 	if p.dirs.Dir != rec.RunDir {
 		return nil, fmt.Errorf("%w: run %s was journaled at %s, not %s; pass the --root it ran with", ErrInvalidInput, rec.RunID, rec.RunDir, p.dirs.Dir)
 	}
-	kept, err := loadKept(p)
-	switch {
-	case errors.Is(err, ErrNothingKept):
-		kept = keptFromRecord(rec)
-	case err != nil:
+	kept, err := loadKept(p, &rec)
+	if err != nil {
 		return nil, err
-	default:
-		kept.Status, kept.Reason = recordVerdict(rec)
 	}
+	kept.Status, kept.Reason = recordVerdict(rec)
 	r, v := keptRunner(p, kept, nil)
 	if rec.Phase == journal.PhaseReport {
 		// Everything was stored and released: only the report is owed.
@@ -148,7 +147,8 @@ func recordVerdict(rec journal.Record) (model.RunStatus, string) {
 	return rec.Status, rec.Reason
 }
 
-// keptFromRecord is the kept run of a journal record without run.json.
+// keptFromRecord is the kept run of a journal record that holds no verdict
+// and execution: the executor died before judging the run.
 func keptFromRecord(rec journal.Record) keptRun {
 	status, reason := recordVerdict(rec)
 	return keptRun{
@@ -158,12 +158,43 @@ func keptFromRecord(rec journal.Record) keptRun {
 	}
 }
 
-// loadKept reads the run.json execute kept before persisting.
-func loadKept(p *plan) (keptRun, error) {
+// loadKept is what finishing the run needs, from its journal record rec
+// (nil: the run has none): the verdict and execution it was judged with,
+// or what the record alone says when the executor died before judging it.
+// A Version 1 record kept them in legacyKeptName instead, which is read
+// when present.
+func loadKept(p *plan, rec *journal.Record) (keptRun, error) {
+	if rec != nil && rec.Judged != nil {
+		return keptFromJudged(*rec)
+	}
+	kept, err := loadLegacyKept(p)
+	if errors.Is(err, ErrNothingKept) && rec != nil {
+		return keptFromRecord(*rec), nil
+	}
+	return kept, err
+}
+
+// keptFromJudged is the kept run of a journal record that holds the run's
+// Judged state.
+func keptFromJudged(rec journal.Record) (keptRun, error) {
+	j := rec.Judged
+	kept := keptRun{
+		Status: j.Status, Reason: j.Reason, RunError: j.RunError, EndedAt: j.EndedAt,
+		StartedAt: rec.StartedAt, SessionExcludes: rec.SessionExcludes, KeepRunDir: rec.KeepRunDir,
+	}
+	if err := json.Unmarshal(j.Execution, &kept.Execution); err != nil {
+		return kept, fmt.Errorf("read the journaled execution of run %s: %w", rec.RunID, err)
+	}
+	return kept, nil
+}
+
+// loadLegacyKept reads the legacyKeptName a Version 1 executor kept before
+// persisting.
+func loadLegacyKept(p *plan) (keptRun, error) {
 	var kept keptRun
-	data, err := os.ReadFile(filepath.Join(p.hostDir, keptRunName))
+	data, err := os.ReadFile(filepath.Join(p.hostDir, legacyKeptName))
 	if errors.Is(err, os.ErrNotExist) {
-		return kept, fmt.Errorf("%w: run %s has no %s under %s", ErrNothingKept, p.ref.RunID, keptRunName, p.hostDir)
+		return kept, fmt.Errorf("%w: run %s has no journal record and no %s under %s", ErrNothingKept, p.ref.RunID, legacyKeptName, p.hostDir)
 	}
 	if err != nil {
 		return kept, err
@@ -214,7 +245,7 @@ func (r *runner) finishKept(ctx context.Context, ex execution, v verdict) (out *
 	collectCtx, cancelCollect := context.WithTimeout(ctx, deadline(p.in.PersistTimeout, DefaultPersistTimeout))
 	st, persistErr := r.keepAndCollect(collectCtx, ex, v)
 	cancelCollect()
-	tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
+	persistErr = errors.Join(persistErr, tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr}))
 	finishStream(ctx, p, wd, ex)
 	releaseDir(p, wd, persistErr, true)
 	out, err = r.report(ctx, ex, v, st, persistErr)

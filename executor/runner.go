@@ -34,6 +34,9 @@ type runner struct {
 	resp       exitedResponse
 	// pausing is the run's pause (Host.Pause), if any.
 	pausing pausing
+	// judgedErr is the judged journal write's failure: the record then
+	// lacks the run's verdict and execution until a later write succeeds.
+	judgedErr error
 }
 
 // newRunner builds the runner of p, whose journal record is j (nil
@@ -105,7 +108,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 	l.discardUnstarted(ctx, p)
 	v := judge(ctx, p, ex, runErr)
 	r.pauseVerdict(&v, &ex)
-	r.tr.trace(ctx, transition{state: stateJudged, v: &v, ex: &ex})
+	r.judgedErr = r.tr.trace(ctx, transition{state: stateJudged, v: &v, ex: &ex})
 
 	// Collecting and reporting happen even when ctx was cancelled, each with
 	// a deadline of its own, so a slow store cannot starve the final report.
@@ -121,7 +124,7 @@ func (r *runner) run(ctx context.Context) (*Outcome, error) {
 		<-removed
 		r.tr.step("removed")
 	}
-	r.tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr})
+	persistErr = errors.Join(persistErr, r.tr.trace(ctx, transition{state: stateCollected, persistErr: persistErr}))
 	finishStream(hard, p, wd, ex)
 	p.timings.Time(timings.Release, func() error { r.stop(ctx, persistErr); return nil })
 

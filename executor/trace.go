@@ -73,18 +73,21 @@ func (t *tracer) step(step string, attrs ...any) {
 	t.p.log.Debug("run step", append([]any{"step", step}, attrs...)...)
 }
 
-// trace records tr where the state goes. Only stateReported fails: with
-// the final PATCH's error.
+// trace records tr where the state goes. stateReported fails with the
+// final PATCH's error; stateJudged, and stateCollected of a kept run, with
+// the journal's, since the record is then the only local copy of the
+// run's verdict and execution (the entry keeps the change in memory, so
+// the collected write retries a failed judged one).
 func (t *tracer) trace(ctx context.Context, tr transition) error {
 	t.step(string(tr.state))
 	p, wd := t.p, t.wd
 	switch tr.state {
 	case statePrepared:
-		journalUpdate(p, wd, func(rec *journal.Record) {
+		_ = journalUpdate(p, wd, func(rec *journal.Record) {
 			rec.DiskCap = &journal.DiskCap{Image: diskcap.ImagePath(p.dirs.Dir), Mount: p.dirs.Dir, Mounted: true}
 		})
 	case stateStarted:
-		journalUpdate(p, wd, func(rec *journal.Record) {
+		_ = journalUpdate(p, wd, func(rec *journal.Record) {
 			rec.Phase = journal.PhaseSupervise
 			rec.ContainerID = tr.containerID
 			rec.Pending = []journal.Pending{journal.PendingContainer, journal.PendingPersist, journal.PendingReport, journal.PendingRelease}
@@ -92,9 +95,9 @@ func (t *tracer) trace(ctx context.Context, tr transition) error {
 	case stateRunning:
 		t.running = t.reportRunning(ctx, *tr.ex)
 	case stateJudged:
-		journalVerdict(p, wd, *tr.v, *tr.ex)
+		return journalVerdict(p, wd, *tr.v, *tr.ex)
 	case stateCollected:
-		journalCollected(p, wd, tr.persistErr)
+		return journalCollected(p, wd, tr.persistErr)
 	case stateReported:
 		return t.reported(ctx, tr)
 	case stateEnded:
@@ -149,25 +152,33 @@ func (t *tracer) reportRunning(ctx context.Context, ex execution) <-chan struct{
 	return done
 }
 
-// journalUpdate writes a state change; a failed write is logged and the
-// change kept for the next one (the previous record stays intact).
-func journalUpdate(p *plan, wd *workdir, change func(*journal.Record)) {
+// journalUpdate writes a state change; a failed write is logged, returned
+// and the change kept for the next one (the previous record stays intact).
+func journalUpdate(p *plan, wd *workdir, change func(*journal.Record)) error {
 	if wd == nil || wd.journal == nil {
-		return
+		return nil
 	}
 	defer p.timings.Start(timings.Journal)()
 	if err := wd.journal.Update(change); err != nil {
 		p.log.Warn("journal the run", "err", err)
+		return fmt.Errorf("journal the run: %w", err)
 	}
+	return nil
 }
 
-// journalVerdict records how the run ended, before anything is stored. The
+// journalVerdict records how the run ended, with its execution, before
+// anything is stored: a retry or a recovery finishes the run from it. The
 // container is still being removed meanwhile, so its removal stays pending
 // until the collect phase ends.
-func journalVerdict(p *plan, wd *workdir, v verdict, ex execution) {
-	journalUpdate(p, wd, func(rec *journal.Record) {
+func journalVerdict(p *plan, wd *workdir, v verdict, ex execution) error {
+	judged, err := judgedState(v, ex)
+	if err != nil {
+		return err
+	}
+	return journalUpdate(p, wd, func(rec *journal.Record) {
 		rec.Phase = journal.PhaseCollect
 		rec.Status, rec.Reason = v.status, v.reason
+		rec.Judged = judged
 		rec.Pending = []journal.Pending{journal.PendingPersist, journal.PendingReport, journal.PendingRelease}
 		if ex.ContainerID != "" {
 			rec.Pending = append([]journal.Pending{journal.PendingContainer}, rec.Pending...)
@@ -176,16 +187,17 @@ func journalVerdict(p *plan, wd *workdir, v verdict, ex execution) {
 }
 
 // journalCollected records the collect phase's end: on failure the run is
-// kept, holding no mount, for `taskrun persist`.
-func journalCollected(p *plan, wd *workdir, persistErr error) {
+// kept, holding no mount, for `taskrun persist`, which finishes it from
+// this record; a kept run therefore fails with the journal's error.
+func journalCollected(p *plan, wd *workdir, persistErr error) error {
 	if persistErr == nil {
-		journalUpdate(p, wd, func(rec *journal.Record) {
+		_ = journalUpdate(p, wd, func(rec *journal.Record) {
 			rec.Phase = journal.PhaseReport
 			rec.Pending = []journal.Pending{journal.PendingReport}
 		})
-		return
+		return nil
 	}
-	journalUpdate(p, wd, func(rec *journal.Record) {
+	return journalUpdate(p, wd, func(rec *journal.Record) {
 		rec.Phase = journal.PhaseKept
 		rec.Reason = joinReasons(rec.Reason, persistErr.Error())
 		rec.Pending = []journal.Pending{journal.PendingPersist, journal.PendingReport}

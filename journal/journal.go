@@ -36,8 +36,10 @@ import (
 	"github.com/taskrun/taskrun/model"
 )
 
-// Version is the record format written by this package.
-const Version = 1
+// Version is the record format written by this package. Version 2 added
+// Judged; a Version 1 record of a judged run has no Judged, and the
+// executor kept what Judged holds in a file of its own beside the spools.
+const Version = 2
 
 // File names in a journal directory.
 const (
@@ -161,12 +163,32 @@ type Record struct {
 	// Status and Reason are the verdict once known.
 	Status model.RunStatus `json:"status,omitempty"`
 	Reason string          `json:"reason,omitempty"`
+	// Judged is how the run ended, as judged before anything was stored;
+	// nil until then.
+	Judged *Judged `json:"judged,omitempty"`
 	// Pending lists the steps left for recovery.
 	Pending []Pending `json:"pending,omitempty"`
 	// StartedAt and UpdatedAt are when the run started and the record was
 	// last written.
 	StartedAt time.Time `json:"started_at"`
 	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Judged is a run's verdict and what its executor observed of it, as they
+// stood before anything was stored: a retry or a recovery reports them as
+// the run would have. Status and Reason of the Record change later (a kept
+// run's reason names the failed upload); Judged does not.
+type Judged struct {
+	// Status and Reason are the verdict; RunError is the run's own error,
+	// if any.
+	Status   model.RunStatus `json:"status"`
+	Reason   string          `json:"reason,omitempty"`
+	RunError string          `json:"run_error,omitempty"`
+	// EndedAt is when the verdict was reached.
+	EndedAt time.Time `json:"ended_at"`
+	// Execution is the executor's account of the container (exit, runtime,
+	// image digest, tokens, usage...), in the executor's own format.
+	Execution json.RawMessage `json:"execution,omitempty"`
 }
 
 // validate checks what a record needs to be written and found again.
@@ -369,6 +391,11 @@ func (e *Entry) Record() Record {
 	defer e.mu.Unlock()
 	rec := e.rec
 	rec.Pending = slices.Clone(rec.Pending)
+	if rec.Judged != nil {
+		j := *rec.Judged
+		j.Execution = slices.Clone(j.Execution)
+		rec.Judged = &j
+	}
 	return rec
 }
 

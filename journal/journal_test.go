@@ -10,12 +10,14 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/journal"
+	"github.com/taskrun/taskrun/model"
 )
 
 // writerEnv makes the test binary a process that updates one record as fast
@@ -279,4 +281,33 @@ func TestListRemovesTheLockOfARunNeverJournaled(t *testing.T) {
 	again, err := d.Create(record("r-orphan"))
 	require.NoError(t, err, "the run ID is free again")
 	require.NoError(t, again.Remove())
+}
+
+// The judged state is written and read back as it was given, and a copy
+// taken with Record is the caller's own.
+func TestJudgedStateRoundTrips(t *testing.T) {
+	d, err := journal.Open(t.TempDir())
+	require.NoError(t, err)
+	e, err := d.Create(record("r-judged"))
+	require.NoError(t, err)
+	defer e.Close()
+	ended := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	require.NoError(t, e.Update(func(r *journal.Record) {
+		r.Judged = &journal.Judged{Status: model.StatusFailed, Reason: "agent exited with code 4", RunError: "boom", EndedAt: ended, Execution: []byte(`{"exit":{"exit_code":4}}`)}
+	}))
+	got, err := d.Load("r-judged")
+	require.NoError(t, err)
+	assert.Equal(t, 2, got.Version)
+	require.NotNil(t, got.Judged)
+	assert.Equal(t, model.StatusFailed, got.Judged.Status)
+	assert.Equal(t, "agent exited with code 4", got.Judged.Reason)
+	assert.Equal(t, "boom", got.Judged.RunError)
+	assert.True(t, ended.Equal(got.Judged.EndedAt))
+	assert.JSONEq(t, `{"exit":{"exit_code":4}}`, string(got.Judged.Execution))
+
+	c := e.Record()
+	c.Judged.Execution[2] = 'X'
+	c.Judged.Reason = "changed"
+	assert.Equal(t, "agent exited with code 4", e.Record().Judged.Reason)
+	assert.JSONEq(t, `{"exit":{"exit_code":4}}`, string(e.Record().Judged.Execution))
 }
