@@ -133,13 +133,15 @@ func New(src Source, opts Options) (*Handler, error) {
 			}
 			return (time.Duration(ms) * time.Millisecond).Round(time.Millisecond).String()
 		},
-		"dur":   func(d time.Duration) string { return d.Round(time.Millisecond).String() },
-		"size":  humanSize,
-		"deref": func(p *int) string { return map[bool]string{true: "—", false: ""}[p == nil] + derefInt(p) },
-		"short": func(s string) string { return shortDigest(s) },
-		"lower": strings.ToLower,
-		"q":     url.QueryEscape,
-		"pathq": url.PathEscape,
+		"dur":    func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+		"size":   humanSize,
+		"deref":  func(p *int) string { return map[bool]string{true: "—", false: ""}[p == nil] + derefInt(p) },
+		"short":  func(s string) string { return shortDigest(s) },
+		"image":  func(r Run) imageView { return imageOf(r.Image, r.ImageDigest) },
+		"limits": limitsOf,
+		"lower":  strings.ToLower,
+		"q":      url.QueryEscape,
+		"pathq":  url.PathEscape,
 		"artpath": func(p string) string {
 			elems := strings.Split(p, "/")
 			for i, e := range elems {
@@ -644,6 +646,9 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
 		problem("the isolation record", err)
 	} else if rec != nil {
 		pg.EgressRecord = rec.Egress
+		if rec.Egress != nil {
+			nameCredentials(pg.Egress, rec.Egress.Policy)
+		}
 	}
 	pg.Attestation = h.attestation(ctx, run)
 	h.render(w, http.StatusOK, "run.html", pg)
