@@ -64,6 +64,9 @@ type Rule struct {
 // only. The value is read on the host from ValueEnv or ValueFile and never
 // enters the sandbox.
 type Credential struct {
+	// ID names the operator's credential a tenant was granted it by
+	// (OperatorCredential.ID), for the records; empty for a run's own.
+	ID string `json:"id,omitempty"`
 	// Host is the exact host name the header is sent to.
 	Host string `json:"host"`
 	// Header is the header name, e.g. "Authorization".

@@ -218,7 +218,9 @@ func (o Operator) Grant(tenant string, req TenantRequest) (Policy, error) {
 			// The same answer whether the ID exists for another tenant or not at all.
 			return Policy{}, fmt.Errorf("%w: %w: credential %q: no credential of that id is configured for you on this host", ErrBadPolicy, ErrNotGranted, ref.ID)
 		}
-		p.Credentials = append(p.Credentials, o.Credentials[i].Credential)
+		c := o.Credentials[i].Credential
+		c.ID = o.Credentials[i].ID
+		p.Credentials = append(p.Credentials, c)
 	}
 	p.MaxBytes = cmpOr(o.MaxBytes, DefaultMaxBytes)
 	if req.MaxBytes > p.MaxBytes {

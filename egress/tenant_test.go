@@ -128,7 +128,9 @@ func TestGrantCredentialsByIDForTheirTenantsOnly(t *testing.T) {
 	req := TenantRequest{Rules: []Rule{{Host: "api.github.com"}, {Host: "registry.npmjs.org"}}, Credentials: []CredentialRef{{ID: "github"}, {ID: "npm"}}}
 	p, err := op.Grant("alice", req)
 	require.NoError(t, err)
-	assert.Equal(t, []Credential{gh.Credential, npm.Credential}, p.Credentials)
+	ghGranted, npmGranted := gh.Credential, npm.Credential
+	ghGranted.ID, npmGranted.ID = "github", "npm"
+	assert.Equal(t, []Credential{ghGranted, npmGranted}, p.Credentials, "each names the grant it came from")
 
 	_, errOther := op.Grant("bob", req)
 	require.ErrorIs(t, errOther, ErrNotGranted, "github is alice's")

@@ -81,6 +81,10 @@ type Options struct {
 	// its page, when the Source is a BlobSource. None: the page names the
 	// envelope's signer and says it is not checked.
 	AttestKeys []*attest.Verifier
+	// Actions, when set, let a signed-in user submit tasks and cancel
+	// their own runs from the interface (forms protected against CSRF);
+	// nil: the interface is read-only.
+	Actions Actions
 }
 
 // Handler serves the web interface over a Source.
@@ -99,6 +103,8 @@ type Handler struct {
 	tenant func(*http.Request) (string, bool)
 	// attestKeys check attestations (Options.AttestKeys).
 	attestKeys []*attest.Verifier
+	// actions carry out forms (Options.Actions); nil: read-only.
+	actions Actions
 }
 
 // New returns a Handler reading src.
@@ -117,10 +123,11 @@ func New(src Source, opts Options) (*Handler, error) {
 		opts.MaxStreamsPerTenant = DefaultMaxStreamsPerTenant
 	}
 	h := &Handler{src: src, base: base, log: opts.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{}, slots: make(chan struct{}, opts.MaxStreams), tenant: opts.Tenant,
-		perTenant: opts.MaxStreamsPerTenant, live: map[string]int{}, attestKeys: slices.Clone(opts.AttestKeys)}
+		perTenant: opts.MaxStreamsPerTenant, live: map[string]int{}, attestKeys: slices.Clone(opts.AttestKeys), actions: opts.Actions}
 	funcs := template.FuncMap{
-		"base": func() string { return base },
-		"t":    termsafe.String,
+		"base":    func() string { return base },
+		"actions": func() bool { return opts.Actions != nil },
+		"t":       termsafe.String,
 		"when": func(t time.Time) string {
 			if t.IsZero() {
 				return "—"
@@ -133,13 +140,15 @@ func New(src Source, opts Options) (*Handler, error) {
 			}
 			return (time.Duration(ms) * time.Millisecond).Round(time.Millisecond).String()
 		},
-		"dur":   func(d time.Duration) string { return d.Round(time.Millisecond).String() },
-		"size":  humanSize,
-		"deref": func(p *int) string { return map[bool]string{true: "—", false: ""}[p == nil] + derefInt(p) },
-		"short": func(s string) string { return shortDigest(s) },
-		"lower": strings.ToLower,
-		"q":     url.QueryEscape,
-		"pathq": url.PathEscape,
+		"dur":    func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+		"size":   humanSize,
+		"deref":  func(p *int) string { return map[bool]string{true: "—", false: ""}[p == nil] + derefInt(p) },
+		"short":  func(s string) string { return shortDigest(s) },
+		"image":  func(r Run) imageView { return imageOf(r.Image, r.ImageDigest) },
+		"limits": limitsOf,
+		"lower":  strings.ToLower,
+		"q":      url.QueryEscape,
+		"pathq":  url.PathEscape,
 		"artpath": func(p string) string {
 			elems := strings.Split(p, "/")
 			for i, e := range elems {
@@ -148,7 +157,7 @@ func New(src Source, opts Options) (*Handler, error) {
 			return strings.Join(elems, "/")
 		},
 	}
-	for _, page := range []string{"runs.html", "run.html", "isolation.html", "rules.html", "hosts.html", "error.html"} {
+	for _, page := range []string{"runs.html", "run.html", "isolation.html", "rules.html", "hosts.html", "error.html", "submit.html"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/rows.html", "templates/"+page)
 		if err != nil {
 			return nil, fmt.Errorf("webui: parse %s: %w", page, err)
@@ -172,6 +181,11 @@ func New(src Source, opts Options) (*Handler, error) {
 	h.mux.HandleFunc("GET "+b+"/runs/{id}/isolation", h.isolation)
 	h.mux.HandleFunc("GET "+b+"/rules", h.rules)
 	h.mux.HandleFunc("GET "+b+"/hosts", h.hosts)
+	if h.actions != nil {
+		h.mux.HandleFunc("GET "+b+"/submit", h.submitForm)
+		h.mux.HandleFunc("POST "+b+"/submit", h.submit)
+		h.mux.HandleFunc("POST "+b+"/runs/{id}/cancel", h.cancel)
+	}
 	return h, nil
 }
 
@@ -195,7 +209,9 @@ func setSecureHeaders(hd http.Header) {
 	hd.Set("Content-Security-Policy", ContentSecurityPolicy)
 	hd.Set("X-Content-Type-Options", "nosniff")
 	hd.Set("X-Frame-Options", "DENY")
-	hd.Set("Referrer-Policy", "no-referrer")
+	// same-origin, not no-referrer: under no-referrer a browser sends
+	// "Origin: null" with the interface's own forms.
+	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("Cross-Origin-Opener-Policy", "same-origin")
 	hd.Set("Cross-Origin-Resource-Policy", "same-origin")
 	hd.Set("Cache-Control", "no-store")
@@ -586,6 +602,8 @@ type runPage struct {
 	EgressRecord   *audit.EgressRecord
 	Attestation    *attestationView
 	Problems       []string
+	// CSRF is the form token when the run can be cancelled from the page.
+	CSRF string
 }
 
 func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
@@ -644,8 +662,14 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
 		problem("the isolation record", err)
 	} else if rec != nil {
 		pg.EgressRecord = rec.Egress
+		if rec.Egress != nil {
+			nameCredentials(pg.Egress, rec.Egress.Policy)
+		}
 	}
 	pg.Attestation = h.attestation(ctx, run)
+	if h.actions != nil && pg.Running {
+		pg.CSRF = h.csrfToken(w, r)
+	}
 	h.render(w, http.StatusOK, "run.html", pg)
 }
 

@@ -1,4 +1,4 @@
-// Package webui is taskrun's read-only web interface: the list of runs, one
+// Package webui is taskrun's web interface: the list of runs, one
 // run's output (live while it runs), change set, artifacts, trace, model
 // exchanges, egress record and isolation record, the rule table the audit
 // checks, and the worker hosts. It renders plain HTML with html/template,
@@ -9,6 +9,9 @@
 // escaped for its HTML context, terminal escapes are neutralized (termsafe)
 // before they reach the page, the Content-Security-Policy allows no inline
 // script, and artifacts are only ever downloaded, never rendered.
+//
+// With Options.Actions a signed-in user also submits tasks and cancels their
+// own runs, with forms guarded against cross-site request forgery.
 //
 // The interface reads through a Source; StoreSource reads the run index of
 // a blob store (package runindex) and, with a Streams, the live output of

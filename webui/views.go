@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -311,6 +312,24 @@ func parseEgress(r io.Reader) ([]egressRow, int, error) {
 	return out, omitted, err
 }
 
+// nameCredentials adds to each connection that had a credential injected
+// the name of the grant it came from, from the run's policy: the header and
+// the operator's credential id, never the value (which no record holds).
+func nameCredentials(rows []egressRow, pol egress.Policy) {
+	for i := range rows {
+		r := &rows[i]
+		if r.Credential == "" {
+			continue
+		}
+		for _, c := range pol.Credentials {
+			if c.ID != "" && c.Header == r.Credential && strings.HasPrefix(r.Target, c.Host+":") {
+				r.Credential += " (" + termsafe.String(c.ID) + ")"
+				break
+			}
+		}
+	}
+}
+
 // comparison is one aspect of confinement as the host set it and as the
 // self-check saw it from inside.
 type comparison struct {
@@ -374,4 +393,99 @@ func compareViews(r *audit.Record) []comparison {
 		out[i].Host, out[i].Inside = safeText([]byte(out[i].Host)), safeText([]byte(out[i].Inside))
 	}
 	return out
+}
+
+// imageView is a run's image as a page shows it: the reference it was
+// asked for by, and the digest it ran, shortened for tables with the full
+// form kept for a title and for copying.
+type imageView struct {
+	// Name is the image's name without a digest, e.g. 127.0.0.1:27500/nu/age.
+	Name string
+	// Digest is the content digest alone (sha256:…); Short its first 12 hex digits.
+	Digest, Short string
+	// Full is the complete pinned reference, NAME@DIGEST when both are known.
+	Full string
+}
+
+// imageOf splits a run's image and recorded digest (an image ID sha256:…
+// or a registry's repo digest NAME@sha256:…) into its parts, made safe.
+func imageOf(image, digest string) imageView {
+	image, digest = termsafe.String(image), termsafe.String(digest)
+	name := image
+	if n, d, ok := strings.Cut(image, "@"); ok {
+		name = n
+		if digest == "" {
+			digest = d
+		}
+	}
+	if n, d, ok := strings.Cut(digest, "@"); ok {
+		if name == "" {
+			name = n
+		}
+		digest = d
+	}
+	v := imageView{Name: name, Digest: digest, Short: shortDigest(digest)}
+	switch {
+	case name != "" && digest != "":
+		v.Full = name + "@" + digest
+	case name != "":
+		v.Full = name
+	default:
+		v.Full = digest
+	}
+	return v
+}
+
+// limitRow is one of a run's limits in human units.
+type limitRow struct {
+	Name, Value string
+}
+
+// limitsOf shows a run's limits (runindex.Record.Limits: JSON numbers as
+// float64) in human units: sizes in KiB, MiB, GiB; CPU in cores.
+func limitsOf(m map[string]any) []limitRow {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]limitRow, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, limitRow{Name: termsafe.String(k), Value: termsafe.String(limitValue(k, m[k]))})
+	}
+	return out
+}
+
+// limitValue is one limit's value in the unit its name says.
+func limitValue(name string, v any) string {
+	var n float64
+	switch x := v.(type) {
+	case float64:
+		n = x
+	case int:
+		n = float64(x)
+	case int64:
+		n = float64(x)
+	case json.Number:
+		f, err := x.Float64()
+		if err != nil {
+			return x.String()
+		}
+		n = f
+	default:
+		return fmt.Sprint(v)
+	}
+	switch {
+	case n <= 0 && name != "timeout":
+		return "unlimited"
+	case strings.HasSuffix(name, "_bytes"):
+		return humanSize(int64(n))
+	case name == "nano_cpus":
+		c := strconv.FormatFloat(n/1e9, 'f', -1, 64)
+		if c == "1" {
+			return "1 core"
+		}
+		return c + " cores"
+	}
+	return strconv.FormatFloat(n, 'f', -1, 64)
 }

@@ -52,3 +52,22 @@ func TestTimelinesAreBounded(t *testing.T) {
 	assert.Equal(t, "ab\n… (2 more bytes not shown)", clip("abcd", 2))
 	assert.Equal(t, "a\n… (2 more bytes not shown)", clip("aé", 2), "cut at a character boundary")
 }
+
+// An image shows as its name and digest whether the digest recorded is a
+// registry's repo digest, a local image ID or missing.
+func TestImageOf(t *testing.T) {
+	hex := strings.Repeat("ab", 32)
+	assert.Equal(t, imageView{Name: "127.0.0.1:27500/nu/age", Digest: "sha256:" + hex, Short: "sha256:abababababab", Full: "127.0.0.1:27500/nu/age@sha256:" + hex},
+		imageOf("127.0.0.1:27500/nu/age", "127.0.0.1:27500/nu/age@sha256:"+hex))
+	assert.Equal(t, imageView{Name: "taskrun/agent:local", Digest: "sha256:" + hex, Short: "sha256:abababababab", Full: "taskrun/agent:local@sha256:" + hex},
+		imageOf("taskrun/agent:local", "sha256:"+hex))
+	assert.Equal(t, imageView{Name: "reg.example/x", Digest: "sha256:" + hex, Short: "sha256:abababababab", Full: "reg.example/x@sha256:" + hex},
+		imageOf("", "reg.example/x@sha256:"+hex))
+	assert.Equal(t, imageView{Name: "alpine", Full: "alpine"}, imageOf("alpine", ""))
+}
+
+// Limits read back from JSON show in human units, never as 2.147483648e+09.
+func TestLimitsOf(t *testing.T) {
+	got := limitsOf(map[string]any{"memory_bytes": 2147483648.0, "nano_cpus": 1e9, "pids": 512.0, "max_output_bytes": 0.0})
+	assert.Equal(t, []limitRow{{"max_output_bytes", "unlimited"}, {"memory_bytes", "2.0 GiB"}, {"nano_cpus", "1 core"}, {"pids", "512"}}, got)
+}

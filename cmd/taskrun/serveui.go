@@ -14,16 +14,21 @@ import (
 // uiPrefix is where serve mounts the web interface.
 const uiPrefix = "/ui/"
 
-// serve mounts the read-only web interface (package webui) under /ui/,
-// behind the user API's authentication: each user sees their own runs. A
-// browser signs in with HTTP Basic, the user token as the password.
+// serve mounts the web interface (package webui) under /ui/, behind the
+// user API's authentication: each user sees their own runs, and submits
+// tasks and cancels their runs through the user API. A browser signs in
+// with HTTP Basic, the user token as the password.
 func init() {
 	serveUI = func(r controlplane.RunReader, blobs *persist.Store, keys []*attest.Verifier, log *slog.Logger) (http.Handler, func(http.Handler) http.Handler, error) {
 		src := &webui.ControlPlaneSource{Control: r, Store: blobs}
 		if wr, ok := r.(controlplane.WorkerReader); ok {
 			src.Workers = wr // the hosts page shows the workers' heartbeats
 		}
+		// The forms act through the user API, which is known once the
+		// server is built: wrap receives its handler.
+		actions := &webui.APIActions{}
 		ui, err := webui.New(src, webui.Options{
+			Actions:    actions,
 			Base:       uiPrefix[:len(uiPrefix)-1],
 			Logger:     log,
 			Tenant:     func(r *http.Request) (string, bool) { return server.UserFromContext(r.Context()) },
@@ -32,6 +37,9 @@ func init() {
 		if err != nil {
 			return nil, nil, err
 		}
-		return ui, func(h http.Handler) http.Handler { return webui.BrowserSignIn(h, uiPrefix) }, nil
+		return ui, func(h http.Handler) http.Handler {
+			actions.API = h
+			return webui.BrowserSignIn(h, uiPrefix)
+		}, nil
 	}
 }
