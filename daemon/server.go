@@ -102,6 +102,11 @@ type liveRun struct {
 	procs    map[string]*process
 	order    []string
 	nextProc int
+
+	// ports are the run's declared ports and their tokens (fixed at its
+	// start); portConns holds a slot per open connection to them.
+	ports     map[int]string
+	portConns chan struct{}
 }
 
 // touch marks the run used now.
@@ -189,6 +194,8 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("POST "+PathProcessSignal, s.serveProcessSignal)
 	mux.HandleFunc("GET "+PathUsage, s.serveUsage)
 	mux.HandleFunc(PathFiles, s.serveFiles)
+	mux.HandleFunc("GET "+PathPorts, s.servePorts)
+	mux.HandleFunc(PathPort, s.servePort)
 	mux.HandleFunc("GET "+PathRecords, s.serveRecords)
 	mux.HandleFunc("GET "+PathRecord, s.serveRecord)
 	mux.HandleFunc("GET "+PathRecordLog, s.serveRecordLog)
@@ -277,9 +284,15 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		refuse(w, http.StatusBadRequest, fmt.Errorf("run request: %d bytes after the request and its workspace (%v)", n, err))
 		return
 	}
+	tokens, err := portTokens(req.Ports)
+	if err != nil {
+		refuse(w, http.StatusInternalServerError, err)
+		return
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	live := &liveRun{uid: peer.UID, cancel: cancel, ctx: runCtx, procs: map[string]*process{}, ref: persist.RunRef{
-		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
+		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID},
+		ports: tokens, portConns: make(chan struct{}, MaxPortConns)}
 	live.touch()
 	s.mu.Lock()
 	if _, dup := s.runs[req.RunID]; dup {
@@ -388,6 +401,12 @@ func (s *Server) spec(peer Peer, req RunRequest) (executor.Spec, int, error) {
 		Updater:   executor.LogUpdater{Log: s.log},
 		SessionID: req.Session, Image: req.Image, Command: req.Command, Entrypoint: req.Entrypoint, Env: req.Env,
 		SessionExcludes: req.SessionExcludes, ChangeExcludes: req.ChangeExcludes, KeepRunDir: req.KeepRunDir,
+	}
+	if len(req.Ports) > 0 && !req.KeepAlive {
+		return spec, http.StatusBadRequest, errors.New("ports: only a live run (keep_alive) declares ports")
+	}
+	if err := checkPorts(req.Ports); err != nil {
+		return spec, http.StatusBadRequest, err
 	}
 	if req.KeepAlive && len(spec.Command) == 0 && len(spec.Entrypoint) == 0 {
 		spec.Entrypoint, spec.Command = IdleCommand[:1], IdleCommand[1:]
