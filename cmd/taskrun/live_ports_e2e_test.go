@@ -125,10 +125,12 @@ func TestDaemonLiveRunPorts(t *testing.T) {
 		assert.Equal(t, http.StatusUnauthorized, status, "%s token: %s", name, body)
 		assert.NotContains(t, body, "hello-port")
 	}
-	// An undeclared port is not found, with any token.
+	// An undeclared port is not found, with any token or none.
 	for _, p := range []string{"9090", "22", "0", "x"} {
-		status, _ = portCall(t, c, "/v1/runs/"+runID+"/ports/"+p+"/", tokens["8080"])
-		assert.Equal(t, http.StatusNotFound, status, "port %s", p)
+		for _, tok := range []string{tokens["8080"], ""} {
+			status, _ = portCall(t, c, "/v1/runs/"+runID+"/ports/"+p+"/", tok)
+			assert.Equal(t, http.StatusNotFound, status, "port %s", p)
+		}
 	}
 	// A declared port nothing serves on is a bad gateway.
 	status, _ = portCall(t, c, "/v1/runs/"+runID+"/ports/8081/", tokens["8081"])
