@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -160,7 +161,11 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.Header.Del(PortTokenHeader)
 			pr.Out.URL.Scheme, pr.Out.URL.Host = target.Scheme, target.Host
+			// The path after the port, as the caller escaped it.
 			pr.Out.URL.Path, pr.Out.URL.RawPath = "/"+r.PathValue("rest"), ""
+			if seg := strings.SplitN(r.URL.EscapedPath(), "/", 7); len(seg) == 7 {
+				pr.Out.URL.RawPath = "/" + seg[6]
+			}
 			pr.Out.Host = target.Host
 			pr.Out.Header.Set("X-Forwarded-Prefix", prefix)
 		},

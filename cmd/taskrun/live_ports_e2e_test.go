@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -110,6 +111,18 @@ func TestDaemonLiveRunPorts(t *testing.T) {
 		return status == http.StatusOK
 	}, testdeadline.Scale(30*time.Second), 200*time.Millisecond, "the port never answered: %d %s\n%s", status, body, d.log)
 	assert.Equal(t, "hello-port\n", body)
+
+	// Round trips of a small page, one connection each.
+	const trips = 20
+	took := make([]time.Duration, 0, trips)
+	for i := 0; i < trips; i++ {
+		start := time.Now()
+		status, _ = portCall(t, c, base, tokens["8080"])
+		took = append(took, time.Since(start))
+		require.Equal(t, http.StatusOK, status)
+	}
+	slices.Sort(took)
+	t.Logf("port round trip over %d calls: median %s, p95 %s", trips, took[trips/2], took[trips*95/100])
 
 	// The agent sees the call, not the token.
 	status, body = portCall(t, c, base+"cgi-bin/env?x=1", tokens["8080"])
