@@ -140,7 +140,8 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	got := r.Header.Get(PortTokenHeader)
-	if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+	// An empty token never matches, even if a port's were empty.
+	if got == "" || token == "" || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="taskrun port"`)
 		refuse(w, http.StatusUnauthorized, fmt.Errorf("run %s port %d: missing or wrong %s", run.ref.RunID, port, PortTokenHeader))
 		return
