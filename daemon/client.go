@@ -475,3 +475,10 @@ func (c *Client) Usage(ctx context.Context, runID string) (*sandbox.Usage, error
 	}
 	return &u, nil
 }
+
+// Ports lists the declared ports of the caller's live run runID, each with
+// the path it answers on and its token (PortTokenHeader).
+func (c *Client) Ports(ctx context.Context, runID string) ([]PortInfo, error) {
+	var list []PortInfo
+	return list, c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID)+"/ports", nil, &list)
+}

@@ -124,6 +124,11 @@ type RunRequest struct {
 	// timeout or its run timeout. The response is one Frame with Started
 	// once it runs; its output is not streamed.
 	KeepAlive bool `json:"keep_alive,omitempty"`
+	// Ports are the TCP ports a live run's agent serves on loopback inside
+	// its container (at most MaxPorts, each 1-65535): each is reached only
+	// through PathPort with its token (PathPorts), never on the host's
+	// network.
+	Ports []int `json:"ports,omitempty"`
 }
 
 // ExecRequest is a command to run in a live run's container (PathExec).

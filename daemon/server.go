@@ -108,6 +108,11 @@ type liveRun struct {
 	nextProc int
 	// spec is the run as it was asked for, for a resume.
 	spec executor.Spec
+
+	// ports are the run's declared ports and their tokens (fixed at its
+	// start); portConns holds a slot per open connection to them.
+	ports     map[int]string
+	portConns chan struct{}
 }
 
 // pausedRun is a live run paused through the daemon: its caller's uid,
@@ -205,6 +210,8 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("POST "+PathPause, s.servePause)
 	mux.HandleFunc("POST "+PathResume, func(w http.ResponseWriter, r *http.Request) { s.serveResume(ctx, w, r) })
 	mux.HandleFunc(PathFiles, s.serveFiles)
+	mux.HandleFunc("GET "+PathPorts, s.servePorts)
+	mux.HandleFunc(PathPort, s.servePort)
 	mux.HandleFunc("GET "+PathRecords, s.serveRecords)
 	mux.HandleFunc("GET "+PathRecord, s.serveRecord)
 	mux.HandleFunc("GET "+PathRecordLog, s.serveRecordLog)
@@ -293,9 +300,15 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		refuse(w, http.StatusBadRequest, fmt.Errorf("run request: %d bytes after the request and its workspace (%v)", n, err))
 		return
 	}
+	tokens, err := portTokens(req.Ports)
+	if err != nil {
+		refuse(w, http.StatusInternalServerError, err)
+		return
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	live := &liveRun{uid: peer.UID, cancel: cancel, ctx: runCtx, spec: spec, procs: map[string]*process{}, ref: persist.RunRef{
-		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
+		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID},
+		ports: tokens, portConns: make(chan struct{}, MaxPortConns)}
 	live.touch()
 	s.mu.Lock()
 	if _, dup := s.runs[req.RunID]; dup {
@@ -404,6 +417,12 @@ func (s *Server) spec(peer Peer, req RunRequest) (executor.Spec, int, error) {
 		Updater:   executor.LogUpdater{Log: s.log},
 		SessionID: req.Session, Image: req.Image, Command: req.Command, Entrypoint: req.Entrypoint, Env: req.Env,
 		SessionExcludes: req.SessionExcludes, ChangeExcludes: req.ChangeExcludes, KeepRunDir: req.KeepRunDir,
+	}
+	if len(req.Ports) > 0 && !req.KeepAlive {
+		return spec, http.StatusBadRequest, errors.New("ports: only a live run (keep_alive) declares ports")
+	}
+	if err := checkPorts(req.Ports); err != nil {
+		return spec, http.StatusBadRequest, err
 	}
 	if req.KeepAlive && len(spec.Command) == 0 && len(spec.Entrypoint) == 0 {
 		spec.Entrypoint, spec.Command = IdleCommand[:1], IdleCommand[1:]

@@ -5,6 +5,11 @@
 // http://127.0.0.1:8411/v1 works.
 //
 //	taskrun-relay [-listen ADDR] [-socket PATH] [-egress-socket PATH] [-egress-listen ADDR] [-- CMD ARGS...]
+//	taskrun-relay -connect 127.0.0.1:PORT
+//
+// With -connect it relays nothing: it pipes its stdin and stdout to one TCP
+// connection to that loopback address and exits when the connection ends
+// (the daemon's forward of a live run's declared port).
 //
 // For a run with an egress policy ($TASKRUN_EGRESS_SOCKET set) it also
 // exposes the egress proxy's socket on 127.0.0.1:8412, where HTTP_PROXY
@@ -51,6 +56,9 @@ type options struct {
 	command []string
 	// outer is $TASKRUN_RELAY: the address of a relay this one runs under.
 	outer string
+	// connect is a loopback address to pipe stdin and stdout to, instead
+	// of relaying (ConnectFlag).
+	connect string
 }
 
 // Main runs the relay with the arguments after the program name and returns
@@ -82,6 +90,7 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8411", "loopback address to listen on")
 	fs.StringVar(&o.socket, "socket", socket, "model gateway unix socket (default $TASKRUN_MODEL_SOCKET)")
 	o.egress = egressFlags(fs, getenv)
+	fs.StringVar(&o.connect, ConnectFlag, "", "pipe stdin and stdout to one TCP connection to this loopback address, and relay nothing else")
 	if err := fs.Parse(args); err != nil {
 		return o, fmt.Errorf("%w: %w", errBadUsage, err)
 	}
@@ -89,6 +98,14 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	o.outer = getenv(OuterEnv)
 	if err := checkLoopback(o.listen); err != nil {
 		return o, fmt.Errorf("-listen: %w", err)
+	}
+	if o.connect != "" {
+		if err := checkLoopback(o.connect); err != nil {
+			return o, fmt.Errorf("-%s: %w", ConnectFlag, err)
+		}
+		if len(o.command) > 0 {
+			return o, fmt.Errorf("%w: -%s takes no command", errBadUsage, ConnectFlag)
+		}
 	}
 	if err := o.egress.check(); err != nil {
 		return o, err
@@ -111,6 +128,12 @@ func checkLoopback(addr string) error {
 // run serves the relay, alone or around a command, and returns the exit code.
 // Under a relay that already listens on o.listen it only runs the command.
 func run(ctx context.Context, o options, log *slog.Logger) (int, error) {
+	if o.connect != "" {
+		if err := connect(ctx, o.connect, os.Stdin, os.Stdout); err != nil {
+			return 1, err
+		}
+		return 0, nil
+	}
 	if len(o.command) > 0 && o.outer == o.listen {
 		return runCommand(ctx, o.command, o.listen)
 	}

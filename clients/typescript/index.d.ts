@@ -187,6 +187,13 @@ export interface Usage {
   samples: number;
 }
 
+/** A live run's declared port: the path it answers on and its token. */
+export interface PortInfo {
+  port: number;
+  path: string;
+  token: string;
+}
+
 /** The daemon's socket: $TASKRUN_HOST, else root's. */
 export declare function socketPath(): string;
 
@@ -194,7 +201,7 @@ export declare function socketPath(): string;
 export declare class LiveClient {
   constructor(path?: string);
   readonly path: string;
-  start(runId: string, opts?: { image?: string; command?: string[]; user?: string; env?: string[]; conversation?: string; task?: string; session?: string }): Promise<void>;
+  start(runId: string, opts?: { image?: string; command?: string[]; user?: string; env?: string[]; conversation?: string; task?: string; session?: string; ports?: number[] }): Promise<void>;
   stop(runId: string): Promise<void>;
   exec(runId: string, argv: string[], opts?: { env?: string[]; cwd?: string }): Promise<{ exit: number; stdout: Uint8Array; stderr: Uint8Array }>;
   startProcess(runId: string, argv: string[], opts?: { env?: string[]; cwd?: string; stdin?: boolean; tty?: boolean }): Promise<ProcessInfo>;
@@ -204,4 +211,5 @@ export declare class LiveClient {
   writeStdin(runId: string, pid: string, data: Uint8Array | string, opts?: { close?: boolean }): Promise<void>;
   signal(runId: string, pid: string, signal: string): Promise<void>;
   usage(runId: string): Promise<Usage>;
+  ports(runId: string): Promise<PortInfo[]>;
 }

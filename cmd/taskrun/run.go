@@ -63,6 +63,8 @@ type runOptions struct {
 	local bool
 	// detach starts a keep-alive run on the daemon and returns.
 	detach bool
+	// ports are the ports a live run's agent serves (--port, with --detach).
+	ports []int
 	// flags are the parsed flags, to tell which were given.
 	flags *pflag.FlagSet
 }
@@ -135,6 +137,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read variables from a file in docker's --env-file format (NAME=VALUE lines, # comments); repeatable")
 	fs.BoolVar(&o.local, "local", false, "run in this process even when a taskrun daemon answers (see taskrun daemon)")
 	fs.BoolVar(&o.detach, "detach", false, "start a live run on the taskrun daemon and return: its container idles (or runs CMD) until taskrun stop RUN or the daemon's --max-idle, and takes commands through the daemon's process API (see docs/live-runs.md)")
+	fs.IntSliceVar(&o.ports, "port", nil, "with --detach: a port the agent serves on 127.0.0.1 in its container, reached only through the daemon with its token (printed after the run ID); repeatable")
 }
 
 // finish checks the parsed flags and takes args as the command to run.
@@ -159,6 +162,9 @@ func (o *runOptions) finish(args []string) error {
 	o.env = env
 	if o.runID == "" {
 		o.runID = newRunID()
+	}
+	if len(o.ports) > 0 && !o.detach {
+		return errors.New("--port declares a port of a live run: add --detach")
 	}
 	return o.serverFlags.check()
 }

@@ -25,7 +25,7 @@ var daemonRunFlags = map[string]bool{
 	"allow": true, "egress-policy": true, "env": true, "env-file": true, "local": true,
 	"image": true, "timeout": true, "memory": true, "cpus": true, "pids": true, "max-output": true,
 	"disk": true, "session-exclude": true, "model": true, "shutdown-grace": true,
-	"quiet": true, "log-format": true, "detach": true,
+	"quiet": true, "log-format": true, "detach": true, "port": true,
 }
 
 // machineFlag names a given flag that keeps the run in this process, or "".
@@ -52,7 +52,7 @@ func (o *runOptions) daemonRequest() (daemon.RunRequest, error) {
 		Prompt: o.prompt, ResumeFrom: o.resumeFrom,
 		Command: o.command, Entrypoint: entrypoint(o.entrypoint), Env: o.env,
 		ChangeExcludes: changeExcludes(o.changeExcludes), KeepRunDir: o.keep,
-		MaxRequests: o.model.MaxRequests,
+		MaxRequests: o.model.MaxRequests, Ports: o.ports,
 	}
 	if changed("user") {
 		req.User = o.user
@@ -183,5 +183,16 @@ func runDetached(ctx context.Context, a *app, o *runOptions) int {
 		return exitCannotRun
 	}
 	fmt.Fprintln(a.stdout, o.runID)
+	if len(o.ports) == 0 {
+		return exitOK
+	}
+	ports, err := c.Ports(ctx, o.runID)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "taskrun run: live run %s: its ports: %s\n", o.runID, oneLine(err))
+		return exitCannotRun
+	}
+	for _, p := range ports {
+		fmt.Fprintf(a.stdout, "port %d %s %s\n", p.Port, p.Path, p.Token)
+	}
 	return exitOK
 }

@@ -125,10 +125,12 @@ class LiveClient:
         conversation: str = "cli",
         task: str = "default",
         session: str = "default",
+        ports: Optional[Sequence[int]] = None,
     ) -> None:
         """Starts live run ``run_id`` and returns once its agent runs (the
         daemon's image and an idle loop unless named; the caller's tenant
-        unless ``user``, which only root may name)."""
+        unless ``user``, which only root may name). ``ports`` are the ports
+        its agent serves on loopback: see :meth:`ports`."""
         req: dict[str, Any] = {
             "run_id": run_id,
             "conversation": conversation,
@@ -144,6 +146,8 @@ class LiveClient:
             req["user"] = user
         if env:
             req["env"] = list(env)
+        if ports:
+            req["ports"] = list(ports)
         for fr in self._frames("POST", "/v1/runs", json.dumps(req).encode() + b"\n"):
             if fr.get("started"):
                 return
@@ -234,6 +238,12 @@ class LiveClient:
     def signal(self, run_id: str, pid: str, sig: str) -> None:
         """Sends a signal (``"TERM"``, ``"KILL"``, ...: the daemon's allow-list)."""
         self._json("POST", f"/v1/runs/{_q(run_id)}/processes/{_q(pid)}/signal", {"signal": sig})
+
+    def ports(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's declared ports: ``{"port", "path", "token"}`` each; a call
+        to ``path`` on the daemon's socket with the header
+        ``X-Taskrun-Port-Token: token`` reaches the port (docs/live-runs.md)."""
+        return self._json("GET", f"/v1/runs/{_q(run_id)}/ports")
 
     def usage(self, run_id: str) -> Mapping[str, Any]:
         """The run's resource usage at its last sample (cpu_seconds, peak_memory_bytes, ...)."""

@@ -32,7 +32,7 @@ class ProcessTest(unittest.TestCase):
         if log:
             with open(log, "a") as f:
                 f.write(cls.run_id + "\n")
-        cls.c.start(cls.run_id, image=IMAGE, user="alice")
+        cls.c.start(cls.run_id, image=IMAGE, user="alice", ports=[8080])
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -78,6 +78,12 @@ class ProcessTest(unittest.TestCase):
         self.assertIn("p999", cm.exception.message)
         with self.assertRaises(NotFoundError):
             self.c.signal("no-such-run", "p1", "TERM")
+
+    def test_ports(self) -> None:
+        (p,) = self.c.ports(self.run_id)
+        self.assertEqual(p["port"], 8080)
+        self.assertEqual(p["path"], f"/v1/runs/{self.run_id}/ports/8080/")
+        self.assertEqual(len(p["token"]), 43)
 
     def test_usage(self) -> None:
         deadline = time.monotonic() + 30

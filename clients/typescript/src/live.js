@@ -83,6 +83,7 @@ export class LiveClient {
     if (opts.command) req.command = opts.command;
     if (opts.user) req.user = opts.user;
     if (opts.env) req.env = opts.env;
+    if (opts.ports) req.ports = opts.ports;
     for await (const fr of this.frames('POST', '/v1/runs', JSON.stringify(req) + '\n')) {
       if (fr.started) return;
       if (fr.result) throw new TransportError(`live run ${runId} ended before it ran: ${fr.result.error ?? ''}`);
@@ -151,6 +152,15 @@ export class LiveClient {
   /** Sends a signal of the daemon's allow-list ("TERM", "KILL", ...). */
   async signal(runId, pid, signal) {
     await this.json('POST', `/v1/runs/${q(runId)}/processes/${q(pid)}/signal`, { signal });
+  }
+
+  /**
+   * The run's declared ports, {port, path, token} each: a call to path on
+   * the daemon's socket with the header X-Taskrun-Port-Token: token
+   * reaches the port (docs/live-runs.md).
+   */
+  ports(runId) {
+    return this.json('GET', `/v1/runs/${q(runId)}/ports`);
   }
 
   /** The run's resource usage at its last sample. */

@@ -19,10 +19,18 @@ describe('LiveClient', { skip }, () => {
 
   before(async () => {
     if (process.env.TASKRUN_CLIENT_RUN_LOG) appendFileSync(process.env.TASKRUN_CLIENT_RUN_LOG, runId + '\n');
-    await c.start(runId, { image: IMAGE, user: 'alice' });
+    await c.start(runId, { image: IMAGE, user: 'alice', ports: [8080] });
   });
   after(async () => {
     await c.stop(runId);
+  });
+
+  it('lists its declared ports with their tokens', async () => {
+    const ports = await c.ports(runId);
+    assert.equal(ports.length, 1);
+    assert.equal(ports[0].port, 8080);
+    assert.equal(ports[0].path, `/v1/runs/${runId}/ports/8080/`);
+    assert.equal(ports[0].token.length, 43);
   });
 
   it('runs commands to their end', async () => {
