@@ -89,13 +89,17 @@ type TemplateError struct {
 	Limit    string // memory, cpu, pids, disk, timeout, runtimeClass, egress
 	Asked    string
 	Allowed  string
-	Flag     string // the executor's flag that asks it
+	Flag     string // the executor's flag that asks it; "" for egress
 }
 
 // Error names the template, the limit, both values and the fix.
 func (e *TemplateError) Error() string {
-	return fmt.Sprintf("%s: %s %s asked, template %s allows %s; pass %s within it, or have the platform admin change ConfigMap %s",
-		ErrTemplateExceeded, e.Limit, e.Asked, e.Template, e.Allowed, e.Flag, e.Template)
+	fix := "run without an egress policy"
+	if e.Flag != "" {
+		fix = "pass " + e.Flag + " within it"
+	}
+	return fmt.Sprintf("%s: %s %s asked, template %s allows %s; %s, or have the platform admin change ConfigMap %s",
+		ErrTemplateExceeded, e.Limit, e.Asked, e.Template, e.Allowed, fix, e.Template)
 }
 
 // Unwrap makes errors.Is(err, ErrTemplateExceeded) hold.
@@ -157,7 +161,7 @@ func MergeTemplate(t *Template, r Request) (Request, error) {
 		return r, exceeded("timeout", asked, t.Timeout.String(), "--timeout")
 	}
 	if t.Egress == EgressNone && r.Egress {
-		return r, exceeded("egress", "an egress policy", "none", "no egress policy")
+		return r, exceeded("egress", "an egress policy", "none", "")
 	}
 	return r, nil
 }
