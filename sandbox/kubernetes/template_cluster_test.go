@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"testing"
@@ -47,8 +48,10 @@ func TestTemplateBoundsTheExecutorsFlags(t *testing.T) {
 	_, err := cs.NodeV1().RuntimeClasses().Create(t.Context(), &nodev1.RuntimeClass{
 		ObjectMeta: metav1.ObjectMeta{Name: class, Labels: map[string]string{"dev.taskrun.test": "true"}}, Handler: "runc"}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = cs.NodeV1().RuntimeClasses().Delete(t.Context(), class, metav1.DeleteOptions{})
+	t.Cleanup(func() { // t.Context() is already cancelled here
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		assert.NoError(t, cs.NodeV1().RuntimeClasses().Delete(ctx, class, metav1.DeleteOptions{}))
 	})
 	_, err = cs.CoreV1().ConfigMaps(e.namespace).Create(t.Context(), &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: TemplateName, Labels: map[string]string{LabelTemplate: "true"}},
