@@ -29,6 +29,9 @@ type backendFlags struct {
 	helperImage    string
 	runtimeClasses []string
 	seccompProfile string
+	// allowUnrestricted lets runs start in a namespace not enforcing Pod
+	// Security "restricted".
+	allowUnrestricted bool
 }
 
 // define adds the backend flags to fs.
@@ -38,6 +41,7 @@ func (f *backendFlags) define(fs *pflag.FlagSet) {
 	fs.StringVar(&f.namespace, "namespace", "", `with --backend kubernetes: the namespace of the run's Pod (enforce Pod Security "restricted" there)`)
 	fs.StringVar(&f.helperImage, "helper-image", kubernetes.DefaultHelperImage, "with --backend kubernetes: the helper image, loaded on the cluster's nodes (taskrun images build makes it)")
 	fs.StringArrayVar(&f.runtimeClasses, "runtime-class", nil, "with --backend kubernetes: RUNTIME=CLASS maps --runtime to a RuntimeClass, e.g. runsc=gvisor; repeatable")
+	fs.BoolVar(&f.allowUnrestricted, "allow-unrestricted-namespace", false, `with --backend kubernetes: run even where --namespace does not enforce Pod Security "restricted" (logged as a warning at each run)`)
 	fs.StringVar(&f.seccompProfile, "seccomp-localhost", "", "with --backend kubernetes: taskrun's seccomp profile as installed on the nodes (relative to the kubelet's seccomp dir); default: the runtime's default profile")
 }
 
@@ -45,8 +49,8 @@ func (f *backendFlags) define(fs *pflag.FlagSet) {
 func (f *backendFlags) check() error {
 	switch f.backend {
 	case backendDocker:
-		if f.namespace != "" || f.kubeconfig != "" {
-			return fmt.Errorf("--namespace and --kubeconfig need --backend kubernetes")
+		if f.namespace != "" || f.kubeconfig != "" || f.allowUnrestricted {
+			return fmt.Errorf("--namespace, --kubeconfig and --allow-unrestricted-namespace need --backend kubernetes")
 		}
 	case backendKubernetes:
 		if f.namespace == "" {
@@ -74,6 +78,7 @@ func (f *backendFlags) kubernetesBackend(ctx context.Context, log *slog.Logger, 
 		kubernetes.WithInstance(instanceID),
 		kubernetes.WithHelperImage(f.helperImage),
 		kubernetes.WithSeccompLocalhost(f.seccompProfile),
+		kubernetes.WithAllowUnrestrictedNamespace(f.allowUnrestricted),
 	}
 	for _, rc := range f.runtimeClasses {
 		rt, class, _ := strings.Cut(rc, "=")

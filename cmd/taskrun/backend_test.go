@@ -19,6 +19,8 @@ func TestBackendFlagsCheck(t *testing.T) {
 		{"kubernetes", backendFlags{backend: backendKubernetes, namespace: "runs", runtimeClasses: []string{"runsc=gvisor"}}, true},
 		{"kubernetes without namespace", backendFlags{backend: backendKubernetes}, false},
 		{"namespace without kubernetes", backendFlags{backend: backendDocker, namespace: "runs"}, false},
+		{"allow-unrestricted-namespace without kubernetes", backendFlags{backend: backendDocker, allowUnrestricted: true}, false},
+		{"allow-unrestricted-namespace with kubernetes", backendFlags{backend: backendKubernetes, namespace: "runs", allowUnrestricted: true}, true},
 		{"bad runtime class", backendFlags{backend: backendKubernetes, namespace: "runs", runtimeClasses: []string{"gvisor"}}, false},
 		{"unknown backend", backendFlags{backend: "podman"}, false},
 	}

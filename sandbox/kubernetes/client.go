@@ -169,3 +169,9 @@ func (o objects[T, L]) Create(ctx context.Context, obj T) (T, error) {
 func (o objects[T, L]) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
 	return o.req(o.rc.Delete()).Name(name).Body(&opts).Do(ctx).Error()
 }
+
+// configMaps is the ConfigMaps of namespace ns.
+func (c *client) configMaps(ns string) objects[*corev1.ConfigMap, *corev1.ConfigMapList] {
+	return objects[*corev1.ConfigMap, *corev1.ConfigMapList]{c.core, ns, "configmaps",
+		func() *corev1.ConfigMap { return &corev1.ConfigMap{} }, func() *corev1.ConfigMapList { return &corev1.ConfigMapList{} }}
+}

@@ -91,6 +91,9 @@ type Backend struct {
 	instanceProcess  string
 	host             string
 	now              func() time.Time
+	// allowUnrestricted lets runs start in a namespace that does not
+	// enforce Pod Security "restricted" (with a warning).
+	allowUnrestricted bool
 
 	mu   sync.Mutex
 	live map[string]*handle
@@ -162,6 +165,14 @@ func WithInstance(id string) Option { return func(b *Backend) { b.instance = id 
 // ExecutorGone).
 func WithInstanceProcess(process string) Option {
 	return func(b *Backend) { b.instanceProcess = process }
+}
+
+// WithAllowUnrestrictedNamespace lets runs start in a namespace whose
+// pod-security.kubernetes.io/enforce label is not "restricted" (or that the
+// executor may not read), logging a warning at each run; by default such a
+// run is refused with ErrUnrestrictedNamespace.
+func WithAllowUnrestrictedNamespace(allow bool) Option {
+	return func(b *Backend) { b.allowUnrestricted = allow }
 }
 
 // WithClock sets the backend's clock (creation annotations, reaper ages).
@@ -269,6 +280,32 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 			return nil, fmt.Errorf("sandbox policy: runtime %q has no RuntimeClass on this cluster; configure one (e.g. --runtime-class %s=gvisor)", pol.Runtime, pol.Runtime)
 		}
 	}
+	if err := b.checkNamespace(ctx); err != nil {
+		return nil, err
+	}
+	tpl, err := b.template(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// A run without its own disk cap gets the backend's, or the template's
+	// when that is smaller.
+	disk := spec.DiskBytes
+	if disk == 0 && (tpl == nil || tpl.DiskBytes == 0 || b.diskBytes <= tpl.DiskBytes) {
+		disk = b.diskBytes
+	}
+	merged, err := MergeTemplate(tpl, Request{
+		RuntimeClass: class,
+		MemoryBytes:  pol.MemoryBytes,
+		MilliCPUs:    pol.NanoCPUs / 1_000_000,
+		PidsLimit:    pol.PidsLimit,
+		DiskBytes:    disk,
+		Timeout:      spec.Timeout,
+		Egress:       spec.Labels[sandbox.LabelEgress] != "",
+	})
+	if err != nil {
+		return nil, err
+	}
+	class, spec.DiskBytes = merged.RuntimeClass, merged.DiskBytes
 	sockets, err := findSockets(spec.Mounts)
 	if err != nil {
 		return nil, fmt.Errorf("look for the executor's sockets in the mounts: %w", err)
@@ -289,6 +326,43 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec, pol sandbox.Poli
 	b.register(h)
 	b.log.DebugContext(ctx, "sandbox pod started", "pod", h.name, "run", spec.Run.RunID, "image", spec.Image)
 	return h, nil
+}
+
+// ErrUnrestrictedNamespace is wrapped by the error of a run refused because
+// its namespace does not enforce Pod Security "restricted".
+var ErrUnrestrictedNamespace = errors.New(`namespace does not enforce Pod Security "restricted"`)
+
+// checkNamespace refuses a run in a namespace whose Pod Security
+// enforcement is not "restricted" (or cannot be read), unless the operator
+// allowed it: then it logs a warning.
+func (b *Backend) checkNamespace(ctx context.Context) error {
+	var ns *corev1.Namespace
+	err := b.retryAPI(ctx, "get namespace "+b.namespace, func(ctx context.Context) error {
+		var err error
+		ns, err = b.client.namespaces().Get(ctx, b.namespace)
+		return err
+	})
+	level := ""
+	switch {
+	case apierrors.IsForbidden(err):
+		level = "unknown (the executor may not get the namespace)"
+	case err != nil:
+		return fmt.Errorf("get namespace %s: %w", b.namespace, err)
+	default:
+		if level = ns.Labels[LabelPodSecurityEnforce]; level == "restricted" {
+			return nil
+		}
+		if level == "" {
+			level = "unset"
+		}
+	}
+	if b.allowUnrestricted {
+		b.log.WarnContext(ctx, "running in a namespace that does not enforce Pod Security restricted, as --allow-unrestricted-namespace allows",
+			"namespace", b.namespace, "label", LabelPodSecurityEnforce, "level", level)
+		return nil
+	}
+	return fmt.Errorf("%w: namespace %s has %s=%s; label it (kubectl label namespace %s %s=restricted), or pass --allow-unrestricted-namespace to run there anyway",
+		ErrUnrestrictedNamespace, b.namespace, LabelPodSecurityEnforce, level, b.namespace, LabelPodSecurityEnforce)
 }
 
 // podConfig is the converter's input from the backend's options.
