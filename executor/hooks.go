@@ -242,3 +242,31 @@ type stopHook interface {
 	hook
 	stop(ctx context.Context, req *stopRequest)
 }
+
+// runHooks is the run's hook list, in lifecycle order, with its create
+// point: each concern is in it only when the run needs it.
+func runHooks(p *plan, wd *workdir) (hooks []hook, createAt int) {
+	if warm := warmHookOf(p, wd); warm != nil {
+		hooks, createAt = []hook{warm}, -1 // its container, uid and capped dir exist
+	} else {
+		hooks = []hook{&uidHook{p: p, wd: wd}, &rundirHook{p: p, wd: wd}}
+		// The engine creates the container once the run has its uid and
+		// its (empty) run directory: it reads the directory only at start.
+		createAt = len(hooks)
+		hooks = append(hooks, &dirsHook{p: p, wd: wd})
+	}
+	// The gateway hook is inert without a model, but times its (empty)
+	// start for every run, so every run lists the same phases.
+	hooks = append(hooks, &selfCheckHook{p: p, wd: wd}, &workspaceHook{p: p, wd: wd}, &changesHook{p: p}, &outputHook{p: p}, &gatewayHook{p: p}, &filesHook{p: p, wd: wd})
+	if p.limits.disk > 0 {
+		hooks = append(hooks, &diskWatchHook{p: p, wd: wd})
+	}
+	if p.caps.Stats {
+		hooks = append(hooks, &metricsHook{p: p, interval: usageInterval})
+	}
+	if !p.in.Egress.IsZero() {
+		// The container's routing names the CA the proxy makes at start.
+		hooks, createAt = append(hooks, &egressHook{p: p}), -1
+	}
+	return hooks, createAt
+}

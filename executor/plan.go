@@ -146,13 +146,10 @@ func newPlan(in runInput) (*plan, error) {
 	if err := p.policy.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidInput, err)
 	}
+	if err := p.resolveRecordPaths(); err != nil {
+		return nil, err
+	}
 	var err error
-	if p.tracePath, err = persist.TracePath(in.SessionID, ref.RunID); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidInput, err)
-	}
-	if p.gatewayRecordPath, err = persist.GatewayRecordPath(in.SessionID, ref.RunID); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidInput, err)
-	}
 	if p.helpers, err = resolveHelpers(in); err != nil {
 		return nil, err
 	}
@@ -178,6 +175,19 @@ func newPlan(in runInput) (*plan, error) {
 		return nil, fmt.Errorf("%w: change set excludes: %w", ErrInvalidInput, err)
 	}
 	return p, nil
+}
+
+// resolveRecordPaths sets where the run's trace and gateway record go in
+// its session's records.
+func (p *plan) resolveRecordPaths() error {
+	var err error
+	if p.tracePath, err = persist.TracePath(p.in.SessionID, p.ref.RunID); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
+	}
+	if p.gatewayRecordPath, err = persist.GatewayRecordPath(p.in.SessionID, p.ref.RunID); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
+	}
+	return nil
 }
 
 // resolveHelpers returns the run's helper files. A helpers directory without
