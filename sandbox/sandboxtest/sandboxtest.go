@@ -381,7 +381,12 @@ func (s *suite) testSlowConsumer(t *testing.T) {
 
 func (s *suite) testOOMKilled(t *testing.T) {
 	s.needs(t, s.caps.OOM, "OOM", "OOM kills")
-	res, _, _ := s.capture(t, Workload{Script: "tail /dev/zero"}, func(r *run) {
+	// The hog starts after a second: on cgroup v1 the engine watches the
+	// container's memory cgroup for OOM events only once the container has
+	// started, and so does the backend's own watch (sandbox/docker/oom.go),
+	// so a kill within the first milliseconds is seen by neither on a loaded
+	// host. An agent's OOM comes later than that.
+	res, _, _ := s.capture(t, Workload{Script: "sleep 1; tail /dev/zero"}, func(r *run) {
 		r.policy.MemoryBytes = 32 << 20
 	})
 	require.NoError(t, res.Err)
