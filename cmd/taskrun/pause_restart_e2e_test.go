@@ -27,6 +27,7 @@ func TestDaemonResumesARunPausedByAnotherDaemon(t *testing.T) {
 	runID := "prst" + strings.ToLower(tenant(t)[:8])
 	_, stderr, code := d1.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
 	require.Equal(t, exitOK, code, "%s\n%s", stderr, d1.log)
+	assert.Equal(t, "404", asNobody(t, d1.sock, "POST", "/v1/runs/"+runID+"/pause", ""))
 	out, stderr, code := runTaskrun(t, d1, "pause", runID)
 	require.Equal(t, exitOK, code, "%s\n%s", stderr, d1.log)
 	assert.Contains(t, out, "run "+runID+" PAUSED")
@@ -68,13 +69,14 @@ func TestDaemonResumesARunPausedByAnotherDaemon(t *testing.T) {
 	assert.Contains(t, stderr, "not PAUSED")
 }
 
-// storedObject is the path in e's file:// store of runID's object name.
+// storedObject is the path in e's file:// store of runID's object name
+// (not its digest's record).
 func storedObject(t *testing.T, e *crashEnv, runID, name string) string {
 	t.Helper()
 	var found string
 	root := strings.TrimPrefix(e.store, "file://")
 	require.NoError(t, filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, "/"+name) && strings.Contains(p, "/"+runID+"/") {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, "/"+name) && strings.Contains(p, "/"+runID+"/") && !strings.Contains(p, "/digests/") {
 			found = p
 		}
 		return err
