@@ -240,6 +240,11 @@ func (c *Client) Resume(ctx context.Context, runID string) (*Result, error) {
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxOutcome)).Decode(&fr); err != nil {
 		return nil, fmt.Errorf("%w: resume %s: %w", ErrDaemonGone, runID, err)
 	}
+	if r := fr.Result; r != nil && r.Outcome == nil && r.Error != "" {
+		// Refused before it ran (a changed or foreign checkpoint, a
+		// looser policy): the run stays paused.
+		return nil, fmt.Errorf("daemon: resume %s: %w", runID, &RefusedError{Status: http.StatusConflict, Message: r.Error})
+	}
 	if fr.Result != nil {
 		return fr.Result, nil
 	}

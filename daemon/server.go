@@ -76,8 +76,9 @@ type Server struct {
 
 	mu   sync.Mutex
 	runs map[string]*liveRun
-	// paused are the live runs paused through the daemon, by run ID: what
-	// a resume restores (in memory only: a daemon restart forgets them).
+	// paused are the live runs paused through this daemon, by run ID: what
+	// a resume restores; a paused run is also stored (pausedRequestName),
+	// for a resume by a daemon that did not pause it.
 	paused map[string]*pausedRun
 	wg     sync.WaitGroup
 
@@ -106,8 +107,10 @@ type liveRun struct {
 	procs    map[string]*process
 	order    []string
 	nextProc int
-	// spec is the run as it was asked for, for a resume.
+	// spec is the run as it was asked for, for a resume; req is its
+	// request, stored with a paused run for a resume by another daemon.
 	spec executor.Spec
+	req  RunRequest
 
 	// ports are the run's declared ports and their tokens (fixed at its
 	// start); portConns holds a slot per open connection to them.
@@ -306,7 +309,7 @@ func (s *Server) serveRun(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	live := &liveRun{uid: peer.UID, cancel: cancel, ctx: runCtx, spec: spec, procs: map[string]*process{}, ref: persist.RunRef{
+	live := &liveRun{uid: peer.UID, cancel: cancel, ctx: runCtx, spec: spec, req: req, procs: map[string]*process{}, ref: persist.RunRef{
 		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID},
 		ports: tokens, portConns: make(chan struct{}, MaxPortConns)}
 	live.touch()
@@ -531,6 +534,10 @@ func (s *Server) servePause(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.paused[id] = &pausedRun{uid: run.uid, spec: run.spec, checkpoint: *out.Checkpoint}
 		s.mu.Unlock()
+		if err := s.storePaused(r.Context(), run); err != nil {
+			// This daemon resumes it still; another one cannot.
+			s.log.Warn("paused run: its request was not stored: only this daemon can resume it", "run", id, "err", err)
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
@@ -554,6 +561,15 @@ func (s *Server) serveResume(ctx context.Context, w http.ResponseWriter, r *http
 		delete(s.paused, id)
 	}
 	s.mu.Unlock()
+	if !ok && !live {
+		// Paused by another daemon, or by this one before it restarted.
+		var status int
+		if pr, status, err = s.loadPaused(r.Context(), peer, id); err != nil {
+			refuse(w, status, err)
+			return
+		}
+		ok = true
+	}
 	if !ok || (pr.uid != peer.UID && peer.UID != 0) {
 		refuse(w, http.StatusNotFound, fmt.Errorf("run %s: no paused run of yours by that id", id))
 		return

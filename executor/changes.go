@@ -112,6 +112,7 @@ func indexRecord(p *plan, wd *workdir, ex execution, out *Outcome, st stored) *r
 		rec.ExitCode = &out.Exit.ExitCode
 	}
 	rec.Stored = out.Stored
+	rec.Checkpoint = out.Checkpoint
 	for _, o := range out.Stored {
 		switch o.Key {
 		case runKey(p, OutputLogName):

@@ -29,6 +29,13 @@ func (s RunStatus) Terminal() bool {
 	return false
 }
 
+// Live reports whether a run in status s is queued or running: neither
+// final nor PAUSED (a paused run is not final: it may be resumed, but
+// nothing runs it, and its output so far is stored).
+func (s RunStatus) Live() bool {
+	return s == StatusQueued || s == StatusRunning
+}
+
 // Task is one piece of work a user asked an agent to do.
 type Task struct {
 	// ID identifies the task.

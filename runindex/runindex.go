@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/changeset"
+	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
@@ -105,6 +106,10 @@ type Record struct {
 	// as nil, and readers that predate it ignore it); nil while the run
 	// is live, and for a backend that samples none.
 	Usage *sandbox.Usage `json:"usage,omitempty"`
+	// Checkpoint is the stored checkpoint of a PAUSED run, with its
+	// archive's digest: what a resume on any host with the store checks
+	// the archive against (added in version 1 as an optional field).
+	Checkpoint *checkpoint.Manifest `json:"checkpoint,omitempty"`
 }
 
 // Ref returns the record's run reference.

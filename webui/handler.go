@@ -294,9 +294,9 @@ func filterOf(r *http.Request) (Filter, error) {
 		}
 	}
 	switch f.Status {
-	case "", model.StatusQueued, model.StatusRunning, model.StatusSucceeded, model.StatusFailed, model.StatusCancelled:
+	case "", model.StatusQueued, model.StatusRunning, model.StatusPaused, model.StatusSucceeded, model.StatusFailed, model.StatusCancelled:
 	default:
-		return f, fmt.Errorf("%w: status %q: use QUEUED, RUNNING, SUCCEEDED, FAILED or CANCELLED", model.ErrInvalidID, q.Get("status"))
+		return f, fmt.Errorf("%w: status %q: use QUEUED, RUNNING, PAUSED, SUCCEEDED, FAILED or CANCELLED", model.ErrInvalidID, q.Get("status"))
 	}
 	return f, nil
 }
@@ -321,7 +321,7 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.render(w, http.StatusOK, "runs.html", runsPage{Title: "Runs", Statuses: []string{"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}, Filter: f, Query: r.URL.RawQuery, Runs: runs})
+	h.render(w, http.StatusOK, "runs.html", runsPage{Title: "Runs", Statuses: []string{"QUEUED", "RUNNING", "PAUSED", "SUCCEEDED", "FAILED", "CANCELLED"}, Filter: f, Query: r.URL.RawQuery, Runs: runs})
 }
 
 // acquire takes a live connection slot for r, or answers 429 when r's
@@ -614,7 +614,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	pg := runPage{Title: "Run " + run.RunID, Run: run, Running: !run.Status.Terminal()}
+	pg := runPage{Title: "Run " + run.RunID, Run: run, Running: run.Status.Live()}
 	problem := func(what string, err error) {
 		if err != nil && !errors.Is(err, context.Canceled) {
 			h.log.Warn("read run record", "run", id, "record", what, "err", err)

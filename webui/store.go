@@ -74,7 +74,7 @@ func (s *StoreSource) FollowOutput(ctx context.Context, id string, offset int64,
 		if err != nil {
 			return Chunk{}, err
 		}
-		if run.Status.Terminal() {
+		if !run.Status.Live() {
 			return s.storedOutput(ctx, run, offset, max)
 		}
 		t := time.NewTimer(storePoll)

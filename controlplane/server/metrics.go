@@ -83,7 +83,7 @@ func (c *runsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(runsDesc, err)
 		return
 	}
-	for _, st := range []model.RunStatus{model.StatusQueued, model.StatusRunning, model.StatusSucceeded, model.StatusFailed, model.StatusCancelled} {
+	for _, st := range []model.RunStatus{model.StatusQueued, model.StatusRunning, model.StatusPaused, model.StatusSucceeded, model.StatusFailed, model.StatusCancelled} {
 		ch <- prometheus.MustNewConstMetric(runsDesc, prometheus.GaugeValue, float64(counts[st]), string(st))
 	}
 }

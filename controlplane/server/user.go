@@ -312,9 +312,9 @@ func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := controlplane.RunFilter{UserID: user(r), Status: model.RunStatus(strings.ToUpper(q.Get("status"))), Limit: 50}
 	switch f.Status {
-	case "", model.StatusQueued, model.StatusRunning, model.StatusSucceeded, model.StatusFailed, model.StatusCancelled:
+	case "", model.StatusQueued, model.StatusRunning, model.StatusPaused, model.StatusSucceeded, model.StatusFailed, model.StatusCancelled:
 	default:
-		writeError(w, http.StatusBadRequest, "status: use QUEUED, RUNNING, SUCCEEDED, FAILED or CANCELLED")
+		writeError(w, http.StatusBadRequest, "status: use QUEUED, RUNNING, PAUSED, SUCCEEDED, FAILED or CANCELLED")
 		return
 	}
 	if v := q.Get("limit"); v != "" {

@@ -258,8 +258,8 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "PATCH body: "+err.Error())
 		return
 	}
-	if p.Status != model.StatusRunning && !p.Status.Terminal() {
-		writeError(w, http.StatusBadRequest, "status must be RUNNING, SUCCEEDED, FAILED or CANCELLED")
+	if p.Status != model.StatusRunning && p.Status != model.StatusPaused && !p.Status.Terminal() {
+		writeError(w, http.StatusBadRequest, "status must be RUNNING, PAUSED, SUCCEEDED, FAILED or CANCELLED")
 		return
 	}
 	run, changed, err := s.cfg.Store.Patch(r.Context(), id, f, s.cfg.Now(), p)

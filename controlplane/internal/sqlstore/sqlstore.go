@@ -524,10 +524,12 @@ func (s *Store) Patch(ctx context.Context, id string, f controlplane.Fence, now 
 			}
 			add(j.col, string(b))
 		}
-		if p.Status.Terminal() {
+		if p.Status.Terminal() || p.Status == model.StatusPaused {
+			// A paused run's worker holds nothing of it: its lease ends
+			// without it lapsing into a lost worker's FAILED or QUEUED.
 			add("lease_state", leaseReleased)
 			set = append(set, "lease_expires_at = NULL")
-			if p.EndedAt == nil {
+			if p.EndedAt == nil && p.Status.Terminal() {
 				add("ended_at", ms(now))
 			}
 		}
@@ -672,6 +674,10 @@ func (s *Store) Cancel(ctx context.Context, id string, now time.Time) (controlpl
 		case r.Status == model.StatusQueued:
 			_, err = tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, ended_at = ?, error = ?, cancel_requested = 1 WHERE id = ?`),
 				string(model.StatusCancelled), ms(now), "cancelled before a worker took it", id)
+		case r.Status == model.StatusPaused:
+			// No worker holds a paused run: it ends here.
+			_, err = tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, ended_at = ?, error = ?, cancel_requested = 1 WHERE id = ?`),
+				string(model.StatusCancelled), ms(now), "cancelled while paused", id)
 		default:
 			_, err = tx.ExecContext(ctx, s.q(`UPDATE runs SET cancel_requested = 1 WHERE id = ?`), id)
 		}

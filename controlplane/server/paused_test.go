@@ -1,0 +1,61 @@
+package server_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/workerclient"
+)
+
+// TestPausedRun: a worker reports its run PAUSED. The run is listed as
+// PAUSED, has no end, and its lease is over: the sweep does not find it
+// lost (FAILED) once the lease would have expired, and no worker leases
+// it again; later reports of the old lease change nothing. Cancelled, it
+// ends CANCELLED at once, since no worker holds it.
+func TestPausedRun(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	ctx := context.Background()
+	sub, err := e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p"}, nil)
+	require.NoError(t, err)
+	a := e.lease(t, 0)
+	require.NotNil(t, a)
+	require.NoError(t, e.worker.Fenced(a.Lease).UpdateRunStatus(ctx, a.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusPaused}))
+
+	run, err := e.user.GetRun(ctx, sub.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusPaused, run.Status)
+	assert.Nil(t, run.EndedAt, "a paused run has not ended")
+	paused, err := e.user.ListRuns(ctx, model.StatusPaused, 0)
+	require.NoError(t, err)
+	require.Len(t, paused, 1)
+	assert.Equal(t, sub.RunID, paused[0].ID)
+
+	e.clock.Add(time.Minute)
+	ex, err := e.srv.SweepOnce(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, ex, "a paused run's lease does not lapse into a lost worker")
+	assert.Nil(t, e.lease(t, 0), "a paused run is not leased to run afresh")
+	_ = e.worker.Fenced(a.Lease).UpdateRunStatus(ctx, a.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded})
+	run, err = e.user.GetRun(ctx, sub.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusPaused, run.Status, "the old lease reports nothing more")
+
+	run, err = e.user.Cancel(ctx, sub.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusCancelled, run.Status)
+	assert.NotNil(t, run.EndedAt)
+}
+
+func TestRunStatusLive(t *testing.T) {
+	for s, live := range map[model.RunStatus]bool{model.StatusQueued: true, model.StatusRunning: true, model.StatusPaused: false,
+		model.StatusSucceeded: false, model.StatusFailed: false, model.StatusCancelled: false} {
+		assert.Equal(t, live, s.Live(), s)
+		assert.Equal(t, s != model.StatusPaused && !live, s.Terminal(), s)
+	}
+}
