@@ -92,5 +92,5 @@ func (s *Server) loadPaused(ctx context.Context, peer Peer, id string) (*pausedR
 	if spec.Task.UserID != rec.UserID || spec.Run.ID != rec.RunID || spec.Task.ConversationID != rec.ConversationID || spec.Run.TaskID != rec.TaskID {
 		return nil, http.StatusConflict, fmt.Errorf("run %s: its stored request names another run", id)
 	}
-	return &pausedRun{uid: pr.UID, spec: spec, checkpoint: *rec.Checkpoint}, 0, nil
+	return &pausedRun{uid: pr.UID, spec: spec, req: pr.Request, checkpoint: *rec.Checkpoint}, 0, nil
 }

@@ -123,6 +123,7 @@ type liveRun struct {
 type pausedRun struct {
 	uid        uint32
 	spec       executor.Spec
+	req        RunRequest
 	checkpoint checkpoint.Manifest
 }
 
@@ -532,7 +533,7 @@ func (s *Server) servePause(w http.ResponseWriter, r *http.Request) {
 	s.log.Info("run paused by its client", "run", id, "uid", peer.UID, "status", out.Status)
 	if out.Checkpoint != nil {
 		s.mu.Lock()
-		s.paused[id] = &pausedRun{uid: run.uid, spec: run.spec, checkpoint: *out.Checkpoint}
+		s.paused[id] = &pausedRun{uid: run.uid, spec: run.spec, req: run.req, checkpoint: *out.Checkpoint}
 		s.mu.Unlock()
 		if err := s.storePaused(r.Context(), run); err != nil {
 			// This daemon resumes it still; another one cannot.
@@ -581,8 +582,17 @@ func (s *Server) serveResume(ctx context.Context, w http.ResponseWriter, r *http
 	spec := pr.spec
 	log := s.log.With("run", id, "uid", peer.UID, "user", spec.Task.UserID)
 	runCtx, cancel := context.WithCancel(ctx)
-	lr := &liveRun{uid: pr.uid, cancel: cancel, spec: spec, ref: persist.RunRef{
-		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID}}
+	// The resumed run serves its processes and declared ports again, the
+	// ports under fresh tokens (GET PathPorts lists them).
+	tokens, err := portTokens(pr.req.Ports)
+	if err != nil {
+		cancel()
+		refuse(w, http.StatusInternalServerError, err)
+		return
+	}
+	lr := &liveRun{uid: pr.uid, cancel: cancel, ctx: runCtx, spec: spec, req: pr.req, procs: map[string]*process{}, ref: persist.RunRef{
+		UserID: spec.Task.UserID, ConversationID: spec.Task.ConversationID, TaskID: spec.Run.TaskID, RunID: spec.Run.ID},
+		ports: tokens, portConns: make(chan struct{}, MaxPortConns)}
 	lr.touch()
 	s.mu.Lock()
 	s.runs[id] = lr
