@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"syscall"
+	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
@@ -133,9 +134,33 @@ var ErrExecNotRunning = errors.New("the command is not running")
 // by Exec in container id, and to nothing else: the exec must belong to
 // that container and still run. The process is pinned with a pidfd
 // between two looks at the exec, so a pid the kernel reused after the
+
+// execStartWait bounds how long SignalExec waits for a command whose start
+// was asked for to run: the engine starts the process after it answered
+// the attach.
+const execStartWait = 5 * time.Second
+
+// startedExec inspects the command execID once the engine has started it (a
+// pid, running or ended), waiting at most execStartWait for that.
+func startedExec(ctx context.Context, cli client.APIClient, execID string) (container.ExecInspect, error) {
+	ctx, cancel := context.WithTimeout(ctx, execStartWait)
+	defer cancel()
+	for {
+		info, err := cli.ContainerExecInspect(ctx, execID)
+		if err != nil || info.Running || info.Pid > 0 {
+			return info, err
+		}
+		select {
+		case <-ctx.Done():
+			return info, nil // never started: refused as not running
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // command ended is never signalled.
 func SignalExec(ctx context.Context, cli client.APIClient, id, execID string, sig syscall.Signal) error {
-	before, err := cli.ContainerExecInspect(ctx, execID)
+	before, err := startedExec(ctx, cli, execID)
 	if err != nil {
 		return fmt.Errorf("signal command %s: %w", execID, err)
 	}
