@@ -73,7 +73,9 @@ type ProcessInfo struct {
 	Stdin     bool      `json:"stdin,omitempty"`
 	Tty       bool      `json:"tty,omitempty"`
 	StartedAt time.Time `json:"started_at"`
-	Running   bool      `json:"running"`
+	// Running says the engine started the command and it has not ended:
+	// it can be sent stdin and signals.
+	Running bool `json:"running"`
 	// Result is how it ended, once it has.
 	Result *ExecResult `json:"result,omitempty"`
 	// OutputBytes is the offset past its output so far, stdout and stderr
@@ -112,7 +114,7 @@ func (p *process) snapshot() ProcessInfo {
 	defer p.mu.Unlock()
 	info := p.info
 	info.Argv = append([]string(nil), info.Argv...)
-	info.Running = p.result == nil
+	info.Running = p.execID != "" && p.result == nil // started, not ended
 	info.Result = p.result
 	info.OutputBytes, info.OutputFrom = p.end, p.end-p.kept
 	return info
