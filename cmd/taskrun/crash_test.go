@@ -134,6 +134,13 @@ func (e *crashEnv) outputLog(t *testing.T, runID string) string {
 // mount, loop device, disk-cap image, run dir or journal record.
 func (e *crashEnv) requireNothingLeft(t *testing.T, runID string) {
 	t.Helper()
+	// A run's record ends before its host releases it (the disk cap's
+	// unmount, the run directory's removal): give the release a bounded
+	// time, then check.
+	deadline := time.Now().Add(testdeadline.Scale(30 * time.Second))
+	for time.Now().Before(deadline) && e.holdsSomething(runID) {
+		time.Sleep(100 * time.Millisecond)
+	}
 	out, err := exec.Command("docker", "ps", "-aq", "--filter", "label=dev.taskrun.run="+runID).Output()
 	require.NoError(t, err)
 	assert.Empty(t, strings.TrimSpace(string(out)), "a container of the run is left")
@@ -562,4 +569,13 @@ func TestRunKilledWhileReportingIsOnlyReported(t *testing.T) {
 	_, err = jd.Load(runID)
 	require.ErrorIs(t, err, journal.ErrNotFound, "no record is left: %s", &gcOut)
 	assert.NoDirExists(t, dir)
+}
+
+// holdsSomething reports whether the host still holds a mount or loop
+// device under the runs root, or the run's directory.
+func (e *crashEnv) holdsSomething(runID string) bool {
+	mounts, _ := os.ReadFile("/proc/mounts")
+	loops, _ := exec.Command("losetup", "-a").Output()
+	_, err := os.Stat(e.runDir(runID))
+	return strings.Contains(string(mounts), e.root+"/") || strings.Contains(string(loops), e.root+"/") || err == nil
 }
