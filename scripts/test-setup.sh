@@ -15,6 +15,7 @@
 #      dockerd reloads its runtimes without restarting, containers keep running);
 #   5. each executable hook in scripts/test-setup.d/, in name order, for parts
 #      that need more than a package (a database cluster, a registry...).
+# Each step says how long it took, in wall-clock and CPU seconds.
 # The run images are built by `make images`, which `make test` runs next.
 #
 # In CI (CI=true) gVisor and the S3 server are required: a step that cannot
@@ -160,13 +161,7 @@ step_runsc() {
 	warn_or_die "dockerd did not pick up runsc after SIGHUP: check /etc/docker/daemon.json and dockerd's log"
 }
 
-step_hooks() {
-	local hook
-	for hook in scripts/test-setup.d/*; do
-		[ -x "$hook" ] || continue
-		"$hook" || die "$hook failed"
-	done
-}
+run_hook() { "$1" || die "$1 failed"; }
 
 if [ "${1:-}" = tool ]; then
 	[ $# -eq 2 ] || die "usage: $0 tool NAME"
@@ -176,9 +171,24 @@ if [ "${1:-}" = tool ]; then
 fi
 [ $# -eq 0 ] || die "usage: $0 [tool NAME]"
 
-step_docker
-step_packages
-step_go_tools
-step_runsc
-step_hooks
-say "ready"
+# timed NAME CMD...: runs CMD and says how long it took, in wall-clock and in
+# CPU seconds of the processes it waited for. The CPU figure does not grow
+# with other load on the machine, so it bounds set-up's time on an idle one.
+cpu_ticks() { awk '{print $16 + $17}' "/proc/$$/stat"; }
+timed() {
+	local name=$1 t0=$SECONDS c0
+	shift
+	c0=$(cpu_ticks)
+	"$@"
+	say "$name: $((SECONDS - t0))s, $(awk -v t="$(($(cpu_ticks) - c0))" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", t / hz }')s of CPU"
+}
+
+timed docker step_docker
+timed packages step_packages
+timed go-tools step_go_tools
+timed runsc step_runsc
+for hook in scripts/test-setup.d/*; do
+	[ -x "$hook" ] || continue
+	timed "${hook##*/}" run_hook "$hook"
+done
+say "ready in $SECONDS s"
