@@ -32,11 +32,11 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/taskrun/taskrun/helpers/podhelper"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/probe"
 	"github.com/taskrun/taskrun/relay"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
 )
 
 // In-container names and paths of the helpers.

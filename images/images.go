@@ -24,7 +24,7 @@ const (
 	// TestboxRef is a static busybox image for tests and ad-hoc commands.
 	TestboxRef = "taskrun/testbox:local"
 	// PodHelperRef is the helper image of runs on Kubernetes: the static
-	// taskrun-pod (package sandbox/kubernetes/podhelper).
+	// taskrun-pod (package helpers/podhelper).
 	PodHelperRef = "taskrun/podhelper:local"
 )
 

@@ -3,13 +3,9 @@ package persist
 import (
 	"bytes"
 	"context"
-	"errors"
-	"io"
 	"sort"
 	"strings"
 	"time"
-
-	"gocloud.dev/blob"
 )
 
 // IndexEntry is one run in a tenant's run index, as its key names it.
@@ -82,15 +78,11 @@ func (s *Store) Tenants(ctx context.Context) ([]string, error) {
 	var users []string
 	err := s.do(ctx, "list", tenantsRoot+"/", func(ctx context.Context) error {
 		users = users[:0]
-		it := s.bucket.List(&blob.ListOptions{Prefix: tenantsRoot + "/", Delimiter: "/"})
-		for {
-			obj, err := it.Next(ctx)
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
+		objs, err := s.bucket.List(ctx, tenantsRoot+"/", "/")
+		if err != nil {
+			return err
+		}
+		for _, obj := range objs {
 			if !obj.IsDir {
 				continue
 			}
@@ -99,6 +91,7 @@ func (s *Store) Tenants(ctx context.Context) ([]string, error) {
 				users = append(users, u)
 			}
 		}
+		return nil
 	})
 	if err != nil {
 		return nil, err

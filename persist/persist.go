@@ -1,5 +1,6 @@
 // Package persist stores run state, output logs, artifacts, traces and isolation
-// records in blob storage through gocloud.dev/blob.
+// records in blob storage: a local directory or memory built in, other
+// stores through a driver (package persist/s3).
 package persist
 
 import (

@@ -2,7 +2,7 @@ package persist
 
 // How uploads get their SHA-256 digest.
 //
-// gocloud fixes an object's metadata when its writer opens, but a stream's
+// A bucket fixes an object's metadata when its writer opens, but a stream's
 // digest is known only at its end. The store never buffers a whole upload in
 // memory nor copies it to a temporary file, so it resolves this in two ways:
 //
@@ -31,8 +31,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-
-	"gocloud.dev/blob"
 )
 
 // ErrSourceChanged marks an upload whose re-readable source returned
@@ -88,7 +86,7 @@ func (s *Store) putSeekable(ctx context.Context, k objectKey, rs io.ReadSeeker, 
 	if err != nil {
 		return ObjectInfo{}, fmt.Errorf("persist: put %s: %w", k, err)
 	}
-	opts := &blob.WriterOptions{ContentType: contentType, Metadata: map[string]string{metaSHA256: want.sha256}}
+	opts := WriterOptions{ContentType: contentType, Metadata: map[string]string{metaSHA256: want.sha256}}
 	err = s.do(ctx, "put", k.String(), func(ctx context.Context) error {
 		if _, err := rs.Seek(start, io.SeekStart); err != nil {
 			return &sourceError{err}
@@ -105,18 +103,18 @@ func (s *Store) putSeekable(ctx context.Context, k objectKey, rs io.ReadSeeker, 
 // putStream uploads r in one pass and then records its digest.
 func (s *Store) putStream(ctx context.Context, k objectKey, r io.Reader, contentType string) (ObjectInfo, error) {
 	id := rand.Text()
-	opts := &blob.WriterOptions{ContentType: contentType, Metadata: map[string]string{metaDigestID: id}}
+	opts := WriterOptions{ContentType: contentType, Metadata: map[string]string{metaDigestID: id}}
 	got, err := s.write(ctx, k.String(), r, opts, nil)
 	if err != nil {
-		return ObjectInfo{}, classify(ctx, "put", k.String(), err)
+		return ObjectInfo{}, s.classify(ctx, "put", k.String(), err)
 	}
 	rec, err := json.Marshal(digestRecord{Key: k.String(), DigestID: id, SHA256: got.sha256, Size: got.size})
 	if err != nil {
 		return ObjectInfo{}, fmt.Errorf("persist: encode digest record of %s: %w", k, err)
 	}
-	recOpts := &blob.WriterOptions{ContentType: "application/json"}
+	recOpts := WriterOptions{ContentType: "application/json"}
 	err = s.do(ctx, "put digest record of", k.String(), func(ctx context.Context) error {
-		return s.bucket.WriteAll(ctx, k.digestKey(), rec, recOpts)
+		return writeAll(ctx, s.bucket, k.digestKey(), rec, recOpts)
 	})
 	if err != nil {
 		return ObjectInfo{}, err
@@ -126,7 +124,7 @@ func (s *Store) putStream(ctx context.Context, k objectKey, r io.Reader, content
 
 // write streams src to key in one attempt, hashing as it goes. With want set,
 // a digest mismatch aborts the write before it commits.
-func (s *Store) write(ctx context.Context, key string, src io.Reader, opts *blob.WriterOptions, want *digest) (digest, error) {
+func (s *Store) write(ctx context.Context, key string, src io.Reader, opts WriterOptions, want *digest) (digest, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w, err := s.bucket.NewWriter(wctx, key, opts)
@@ -186,7 +184,7 @@ func (s *Store) recordedDigest(ctx context.Context, k objectKey, id string) (str
 	var raw []byte
 	err := s.do(ctx, "read digest record of", k.String(), func(ctx context.Context) error {
 		var err error
-		raw, err = s.bucket.ReadAll(ctx, k.digestKey())
+		raw, err = readAll(ctx, s.bucket, k.digestKey())
 		return err
 	})
 	if errors.Is(err, ErrNotFound) {

@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"gocloud.dev/gcerrors"
-
 	"github.com/taskrun/taskrun/internal/backoff"
 )
 
@@ -54,12 +52,12 @@ type statusCoder interface{ HTTPStatusCode() int }
 // transient reports whether err may go away on retry. A done ctx, a source
 // error and every definite answer from the store (not found, denied, invalid,
 // precondition failed) are not transient.
-func transient(ctx context.Context, err error) bool {
+func (s *Store) transient(ctx context.Context, err error) bool {
 	if ctx.Err() != nil || errors.Is(err, ErrSourceChanged) {
 		return false
 	}
 	var se *sourceError
-	if errors.As(err, &se) || keyRejected(err) {
+	if errors.As(err, &se) || s.keyRejected(err) {
 		return false
 	}
 	// A status of 0 means no response arrived (connection refused, reset).
@@ -68,8 +66,8 @@ func transient(ctx context.Context, err error) bool {
 		c := sc.HTTPStatusCode()
 		return c >= 500 || c == 429 || c == 408
 	}
-	switch gcerrors.Code(err) {
-	case gcerrors.Unknown, gcerrors.Internal, gcerrors.ResourceExhausted, gcerrors.DeadlineExceeded:
+	switch s.bucket.ErrorCode(err) {
+	case CodeUnknown, CodeInternal, CodeResourceExhausted, CodeDeadlineExceeded:
 		return true
 	default:
 		return false
@@ -78,13 +76,13 @@ func transient(ctx context.Context, err error) bool {
 
 // classify wraps err from op on key with ErrNotFound, ErrStoreUnavailable or
 // a plain context so callers can test it with errors.Is.
-func classify(ctx context.Context, op, key string, err error) error {
+func (s *Store) classify(ctx context.Context, op, key string, err error) error {
 	switch {
-	case gcerrors.Code(err) == gcerrors.NotFound && !isSource(err):
+	case s.bucket.ErrorCode(err) == CodeNotFound && !isSource(err):
 		return fmt.Errorf("%w: %s %s: %w", ErrNotFound, op, key, err)
-	case keyRejected(err):
+	case s.keyRejected(err):
 		return fmt.Errorf("%w: %s %s: %w", ErrKeyRejected, op, key, err)
-	case transient(ctx, err), deadlineHit(ctx, err):
+	case s.transient(ctx, err), deadlineHit(ctx, err):
 		return fmt.Errorf("%w: %s %s: %w", ErrStoreUnavailable, op, key, err)
 	default:
 		return fmt.Errorf("persist: %s %s: %w", op, key, err)
@@ -101,7 +99,7 @@ func deadlineHit(ctx context.Context, err error) bool {
 // the file driver's "not a directory", "is a directory", "file exists" (a
 // directory in the way of a rename), "directory not empty" or "file name
 // too long", or an invalid-argument answer.
-func keyRejected(err error) bool {
+func (s *Store) keyRejected(err error) bool {
 	if isSource(err) {
 		return false
 	}
@@ -112,7 +110,7 @@ func keyRejected(err error) bool {
 			return true
 		}
 	}
-	return gcerrors.Code(err) == gcerrors.InvalidArgument
+	return s.bucket.ErrorCode(err) == CodeInvalidArgument
 }
 
 func isSource(err error) bool {
@@ -128,7 +126,7 @@ func (s *Store) do(ctx context.Context, op, key string, f func(context.Context) 
 		if err = f(ctx); err == nil {
 			return nil
 		}
-		if !transient(ctx, err) || attempt >= s.retry.attempts {
+		if !s.transient(ctx, err) || attempt >= s.retry.attempts {
 			break
 		}
 		d := s.retry.backoff.Delay(attempt)
@@ -145,5 +143,5 @@ func (s *Store) do(ctx context.Context, op, key string, f func(context.Context) 
 		case <-t.C:
 		}
 	}
-	return classify(ctx, op, key, err)
+	return s.classify(ctx, op, key, err)
 }

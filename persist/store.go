@@ -10,11 +10,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"gocloud.dev/blob"
-	// Register the URL schemes Open accepts.
-	_ "gocloud.dev/blob/fileblob"
-	_ "gocloud.dev/blob/memblob"
 )
 
 // Supported URL schemes, in the order error messages list them. file and
@@ -31,7 +26,7 @@ var driverPackages = map[string]string{
 // Opener opens the bucket of a store URL for the scheme it was registered
 // for. The URL is Open's, already parsed; the opener owns its query
 // parameters.
-type Opener func(ctx context.Context, u *url.URL) (*blob.Bucket, error)
+type Opener func(ctx context.Context, u *url.URL) (Bucket, error)
 
 var (
 	driversMu sync.RWMutex
@@ -67,10 +62,10 @@ var droppedSchemes = map[string]string{
 	"azblob": "Azure Blob Storage has no S3-compatible API; put an S3-compatible gateway in front of it, or store to s3:// or file://",
 }
 
-// Store is a tenant-scoped blob store over gocloud.dev/blob. It implements
+// Store is a tenant-scoped blob store over a Bucket. It implements
 // PersistStorage and ArtifactStorage and is safe for concurrent use.
 type Store struct {
-	bucket *blob.Bucket
+	bucket Bucket
 	retry  retryPolicy
 	locks  keyLocks
 }
@@ -101,9 +96,11 @@ func WithRetry(attempts int, baseDelay time.Duration) Option {
 //     path (host ".") is resolved against the process working directory when
 //     Open is called. The directory is created (mode 0700) if missing, and
 //     temporary files are written next to their final path so the final
-//     rename never crosses file systems. The fileblob parameters create_dir,
-//     dir_file_mode and no_tmp_dir may override these defaults;
+//     rename never crosses file systems. The parameters create_dir and
+//     dir_file_mode may override these defaults (no_tmp_dir is accepted);
 //     metadata=skip is refused because the store relies on object metadata.
+//     The layout is gocloud fileblob's: each object at its key, its content
+//     type and metadata in KEY.attrs.
 //   - mem:// — in-process memory, for tests.
 //   - s3://bucket?region=R&endpoint=http://host:port&use_path_style=true —
 //     when the program imports package persist/s3 (its driver), Amazon S3 or
@@ -130,15 +127,15 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("persist: unsupported store URL scheme %q in %q: use one of %s",
 			u.Scheme, u.Redacted(), strings.Join(schemeList(), ", "))
 	}
-	if u.Scheme == "file" {
-		if err := fileDefaults(u); err != nil {
-			return nil, err
-		}
-	}
-	var bucket *blob.Bucket
+	var bucket Bucket
 	switch u.Scheme {
-	case "file", "mem":
-		bucket, err = blob.OpenBucket(ctx, u.String())
+	case "file":
+		var fb *fileBucket
+		if fb, err = openFileBucket(u); err == nil {
+			bucket = fb
+		}
+	case "mem":
+		bucket = NewMemBucket()
 	default:
 		open := driver(u.Scheme)
 		if open == nil {
@@ -172,28 +169,6 @@ func schemeList() []string {
 		out[i] = s + "://"
 	}
 	return out
-}
-
-// fileDefaults fills in the fileblob parameters the store needs and checks
-// the path.
-func fileDefaults(u *url.URL) error {
-	if u.Host != "" && u.Host != "." && u.Host != "localhost" {
-		return fmt.Errorf("persist: file store URL %q has host %q: use file:///abs/dir or file://./rel/dir", u.Redacted(), u.Host)
-	}
-	if strings.Trim(u.Path, "/") == "" {
-		return fmt.Errorf("persist: file store URL %q names no directory: use file:///abs/dir or file://./rel/dir", u.Redacted())
-	}
-	q := u.Query()
-	if q.Get("metadata") == "skip" {
-		return fmt.Errorf("persist: file store URL %q sets metadata=skip: drop it, the store keeps content type and SHA-256 in metadata", u.Redacted())
-	}
-	for k, v := range map[string]string{"create_dir": "true", "no_tmp_dir": "true", "dir_file_mode": "0700"} {
-		if _, ok := q[k]; !ok {
-			q.Set(k, v)
-		}
-	}
-	u.RawQuery = q.Encode()
-	return nil
 }
 
 // Close releases the store's resources.
@@ -270,10 +245,10 @@ func (s *Store) OpenArtifact(ctx context.Context, ref RunRef, relPath string) (i
 
 // open opens key for reading, retrying transient failures.
 func (s *Store) open(ctx context.Context, key string) (io.ReadCloser, error) {
-	var r *blob.Reader
+	var r io.ReadCloser
 	err := s.do(ctx, "open", key, func(ctx context.Context) error {
 		var err error
-		r, err = s.bucket.NewReader(ctx, key, nil)
+		r, err = s.bucket.NewReader(ctx, key)
 		return err
 	})
 	if err != nil {
@@ -299,7 +274,7 @@ func (s *Store) Stat(ctx context.Context, key string) (ObjectInfo, error) {
 	if err != nil {
 		return ObjectInfo{}, err
 	}
-	var attrs *blob.Attributes
+	var attrs Attributes
 	err = s.do(ctx, "stat", key, func(ctx context.Context) error {
 		var err error
 		attrs, err = s.bucket.Attributes(ctx, key)
@@ -325,17 +300,11 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 	var keys []string
 	err := s.do(ctx, "list", prefix, func(ctx context.Context) error {
 		keys = keys[:0]
-		it := s.bucket.List(&blob.ListOptions{Prefix: prefix})
-		for {
-			obj, err := it.Next(ctx)
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
+		objs, err := s.bucket.List(ctx, prefix, "")
+		for _, obj := range objs {
 			keys = append(keys, obj.Key)
 		}
+		return err
 	})
 	if err != nil {
 		return nil, err

@@ -1,5 +1,5 @@
 // Command taskrun-pod is the helper inside a run's Pod on Kubernetes (see
-// package sandbox/kubernetes/podhelper): the fill and keeper containers of
+// package helpers/podhelper): the fill and keeper containers of
 // the taskrun/podhelper:local image run it, and the run container runs the
 // copy fill leaves in the Pod. It is kept small on purpose: it starts in
 // every run and stays resident as the run container's first process.
@@ -8,7 +8,7 @@ package main
 import (
 	"os"
 
-	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
+	"github.com/taskrun/taskrun/helpers/podhelper"
 )
 
 func main() {

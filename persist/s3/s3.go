@@ -8,7 +8,9 @@ package s3
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"strconv"
 	"strings"
@@ -21,6 +23,7 @@ import (
 	gcaws "gocloud.dev/aws"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/s3blob"
+	"gocloud.dev/gcerrors"
 
 	"github.com/taskrun/taskrun/persist"
 )
@@ -29,7 +32,13 @@ import (
 const Scheme = "s3"
 
 func init() {
-	persist.RegisterScheme(Scheme, openS3)
+	persist.RegisterScheme(Scheme, func(ctx context.Context, u *url.URL) (persist.Bucket, error) {
+		b, err := openS3(ctx, u)
+		if err != nil {
+			return nil, err
+		}
+		return Bucket(b), nil
+	})
 }
 
 // s3RequestAttempts and s3RequestMaxBackoff bound the AWS SDK's own retries
@@ -108,4 +117,66 @@ func parseSSEType(v string) (types.ServerSideEncryption, error) {
 		names = append(names, string(t))
 	}
 	return "", fmt.Errorf("s3 URL parameter ssetype=%q: use one of %s", v, strings.Join(names, ", "))
+}
+
+// Bucket is b as a persist.Bucket: the adapter between gocloud's blob API
+// and the store's.
+func Bucket(b *blob.Bucket) persist.Bucket { return gocloudBucket{b} }
+
+// gocloudBucket is a *blob.Bucket as a persist.Bucket.
+type gocloudBucket struct{ b *blob.Bucket }
+
+func (g gocloudBucket) NewWriter(ctx context.Context, key string, opts persist.WriterOptions) (io.WriteCloser, error) {
+	return g.b.NewWriter(ctx, key, &blob.WriterOptions{ContentType: opts.ContentType, Metadata: opts.Metadata})
+}
+
+func (g gocloudBucket) NewReader(ctx context.Context, key string) (io.ReadCloser, error) {
+	return g.b.NewReader(ctx, key, nil)
+}
+
+func (g gocloudBucket) Attributes(ctx context.Context, key string) (persist.Attributes, error) {
+	a, err := g.b.Attributes(ctx, key)
+	if err != nil {
+		return persist.Attributes{}, err
+	}
+	return persist.Attributes{Size: a.Size, ContentType: a.ContentType, Metadata: a.Metadata}, nil
+}
+
+func (g gocloudBucket) List(ctx context.Context, prefix, delimiter string) ([]persist.ListObject, error) {
+	var out []persist.ListObject
+	it := g.b.List(&blob.ListOptions{Prefix: prefix, Delimiter: delimiter})
+	for {
+		obj, err := it.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, persist.ListObject{Key: obj.Key, IsDir: obj.IsDir})
+	}
+}
+
+func (g gocloudBucket) IsAccessible(ctx context.Context) (bool, error) { return g.b.IsAccessible(ctx) }
+
+func (g gocloudBucket) Close() error { return g.b.Close() }
+
+// ErrorCode maps gocloud's error codes to the store's.
+func (g gocloudBucket) ErrorCode(err error) persist.ErrorCode {
+	switch gcerrors.Code(err) {
+	case gcerrors.Unknown:
+		return persist.CodeUnknown
+	case gcerrors.NotFound:
+		return persist.CodeNotFound
+	case gcerrors.Internal:
+		return persist.CodeInternal
+	case gcerrors.ResourceExhausted:
+		return persist.CodeResourceExhausted
+	case gcerrors.DeadlineExceeded:
+		return persist.CodeDeadlineExceeded
+	case gcerrors.InvalidArgument:
+		return persist.CodeInvalidArgument
+	default:
+		return persist.CodeFailed
+	}
 }

@@ -28,11 +28,11 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/taskrun/taskrun/audit"
+	"github.com/taskrun/taskrun/helpers/podhelper"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
 	"github.com/taskrun/taskrun/sandbox/sandboxtest"
 )
 

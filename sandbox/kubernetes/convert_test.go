@@ -12,9 +12,9 @@ import (
 	psaapi "k8s.io/pod-security-admission/api"
 	psapolicy "k8s.io/pod-security-admission/policy"
 
+	"github.com/taskrun/taskrun/helpers/podhelper"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
 )
 
 var created = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)

@@ -14,9 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/taskrun/taskrun/helpers/podhelper"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
 )
 
 // pollInterval is how often the Pod's status is read while waiting.

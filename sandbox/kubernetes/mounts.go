@@ -11,8 +11,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/taskrun/taskrun/helpers/podhelper"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
 	"github.com/taskrun/taskrun/workspace"
 )
 

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/taskrun/taskrun/helpers/podhelper"
 	"github.com/taskrun/taskrun/internal/unixsock"
 	"github.com/taskrun/taskrun/sandbox"
-	"github.com/taskrun/taskrun/sandbox/kubernetes/podhelper"
 )
 
 // socketDepth is how deep below a mount's top the executor's sockets are
