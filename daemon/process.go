@@ -284,6 +284,22 @@ func (r *liveRun) forgetEnded() bool {
 	return false
 }
 
+// startRequested starts the ExecRequest in r's body in run (startProcess),
+// refusing a request it cannot read or start.
+func (s *Server) startRequested(w http.ResponseWriter, r *http.Request, run *liveRun, peer Peer) (*process, bool) {
+	var req ExecRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxExecRequest)).Decode(&req); err != nil {
+		refuse(w, http.StatusBadRequest, fmt.Errorf("exec request: %w", err))
+		return nil, false
+	}
+	p, status, err := s.startProcess(r.Context(), run, peer, req)
+	if err != nil {
+		refuse(w, status, err)
+		return nil, false
+	}
+	return p, true
+}
+
 // serveExec runs a command in the peer's live run and streams its output
 // to its end: the first Frame names its process, so another call may send
 // it stdin or a signal, and a client that goes away may reattach to it.
@@ -292,14 +308,8 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var req ExecRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxExecRequest)).Decode(&req); err != nil {
-		refuse(w, http.StatusBadRequest, fmt.Errorf("exec request: %w", err))
-		return
-	}
-	p, status, err := s.startProcess(r.Context(), run, peer, req)
-	if err != nil {
-		refuse(w, status, err)
+	p, ok := s.startRequested(w, r, run, peer)
+	if !ok {
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
@@ -358,15 +368,9 @@ func (s *Server) serveProcesses(w http.ResponseWriter, r *http.Request) {
 		answerJSON(w, http.StatusOK, infos)
 		return
 	}
-	var req ExecRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxExecRequest)).Decode(&req); err != nil {
-		refuse(w, http.StatusBadRequest, fmt.Errorf("exec request: %w", err))
-		return
-	}
 	// The command outlives this request: it is the run's.
-	p, status, err := s.startProcess(r.Context(), run, peer, req)
-	if err != nil {
-		refuse(w, status, err)
+	p, ok := s.startRequested(w, r, run, peer)
+	if !ok {
 		return
 	}
 	answerJSON(w, http.StatusCreated, p.snapshot())
