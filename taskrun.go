@@ -211,29 +211,29 @@ type SkippedFile = executor.SkippedFile
 // same run, and its Sandbox, Image and Model are unused. Bad input is
 // returned, not reported.
 func RetryPersist(ctx context.Context, input RunTaskInput) (*Outcome, error) {
-	if err := input.check(false); err != nil {
-		return nil, err
-	}
-	host, err := input.host(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer host.Close(context.WithoutCancel(ctx))
-	return host.RetryPersist(ctx, input.spec())
+	return onHost(ctx, input, (*executor.Host).RetryPersist)
 }
 
 // WarmTemplate is the warm pool template of input's runs
 // (executor.Host.WarmTemplate on input's machine).
 func WarmTemplate(ctx context.Context, input RunTaskInput) (warmpool.Template, error) {
+	return onHost(ctx, input, (*executor.Host).WarmTemplate)
+}
+
+// onHost calls do with input's spec on the executor.Host of input's
+// machine, built for the call and closed after it, for what runs nothing
+// (no Sandbox needed). Bad input is returned, not reported.
+func onHost[T any](ctx context.Context, input RunTaskInput, do func(*executor.Host, context.Context, executor.Spec) (T, error)) (T, error) {
+	var zero T
 	if err := input.check(false); err != nil {
-		return warmpool.Template{}, err
+		return zero, err
 	}
 	host, err := input.host(ctx)
 	if err != nil {
-		return warmpool.Template{}, err
+		return zero, err
 	}
 	defer host.Close(context.WithoutCancel(ctx))
-	return host.WarmTemplate(ctx, input.spec())
+	return do(host, ctx, input.spec())
 }
 
 // OpenRunJournal opens the journal of the runs under root.
