@@ -62,156 +62,68 @@ func WriteRunAgentsMd(runDir, workspaceDir string) error {
 }
 
 // RunTaskInput is everything one run needs, the machine and the run in one
-// value, as the seed defined it. RunTask splits it: its machine fields
-// become an executor.Config (Paths, Persist, ArtifactStorage, Sandbox,
-// Pull, AllowedImages, Helpers, HelpersDir, UIDs, WarmPool, Logger,
-// Journal, Executor, AttestKey, Version, StoreURL, ControlPlane and the
-// timeouts), its run fields an executor.Spec.
+// value, as the seed defined it. RunTask splits it into an executor.Config
+// (the machine) and an executor.Spec (the run): a field documented there
+// under the same name means the same here, with the same default when
+// zero. Only what differs from those is documented below.
 type RunTaskInput struct {
-	// Task is the task to run. Its UserID, ConversationID and ID place the run.
-	Task *model.Task
-	// Run is the run to execute; Run.PreviousRunID names a run to resume.
-	Run *model.TaskRun
-	// SessionID names the agent session; traces go under traces/<SessionID>/.
-	SessionID string
-	// Paths is the host layout of run directories.
-	Paths RuntimePaths
-	// Persist stores run state, the output log, traces and the isolation record.
-	Persist persist.PersistStorage
-	// ArtifactStorage stores the files the agent delivers.
-	ArtifactStorage persist.ArtifactStorage
-	// Updater receives the run's status updates.
-	Updater TaskRunUpdater
-	// StreamSender, when non-nil, receives the run's stdout as deltas.
+	// The run: see the executor.Spec fields of the same names. Task, Run
+	// and Updater are required.
+	Task         *model.Task
+	Run          *model.TaskRun
+	SessionID    string
+	Updater      TaskRunUpdater
 	StreamSender workerclient.StreamSender
-	// Model is the model the agent may use through the run's gateway.
-	Model config.ModelEntry
-	// Egress is the run's egress policy. Zero (the default) means no route
-	// out at all; otherwise the container, still with network none, reaches
-	// what the policy allows through a per-run proxy (package egress). It
-	// needs RelayBinary in HelpersDir.
-	Egress egress.Policy
-
-	// Sandbox runs the container.
-	Sandbox sandbox.Backend
-	// Image is the run image; DefaultImage when empty. A digest reference
-	// (name@sha256:...) runs exactly that image.
-	Image string
-	// Pull says when the image is pulled from its registry:
-	// sandbox.PullMissing (the default, when empty) pulls it only when it
-	// does not exist locally, PullAlways before every run, PullNever never.
-	// The backend authenticates with the docker CLI's config and
-	// credential helpers.
-	Pull sandbox.PullPolicy
-	// AllowedImages, when non-empty, is the only images a run may use
-	// (package imageref: NAME, NAME:TAG, NAME@sha256:HEX, with * globs;
-	// references normalized as docker does). Any other image is refused
-	// before anything is pulled or created, with an error wrapping
-	// ErrImageNotAllowed.
-	AllowedImages []string
-	// Command replaces the image's default command when non-empty.
-	Command []string
-	// Entrypoint replaces the image's entrypoint when non-empty, as
-	// `docker run --entrypoint` does: the container runs Entrypoint followed
-	// by Command, and the image's own command is dropped.
-	Entrypoint []string
-	// Env adds NAME=VALUE variables to the agent's environment, after the
-	// image's own. It is visible to the agent and everything it runs: a
-	// secret belongs to the model gateway (Model) or the credential broker,
-	// never here. Names taskrun sets itself (TASKRUN_*, HOME, the proxy
-	// variables) are refused (see config.CheckEnv).
-	Env []string
-	// Policy confines the container; sandbox.DefaultPolicy() when zero.
-	Policy sandbox.Policy
-	// Helpers are the in-container helper files (package helpers), such as
-	// helpers.FromExecutable: the helpers installed with the taskrun binary,
-	// or the binary itself, which acts as the self-check and the relay. With Helpers or HelpersDir every run starts
-	// with the in-sandbox self-check; a contradiction with Policy refuses
-	// the run. Exactly the helper files are mounted, read-only, file by file
-	// under /.taskrun/bin. Set at most one of Helpers and HelpersDir; with
-	// neither the run has no self-check.
-	Helpers helpers.Files
-	// HelpersDir holds separately built static helpers: taskrun-probe
-	// (required) and taskrun-relay; only those files are mounted.
-	HelpersDir string
-	// UIDs, when set, leases each run a host uid/gid of its own: the
-	// container runs as it (replacing Policy.User), the run directory is
-	// owned by it, and it is released once the container is gone. Runs then
-	// never share per-user kernel limits (inotify instances, processes).
-	// Without it every run is Policy.User.
-	UIDs *uidpool.Pool
-	// WarmPool, when set, starts the run in a container its pool parked
-	// ahead of time (package warmpool), when one of the run's key (its
-	// image, policy, helpers, disk cap, timeout and labels) is ready; else
-	// the run goes the cold path and the pool starts keeping containers of
-	// that key. A warm run is confined, checked and recorded exactly as a
-	// cold one; its run directory is the slot's, under the pool's
-	// directory. The pool must run on Sandbox and lease from UIDs; a run
-	// without the self-check (Helpers or HelpersDir) always goes cold.
-	WarmPool *warmpool.Pool
-	// Labels are added to the run's container next to the dev.taskrun.*
-	// labels, e.g. a test framework's session labels so its reaper finds it.
-	Labels map[string]string
-	// SessionExcludes are the glob patterns (relative to home) left out of
-	// the session state; workspace.DefaultExcludes when nil.
+	Model        config.ModelEntry
+	Egress       egress.Policy
+	Image        string
+	Command      []string
+	Entrypoint   []string
+	Env          []string
+	// Policy confines the container; sandbox.DefaultPolicy() when zero
+	// (executor.Spec.Policy is a pointer; a zero Policy here is nil there).
+	Policy          sandbox.Policy
+	Labels          map[string]string
 	SessionExcludes []string
-	// ChangeExcludes are the patterns (relative to home, in the syntax of
-	// SessionExcludes) left out of the run's change set, so neither
-	// changes.patch nor `taskrun apply` carries them:
-	// changeset.DefaultExcludes (the reference agent's state) when nil,
-	// nothing when empty. changes.json lists them.
-	ChangeExcludes []string
-	// KeepRunDir keeps the run directory on the host after a successful
-	// run; by default it is removed once everything is persisted.
-	KeepRunDir bool
-	// MaxOutputBytes caps the stdout and the stderr kept from the run, each:
-	// DefaultMaxOutputBytes when zero, no cap when negative. Output past the
-	// cap is drained from the container and counted but not kept, so a
-	// flooding agent cannot fill the host disk.
-	MaxOutputBytes int64
-	// DiskLimitBytes caps what the run may store under /taskrun:
-	// DefaultDiskLimitBytes when zero, no cap when negative.
-	DiskLimitBytes int64
-	// Timeout bounds the container's run time; DefaultTimeout when zero.
-	Timeout time.Duration
-	// Stdout, when non-nil, receives a live copy of the run's stdout, fed
-	// independently of StreamSender so neither can hold up the other.
-	Stdout io.Writer
-	// Stderr, when non-nil, receives the run's stderr live.
-	Stderr io.Writer
-	// Logger receives the executor's own log; slog.Default() when nil.
-	Logger *slog.Logger
+	ChangeExcludes  []string
+	KeepRunDir      bool
+	MaxOutputBytes  int64
+	DiskLimitBytes  int64
+	Timeout         time.Duration
+	Stdout          io.Writer
+	Stderr          io.Writer
+	Timings         *timings.Recorder
 
-	// Journal records the run for crash recovery (package journal): by
-	// default the journal under the runs root when Paths has one
-	// (NewRuntimePathsFromRoot). A run ID with a record is refused.
-	Journal *journal.Dir
-	// Executor identifies the executor process in the journal.
-	Executor instance.Info
-	// AttestKey signs the run's attestation (package attest), stored as
-	// attest.ObjectName beside the run's other objects. Without a key the
-	// attestation is stored unsigned, and says so. The key stays in the
-	// executor: it never enters the sandbox, a log or a record.
-	AttestKey *attest.Signer
-	// Version is the executor's version, recorded in the attestation.
-	Version string
-	// StoreURL and ControlPlane are journaled (without credentials) so
-	// that `taskrun gc` can finish the run if the executor dies.
-	StoreURL     string
-	ControlPlane *journal.ControlPlane
-	// PersistTimeout bounds storing the run's outputs:
-	// DefaultPersistTimeout when zero.
+	// Paths is the host layout of run directories (required). It must
+	// know its runs root, as NewRuntimePathsFromRoot's does: the root is
+	// executor.Config.Root, which holds the journal and the disk admission.
+	Paths RuntimePaths
+	// Persist and ArtifactStorage (both required) are executor.Config's
+	// Store and Artifacts: Persist stores the run's files, ArtifactStorage
+	// the files the agent delivers.
+	Persist         persist.PersistStorage
+	ArtifactStorage persist.ArtifactStorage
+	// Sandbox is executor.Config.Backend: it runs the container, and
+	// RunTask requires it.
+	Sandbox sandbox.Backend
+
+	// The machine: see the executor.Config fields of the same names.
+	Pull           sandbox.PullPolicy
+	AllowedImages  []string
+	Helpers        helpers.Files
+	HelpersDir     string
+	UIDs           *uidpool.Pool
+	WarmPool       *warmpool.Pool
+	Logger         *slog.Logger
+	Journal        *journal.Dir
+	Executor       instance.Info
+	AttestKey      *attest.Signer
+	Version        string
+	StoreURL       string
+	ControlPlane   *journal.ControlPlane
 	PersistTimeout time.Duration
-	// ReportTimeout bounds the final report: DefaultReportTimeout when zero.
-	ReportTimeout time.Duration
-	// Timings, when set, records the run's phases (see package timings);
-	// by default the run makes a Recorder. Either way the spans end up in
-	// Outcome.Timings and in the run's index record.
-	Timings *timings.Recorder
-	// ShutdownGrace bounds, once ctx is cancelled, everything the run still
-	// does (stopping the container, storing, reporting); what is left is in
-	// the journal for `taskrun gc`. Zero: the deadlines above only.
-	ShutdownGrace time.Duration
+	ReportTimeout  time.Duration
+	ShutdownGrace  time.Duration
 }
 
 // RunResult is what a finished run produced.
@@ -299,29 +211,29 @@ type SkippedFile = executor.SkippedFile
 // same run, and its Sandbox, Image and Model are unused. Bad input is
 // returned, not reported.
 func RetryPersist(ctx context.Context, input RunTaskInput) (*Outcome, error) {
-	if err := input.check(false); err != nil {
-		return nil, err
-	}
-	host, err := input.host(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer host.Close(context.WithoutCancel(ctx))
-	return host.RetryPersist(ctx, input.spec())
+	return onHost(ctx, input, (*executor.Host).RetryPersist)
 }
 
 // WarmTemplate is the warm pool template of input's runs
 // (executor.Host.WarmTemplate on input's machine).
 func WarmTemplate(ctx context.Context, input RunTaskInput) (warmpool.Template, error) {
+	return onHost(ctx, input, (*executor.Host).WarmTemplate)
+}
+
+// onHost calls do with input's spec on the executor.Host of input's
+// machine, built for the call and closed after it, for what runs nothing
+// (no Sandbox needed). Bad input is returned, not reported.
+func onHost[T any](ctx context.Context, input RunTaskInput, do func(*executor.Host, context.Context, executor.Spec) (T, error)) (T, error) {
+	var zero T
 	if err := input.check(false); err != nil {
-		return warmpool.Template{}, err
+		return zero, err
 	}
 	host, err := input.host(ctx)
 	if err != nil {
-		return warmpool.Template{}, err
+		return zero, err
 	}
 	defer host.Close(context.WithoutCancel(ctx))
-	return host.WarmTemplate(ctx, input.spec())
+	return do(host, ctx, input.spec())
 }
 
 // OpenRunJournal opens the journal of the runs under root.

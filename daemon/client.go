@@ -155,6 +155,28 @@ func (c *Client) cancel(runID string) {
 	}
 }
 
+// send sends one request to the daemon, path under its API: a daemon
+// that does not answer is ErrDaemonGone, and an answer other than want
+// (0: any 2xx) a RefusedError. The caller closes the response's body.
+func (c *Client) send(ctx context.Context, method, path string, body io.Reader, want int) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://taskrun"+path, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	if (want == 0 && resp.StatusCode/100 != 2) || (want != 0 && resp.StatusCode != want) {
+		defer resp.Body.Close()
+		return nil, refused(resp)
+	}
+	return resp, nil
+}
+
+// runPath is the path of run runID's endpoint tail.
+func runPath(runID, tail string) string { return "/v1/runs/" + url.PathEscape(runID) + tail }
+
 // refused reads a refused response's error.
 func refused(resp *http.Response) error {
 	var eb ErrorBody
@@ -182,36 +204,21 @@ func (c *Client) Start(ctx context.Context, req RunRequest, dir string) error {
 
 // Stop stops the caller's live run runID: its record says it was cancelled.
 func (c *Client) Stop(ctx context.Context, runID string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/cancel", nil)
+	resp, err := c.send(ctx, http.MethodPost, runPath(runID, "/cancel"), nil, http.StatusNoContent)
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrDaemonGone, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return refused(resp)
-	}
-	return nil
+	return resp.Body.Close()
 }
 
 // Pause pauses the caller's live run runID (executor.Host.Pause) and
 // returns its outcome: PAUSED, its Checkpoint the manifest a resume needs.
 func (c *Client) Pause(ctx context.Context, runID string) (*executor.Outcome, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/pause", nil)
+	resp, err := c.send(ctx, http.MethodPost, runPath(runID, "/pause"), nil, http.StatusOK)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, refused(resp)
-	}
 	var out executor.Outcome
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxOutcome)).Decode(&out); err != nil {
 		return nil, fmt.Errorf("daemon: pause %s: %w", runID, err)
@@ -224,18 +231,11 @@ func (c *Client) Pause(ctx context.Context, runID string) (*executor.Outcome, er
 // Outcome) or with how the run ended first; a checkpoint the host refused
 // is an error wrapping ErrRefused, and the run stays paused.
 func (c *Client) Resume(ctx context.Context, runID string) (*Result, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/resume", nil)
+	resp, err := c.send(ctx, http.MethodPost, runPath(runID, "/resume"), nil, http.StatusOK)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, refused(resp)
-	}
 	var fr Frame
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxOutcome)).Decode(&fr); err != nil {
 		return nil, fmt.Errorf("%w: resume %s: %w", ErrDaemonGone, runID, err)
@@ -261,18 +261,11 @@ func (c *Client) Exec(ctx context.Context, runID string, req ExecRequest, stdout
 	if err != nil {
 		return nil, err
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/exec", bytes.NewReader(body))
+	resp, err := c.send(ctx, http.MethodPost, runPath(runID, "/exec"), bytes.NewReader(body), http.StatusOK)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.http.Do(hreq)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, refused(resp)
-	}
 	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
 	for {
 		var fr Frame
@@ -296,19 +289,7 @@ func (c *Client) files(ctx context.Context, method, runID, path, op string, body
 	if op != "" {
 		q.Set("op", op)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/files?"+q.Encode(), body)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		return nil, refused(resp)
-	}
-	return resp, nil
+	return c.send(ctx, method, runPath(runID, "/files?"+q.Encode()), body, 0)
 }
 
 // ReadFile reads path, under the home of the caller's live run runID.
@@ -365,18 +346,11 @@ func (c *Client) Remove(ctx context.Context, runID, path string) error {
 // call sends one request of the process API and decodes a JSON answer
 // into out (nil: none); a refusal is a RefusedError.
 func (c *Client) call(ctx context.Context, method, p string, body io.Reader, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, "http://taskrun"+p, body)
+	resp, err := c.send(ctx, method, p, body, 0)
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrDaemonGone, err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return refused(resp)
-	}
 	if out == nil {
 		return nil
 	}
@@ -385,7 +359,7 @@ func (c *Client) call(ctx context.Context, method, p string, body io.Reader, out
 
 // processPath is the path of process pid of run runID, with tail.
 func processPath(runID, pid, tail string) string {
-	return "/v1/runs/" + url.PathEscape(runID) + "/processes/" + url.PathEscape(pid) + tail
+	return runPath(runID, "/processes/"+url.PathEscape(pid)+tail)
 }
 
 // StartProcess starts req in the background in the caller's live run
@@ -396,7 +370,7 @@ func (c *Client) StartProcess(ctx context.Context, runID string, req ExecRequest
 		return nil, err
 	}
 	var info ProcessInfo
-	if err := c.call(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/processes", bytes.NewReader(body), &info); err != nil {
+	if err := c.call(ctx, http.MethodPost, runPath(runID, "/processes"), bytes.NewReader(body), &info); err != nil {
 		return nil, err
 	}
 	return &info, nil
@@ -405,7 +379,7 @@ func (c *Client) StartProcess(ctx context.Context, runID string, req ExecRequest
 // Processes lists the commands of the caller's live run runID, oldest first.
 func (c *Client) Processes(ctx context.Context, runID string) ([]ProcessInfo, error) {
 	var list []ProcessInfo
-	return list, c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID)+"/processes", nil, &list)
+	return list, c.call(ctx, http.MethodGet, runPath(runID, "/processes"), nil, &list)
 }
 
 // Process describes command pid of the caller's live run runID.
@@ -423,18 +397,11 @@ func (c *Client) Process(ctx context.Context, runID, pid string) (*ProcessInfo, 
 // copied too, to go on from.
 func (c *Client) Output(ctx context.Context, runID, pid string, offset int64, follow bool, stdout, stderr io.Writer) (*ExecResult, int64, error) {
 	q := url.Values{"offset": {strconv.FormatInt(offset, 10)}, "follow": {strconv.FormatBool(follow)}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://taskrun"+processPath(runID, pid, "/output?"+q.Encode()), nil)
+	resp, err := c.send(ctx, http.MethodGet, processPath(runID, pid, "/output?"+q.Encode()), nil, http.StatusOK)
 	if err != nil {
 		return nil, offset, err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, offset, fmt.Errorf("%w: %w", ErrDaemonGone, err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, offset, refused(resp)
-	}
 	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
 	for {
 		var fr Frame
@@ -475,7 +442,7 @@ func (c *Client) Signal(ctx context.Context, runID, pid, sig string) error {
 // live sample.
 func (c *Client) Usage(ctx context.Context, runID string) (*sandbox.Usage, error) {
 	var u sandbox.Usage
-	if err := c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID)+"/usage", nil, &u); err != nil {
+	if err := c.call(ctx, http.MethodGet, runPath(runID, "/usage"), nil, &u); err != nil {
 		return nil, err
 	}
 	return &u, nil
@@ -485,5 +452,5 @@ func (c *Client) Usage(ctx context.Context, runID string) (*sandbox.Usage, error
 // the path it answers on and its token (PortTokenHeader).
 func (c *Client) Ports(ctx context.Context, runID string) ([]PortInfo, error) {
 	var list []PortInfo
-	return list, c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID)+"/ports", nil, &list)
+	return list, c.call(ctx, http.MethodGet, runPath(runID, "/ports"), nil, &list)
 }

@@ -160,19 +160,15 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 
 // runOwner is the uid and gid of the run's container user.
 func (s *Server) runOwner(r *http.Request, run *liveRun) (int, int, error) {
-	cli, err := s.dockerClient()
+	eng, _, err := s.engineOf(r.Context(), run)
 	if err != nil {
 		return 0, 0, err
 	}
-	_, user, err := dockerRunContainer(r.Context(), cli, run)
-	if err != nil {
-		return 0, 0, err
-	}
-	u, g, _ := strings.Cut(user, ":")
+	u, g, _ := strings.Cut(eng.user, ":")
 	uid, err1 := strconv.Atoi(u)
 	gid, err2 := strconv.Atoi(g)
 	if err1 != nil || err2 != nil {
-		return 0, 0, fmt.Errorf("run %s: its container user %q is not uid:gid", run.ref.RunID, user)
+		return 0, 0, fmt.Errorf("run %s: its container user %q is not uid:gid", run.ref.RunID, eng.user)
 	}
 	return uid, gid, nil
 }

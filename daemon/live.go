@@ -137,14 +137,31 @@ func (s *Server) dockerClient() (client.APIClient, error) {
 	return s.docker, s.dockerErr
 }
 
-// dockerRunContainer is the live run's container and its user.
-func dockerRunContainer(ctx context.Context, cli client.APIClient, run *liveRun) (id, user string, err error) {
+// runEngine is a live run's container on the engine: the client that
+// reaches it, its id and the run's container user (uid:gid).
+type runEngine struct {
+	cli      client.APIClient
+	id, user string
+}
+
+// engineOf finds the live run's container for a command, a signal, a
+// port or a file: the status to refuse with is 501 without the docker
+// backend, 409 while the run has no container.
+func (s *Server) engineOf(ctx context.Context, run *liveRun) (runEngine, int, error) {
+	cli, err := s.dockerClient()
+	if err != nil {
+		return runEngine{}, http.StatusNotImplemented, err
+	}
 	recorded := ""
 	if id := run.container.Load(); id != nil {
 		// A warm container was labelled before this run claimed it.
 		recorded = *id
 	}
-	return docker.RunContainer(ctx, cli, run.ref.RunID, run.ref.UserID, recorded)
+	id, user, err := docker.RunContainer(ctx, cli, run.ref.RunID, run.ref.UserID, recorded)
+	if err != nil {
+		return runEngine{}, http.StatusConflict, err
+	}
+	return runEngine{cli: cli, id: id, user: user}, http.StatusOK, nil
 }
 
 // PathUsage is a live run's resource usage so far (GET): a

@@ -19,8 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/docker/docker/client"
-
 	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/relay"
 	"github.com/taskrun/taskrun/sandbox/docker"
@@ -146,14 +144,9 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 		refuse(w, http.StatusUnauthorized, fmt.Errorf("run %s port %d: missing or wrong %s", run.ref.RunID, port, PortTokenHeader))
 		return
 	}
-	cli, err := s.dockerClient()
+	eng, status, err := s.engineOf(r.Context(), run)
 	if err != nil {
-		refuse(w, http.StatusNotImplemented, err)
-		return
-	}
-	id, user, err := dockerRunContainer(r.Context(), cli, run)
-	if err != nil {
-		refuse(w, http.StatusConflict, err)
+		refuse(w, status, err)
 		return
 	}
 	prefix := portPath(run.ref.RunID, port)
@@ -174,7 +167,7 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 			// One connection, one forward, per call: none is kept.
 			DisableKeepAlives: true,
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return s.dialPort(ctx, cli, run, id, user, port)
+				return s.dialPort(ctx, eng, run, port)
 			},
 		},
 		FlushInterval: -1,
@@ -194,7 +187,7 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 // taskrun-relay -connect started there as the run's user, its stdin and
 // stdout the connection's two ways. It holds one of the run's
 // MaxPortConns until its exec ended (closing it ends its exec).
-func (s *Server) dialPort(ctx context.Context, cli client.APIClient, run *liveRun, id, user string, port int) (net.Conn, error) {
+func (s *Server) dialPort(ctx context.Context, eng runEngine, run *liveRun, port int) (net.Conn, error) {
 	select {
 	case run.portConns <- struct{}{}:
 	default:
@@ -212,7 +205,7 @@ func (s *Server) dialPort(ctx context.Context, cli client.APIClient, run *liveRu
 		// The slot is the exec's: it is free once the exec is gone.
 		defer func() { <-run.portConns }()
 		var stderr boundedBuffer
-		exit, err := docker.Exec(execCtx, cli, id, docker.ExecOptions{User: user,
+		exit, err := docker.Exec(execCtx, eng.cli, eng.id, docker.ExecOptions{User: eng.user,
 			Cmd:   []string{helpers.RelayPath, "-" + relay.ConnectFlag, net.JoinHostPort("127.0.0.1", strconv.Itoa(port))},
 			Stdin: inR, Stdout: outW, Stderr: &stderr,
 			Started: func(string) { close(started) }})

@@ -196,13 +196,9 @@ func (s *Server) startProcess(ctx context.Context, run *liveRun, peer Peer, req 
 			dir = path.Clean(req.Cwd)
 		}
 	}
-	cli, err := s.dockerClient()
+	eng, status, err := s.engineOf(ctx, run)
 	if err != nil {
-		return nil, http.StatusNotImplemented, err
-	}
-	id, user, err := dockerRunContainer(ctx, cli, run)
-	if err != nil {
-		return nil, http.StatusConflict, err
+		return nil, status, err
 	}
 	p := &process{info: ProcessInfo{Argv: append([]string(nil), req.Argv...), Cwd: dir, Stdin: req.Stdin, Tty: req.Tty,
 		StartedAt: time.Now().UTC()}, changed: make(chan struct{}), done: make(chan struct{})}
@@ -229,7 +225,7 @@ func (s *Server) startProcess(ctx context.Context, run *liveRun, peer Peer, req 
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		exit, err := docker.Exec(run.ctx, cli, id, docker.ExecOptions{User: user, Cmd: req.Argv, Env: req.Env, Dir: dir,
+		exit, err := docker.Exec(run.ctx, eng.cli, eng.id, docker.ExecOptions{User: eng.user, Cmd: req.Argv, Env: req.Env, Dir: dir,
 			Tty: req.Tty, Stdin: stdin, Stdout: processWriter{p, false}, Stderr: processWriter{p, true},
 			Started: func(execID string) {
 				p.mu.Lock()
@@ -288,6 +284,22 @@ func (r *liveRun) forgetEnded() bool {
 	return false
 }
 
+// startRequested starts the ExecRequest in r's body in run (startProcess),
+// refusing a request it cannot read or start.
+func (s *Server) startRequested(w http.ResponseWriter, r *http.Request, run *liveRun, peer Peer) (*process, bool) {
+	var req ExecRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxExecRequest)).Decode(&req); err != nil {
+		refuse(w, http.StatusBadRequest, fmt.Errorf("exec request: %w", err))
+		return nil, false
+	}
+	p, status, err := s.startProcess(r.Context(), run, peer, req)
+	if err != nil {
+		refuse(w, status, err)
+		return nil, false
+	}
+	return p, true
+}
+
 // serveExec runs a command in the peer's live run and streams its output
 // to its end: the first Frame names its process, so another call may send
 // it stdin or a signal, and a client that goes away may reattach to it.
@@ -296,14 +308,8 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var req ExecRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxExecRequest)).Decode(&req); err != nil {
-		refuse(w, http.StatusBadRequest, fmt.Errorf("exec request: %w", err))
-		return
-	}
-	p, status, err := s.startProcess(r.Context(), run, peer, req)
-	if err != nil {
-		refuse(w, status, err)
+	p, ok := s.startRequested(w, r, run, peer)
+	if !ok {
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
@@ -362,15 +368,9 @@ func (s *Server) serveProcesses(w http.ResponseWriter, r *http.Request) {
 		answerJSON(w, http.StatusOK, infos)
 		return
 	}
-	var req ExecRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxExecRequest)).Decode(&req); err != nil {
-		refuse(w, http.StatusBadRequest, fmt.Errorf("exec request: %w", err))
-		return
-	}
 	// The command outlives this request: it is the run's.
-	p, status, err := s.startProcess(r.Context(), run, peer, req)
-	if err != nil {
-		refuse(w, status, err)
+	p, ok := s.startRequested(w, r, run, peer)
+	if !ok {
 		return
 	}
 	answerJSON(w, http.StatusCreated, p.snapshot())
@@ -470,17 +470,12 @@ func (s *Server) serveProcessSignal(w http.ResponseWriter, r *http.Request) {
 		refuse(w, http.StatusConflict, fmt.Errorf("process %s: %w", p.info.ID, docker.ErrExecNotRunning))
 		return
 	}
-	cli, err := s.dockerClient()
+	eng, status, err := s.engineOf(r.Context(), run)
 	if err != nil {
-		refuse(w, http.StatusNotImplemented, err)
+		refuse(w, status, err)
 		return
 	}
-	id, _, err := dockerRunContainer(r.Context(), cli, run)
-	if err != nil {
-		refuse(w, http.StatusConflict, err)
-		return
-	}
-	if err := docker.SignalExec(r.Context(), cli, id, execID, sig); err != nil {
+	if err := docker.SignalExec(r.Context(), eng.cli, eng.id, execID, sig); err != nil {
 		status := http.StatusInternalServerError
 		if errors.Is(err, docker.ErrExecNotRunning) {
 			status = http.StatusConflict

@@ -70,7 +70,8 @@ type Config struct {
 	// layout's (workspace.Paths under Root, Layout.Paths). The journal,
 	// the warm pool and the disk admission stay under Root.
 	Paths RuntimePaths
-	// Journal is the runs' crash journal; Layout.OpenJournal when nil.
+	// Journal records the runs for crash recovery (package journal);
+	// Layout.OpenJournal when nil. A run ID with a record is refused.
 	Journal *journal.Dir
 	// Backend runs the containers. A host without one only recovers and
 	// retries (taskrun gc, persist); Run refuses.
@@ -82,39 +83,70 @@ type Config struct {
 	// Store (the seed API's ArtifactStorage beside its PersistStorage).
 	Artifacts persist.ArtifactStorage
 	// StoreURL is Store's URL, journaled (without credentials) so that
-	// recovery can reopen it.
+	// recovery (`taskrun gc`) can reopen it if the executor dies.
 	StoreURL string
-	// Executor identifies this process (Layout.StartInstance); required
-	// with Warm.
+	// Executor identifies this process in the journal
+	// (Layout.StartInstance); required with Warm.
 	Executor instance.Info
-	// UIDs, when set, leases each run a host uid of its own.
+	// UIDs, when set, leases each run a host uid/gid of its own: the
+	// container runs as it (replacing Policy.User), the run directory is
+	// owned by it, and it is released once the container is gone. Runs then
+	// never share per-user kernel limits (inotify instances, processes).
+	// Without it every run is Policy.User.
 	UIDs *uidpool.Pool
 	// WarmPool, when set, is a warm pool the caller started and keeps
 	// (Close leaves it running): it must park on Backend and lease from
-	// UIDs. Set at most one of Warm and WarmPool.
+	// UIDs. Set at most one of Warm and WarmPool. A run starts in a
+	// container the pool parked ahead of time when one of the run's key
+	// (its image, policy, helpers, disk cap, timeout and labels) is ready;
+	// else it goes the cold path and the pool starts keeping containers of
+	// that key. A warm run is confined, checked and recorded exactly as a
+	// cold one; its run directory is the slot's, under the pool's
+	// directory. A run without the self-check always goes cold.
 	WarmPool *warmpool.Pool
 	// Warm, when set, makes the host a warm pool (see Host.WarmPool); it
 	// needs a backend that parks containers, the self-check (Helpers or
 	// HelpersDir) and Executor.
 	Warm *Warm
-	// Helpers or HelpersDir (at most one) are the in-sandbox helpers: with
-	// either every run starts with the self-check.
+	// Helpers or HelpersDir (at most one) are the in-sandbox helpers:
+	// Helpers the files of package helpers (such as helpers.FromExecutable:
+	// those installed with the taskrun binary, or the binary itself, which
+	// acts as the self-check and the relay), HelpersDir a directory of
+	// separately built static helpers (taskrun-probe, required, and
+	// taskrun-relay). With either every run starts with the in-sandbox
+	// self-check, and a contradiction with the run's policy refuses the
+	// run; exactly the helper files are mounted, read-only, file by file
+	// under /.taskrun/bin. With neither a run has no self-check.
 	Helpers    helpers.Files
 	HelpersDir string
 	// Defaults fill a Spec's zero fields.
 	Defaults Defaults
-	// Pull and AllowedImages are the operator's image rules for every run
-	// (sandbox.PullPolicy, package imageref).
-	Pull          sandbox.PullPolicy
+	// Pull says when a run's image is pulled from its registry:
+	// sandbox.PullMissing (the default, when empty) only when it does not
+	// exist locally, PullAlways before every run, PullNever never. The
+	// backend authenticates with the docker CLI's config and credential
+	// helpers.
+	Pull sandbox.PullPolicy
+	// AllowedImages, when non-empty, is the only images a run may use
+	// (package imageref: NAME, NAME:TAG, NAME@sha256:HEX, with * globs;
+	// references normalized as docker does). Any other image is refused
+	// before anything is pulled or created, with an error wrapping
+	// ErrImageNotAllowed.
 	AllowedImages []string
-	// PersistTimeout, ReportTimeout and ShutdownGrace bound a run's
-	// wind-down (zero: DefaultPersistTimeout, DefaultReportTimeout and no
-	// grace beyond those).
+	// PersistTimeout bounds storing a run's outputs and ReportTimeout its
+	// final report (zero: DefaultPersistTimeout, DefaultReportTimeout).
+	// ShutdownGrace bounds, once a run's ctx is cancelled, everything the
+	// run still does (stopping the container, storing, reporting); what is
+	// left is in the journal for `taskrun gc`. Zero: the deadlines above
+	// only.
 	PersistTimeout time.Duration
 	ReportTimeout  time.Duration
 	ShutdownGrace  time.Duration
-	// AttestKey signs the attestations of the runs (and recovered runs);
-	// nil leaves them unsigned.
+	// AttestKey signs the attestations of the runs and recovered runs
+	// (package attest), stored as attest.ObjectName beside a run's other
+	// objects. Without a key an attestation is stored unsigned, and says
+	// so. The key stays in the executor: it never enters the sandbox, a log
+	// or a record.
 	AttestKey *attest.Signer
 	// Version is the executor's version, recorded in attestations.
 	Version string

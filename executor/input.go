@@ -37,161 +37,71 @@ type TaskRunUpdater interface {
 }
 
 // runInput is everything one run needs: the machine it runs on and the
-// run itself. Host.runInput composes it from the host's Config and a Spec;
-// the phases read it through the run's plan.
+// run itself. Host.runInput composes it from the host's Config and a Spec,
+// with the host's defaults in the Spec's zero fields; the phases read it
+// through the run's plan. Each field means what the Spec or Config field
+// of the same name does; only the ones named differently there, or
+// resolved by the host, are documented here.
 type runInput struct {
-	// root is the runs root: the journal (without Journal) and the disk
+	// root is Config.Root: the journal (without Journal) and the disk
 	// admission live under it. Host sets it; only a phase test's input
 	// may leave it empty, and then neither is done.
 	root string
-	// Task is the task to run. Its UserID, ConversationID and ID place the run.
-	Task *model.Task
-	// Run is the run to execute; Run.PreviousRunID names a run to resume.
-	Run *model.TaskRun
-	// SessionID names the agent session; traces go under traces/<SessionID>/.
-	SessionID string
-	// Paths is the host layout of run directories.
-	Paths RuntimePaths
-	// Persist stores run state, the output log, traces and the isolation record.
-	Persist persist.PersistStorage
-	// ArtifactStorage stores the files the agent delivers.
-	ArtifactStorage persist.ArtifactStorage
-	// Updater receives the run's status updates.
-	Updater TaskRunUpdater
-	// StreamSender, when non-nil, receives the run's stdout as deltas.
-	StreamSender workerclient.StreamSender
-	// Model is the model the agent may use through the run's gateway.
-	Model config.ModelEntry
-	// Egress is the run's egress policy. Zero (the default) means no route
-	// out at all; otherwise the container, still with network none, reaches
-	// what the policy allows through a per-run proxy (package egress). It
-	// needs RelayBinary in HelpersDir.
-	Egress egress.Policy
 
-	// Sandbox runs the container.
-	Sandbox sandbox.Backend
-	// Image is the run image; DefaultImage when empty. A digest reference
-	// (name@sha256:...) runs exactly that image.
-	Image string
-	// Pull says when the image is pulled from its registry:
-	// sandbox.PullMissing (the default, when empty) pulls it only when it
-	// does not exist locally, PullAlways before every run, PullNever never.
-	// The backend authenticates with the docker CLI's config and
-	// credential helpers.
-	Pull sandbox.PullPolicy
-	// AllowedImages, when non-empty, is the only images a run may use
-	// (package imageref: NAME, NAME:TAG, NAME@sha256:HEX, with * globs;
-	// references normalized as docker does). Any other image is refused
-	// before anything is pulled or created, with an error wrapping
-	// ErrImageNotAllowed.
-	AllowedImages []string
-	// Command replaces the image's default command when non-empty.
-	Command []string
-	// Entrypoint replaces the image's entrypoint when non-empty, as
-	// `docker run --entrypoint` does: the container runs Entrypoint followed
-	// by Command, and the image's own command is dropped.
-	Entrypoint []string
-	// Env adds NAME=VALUE variables to the agent's environment, after the
-	// image's own. It is visible to the agent and everything it runs: a
-	// secret belongs to the model gateway (Model) or the credential broker,
-	// never here. Names taskrun sets itself (TASKRUN_*, HOME, the proxy
-	// variables) are refused (see config.CheckEnv).
-	Env []string
-	// Policy confines the container; sandbox.DefaultPolicy() when zero.
-	Policy sandbox.Policy
-	// Helpers are the in-container helper files (package helpers), such as
-	// helpers.FromExecutable: the helpers installed with the taskrun binary,
-	// or the binary itself, which acts as the self-check and the relay. With Helpers or HelpersDir every run starts
-	// with the in-sandbox self-check; a contradiction with Policy refuses
-	// the run. Exactly the helper files are mounted, read-only, file by file
-	// under /.taskrun/bin. Set at most one of Helpers and HelpersDir; with
-	// neither the run has no self-check.
-	Helpers helpers.Files
-	// HelpersDir holds separately built static helpers: taskrun-probe
-	// (required) and taskrun-relay; only those files are mounted.
-	HelpersDir string
-	// UIDs, when set, leases each run a host uid/gid of its own: the
-	// container runs as it (replacing Policy.User), the run directory is
-	// owned by it, and it is released once the container is gone. Runs then
-	// never share per-user kernel limits (inotify instances, processes).
-	// Without it every run is Policy.User.
-	UIDs *uidpool.Pool
-	// WarmPool, when set, starts the run in a container its pool parked
-	// ahead of time (package warmpool), when one of the run's key (its
-	// image, policy, helpers, disk cap, timeout and labels) is ready; else
-	// the run goes the cold path and the pool starts keeping containers of
-	// that key. A warm run is confined, checked and recorded exactly as a
-	// cold one; its run directory is the slot's, under the pool's
-	// directory. The pool must run on Sandbox and lease from UIDs; a run
-	// without the self-check (Helpers or HelpersDir) always goes cold.
-	WarmPool *warmpool.Pool
-	// Labels are added to the run's container next to the dev.taskrun.*
-	// labels, e.g. a test framework's session labels so its reaper finds it.
-	Labels map[string]string
-	// SessionExcludes are the glob patterns (relative to home) left out of
-	// the session state; workspace.DefaultExcludes when nil.
+	// The run (Spec).
+	Task            *model.Task
+	Run             *model.TaskRun
+	SessionID       string
+	Updater         TaskRunUpdater
+	StreamSender    workerclient.StreamSender
+	Model           config.ModelEntry
+	Egress          egress.Policy
+	Image           string
+	Command         []string
+	Entrypoint      []string
+	Env             []string
+	Labels          map[string]string
 	SessionExcludes []string
-	// ChangeExcludes are the patterns (relative to home, in the syntax of
-	// SessionExcludes) left out of the run's change set, so neither
-	// changes.patch nor `taskrun apply` carries them:
-	// changeset.DefaultExcludes (the reference agent's state) when nil,
-	// nothing when empty. changes.json lists them.
-	ChangeExcludes []string
-	// KeepRunDir keeps the run directory on the host after a successful
-	// run; by default it is removed once everything is persisted.
-	KeepRunDir bool
-	// MaxOutputBytes caps the stdout and the stderr kept from the run, each:
-	// DefaultMaxOutputBytes when zero, no cap when negative. Output past the
-	// cap is drained from the container and counted but not kept, so a
-	// flooding agent cannot fill the host disk.
-	MaxOutputBytes int64
-	// DiskLimitBytes caps what the run may store under /taskrun:
-	// DefaultDiskLimitBytes when zero, no cap when negative.
-	DiskLimitBytes int64
-	// Timeout bounds the container's run time; DefaultTimeout when zero.
-	Timeout time.Duration
-	// Stdout, when non-nil, receives a live copy of the run's stdout, fed
-	// independently of StreamSender so neither can hold up the other.
-	Stdout io.Writer
-	// Stderr, when non-nil, receives the run's stderr live.
-	Stderr io.Writer
-	// Logger receives the executor's own log; slog.Default() when nil.
-	Logger *slog.Logger
+	ChangeExcludes  []string
+	KeepRunDir      bool
+	MaxOutputBytes  int64
+	DiskLimitBytes  int64
+	Timeout         time.Duration
+	Stdout          io.Writer
+	Stderr          io.Writer
+	Timings         *timings.Recorder
+	OnUsage         func(sandbox.Usage)
+	// Policy is Spec.Policy, else the host's default
+	// (sandbox.DefaultPolicy() when zero).
+	Policy sandbox.Policy
 
-	// Journal records the run for crash recovery (package journal): by
-	// default the journal under the runs root when Paths has one
-	// (NewRuntimePathsFromRoot). A run ID with a record is refused.
-	Journal *journal.Dir
-	// Executor identifies the executor process in the journal.
-	Executor instance.Info
-	// AttestKey signs the run's attestation (package attest), stored as
-	// attest.ObjectName beside the run's other objects. Without a key the
-	// attestation is stored unsigned, and says so. The key stays in the
-	// executor: it never enters the sandbox, a log or a record.
-	AttestKey *attest.Signer
-	// Version is the executor's version, recorded in the attestation.
-	Version string
-	// StoreURL and ControlPlane are journaled (without credentials) so
-	// that `taskrun gc` can finish the run if the executor dies.
-	StoreURL     string
-	ControlPlane *journal.ControlPlane
-	// PersistTimeout bounds storing the run's outputs:
-	// DefaultPersistTimeout when zero.
+	// The machine (Config).
+	Pull           sandbox.PullPolicy
+	AllowedImages  []string
+	Helpers        helpers.Files
+	HelpersDir     string
+	UIDs           *uidpool.Pool
+	Logger         *slog.Logger
+	Journal        *journal.Dir
+	Executor       instance.Info
+	AttestKey      *attest.Signer
+	Version        string
+	StoreURL       string
+	ControlPlane   *journal.ControlPlane
 	PersistTimeout time.Duration
-	// ReportTimeout bounds the final report: DefaultReportTimeout when zero.
-	ReportTimeout time.Duration
-	// Timings, when set, records the run's phases (see package timings);
-	// by default execute makes a Recorder. Either way the spans end up in
-	// Outcome.Timings and in the run's index record.
-	Timings *timings.Recorder
-	// OnUsage, when set, is called with the run's resource usage so far
-	// after each live sample of its container's counters (a backend with
-	// sandbox.Capabilities.Stats), from the sampler's goroutine.
-	OnUsage func(sandbox.Usage)
-	// ShutdownGrace bounds, once ctx is cancelled, everything the run still
-	// does (stopping the container, storing, reporting); what is left is in
-	// the journal for `taskrun gc`. Zero: the deadlines above only.
-	ShutdownGrace time.Duration
+	ReportTimeout  time.Duration
+	ShutdownGrace  time.Duration
+	// Paths places the run directories: Config.Paths, else the layout's.
+	Paths RuntimePaths
+	// Persist is Config.Store and ArtifactStorage Config.Artifacts, else
+	// Store; both fenced by a Spec.Lease that confirms.
+	Persist         persist.PersistStorage
+	ArtifactStorage persist.ArtifactStorage
+	// Sandbox is Config.Backend.
+	Sandbox sandbox.Backend
+	// WarmPool is the host's pool: Config.WarmPool, or the one Config.Warm
+	// started.
+	WarmPool *warmpool.Pool
 
 	// live registers the run's live container for Host.Pause; nil for a
 	// run not executed by a Host.

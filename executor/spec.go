@@ -22,7 +22,8 @@ import (
 type Spec struct {
 	// Task is the task to run; its UserID, ConversationID and ID place the
 	// run. Run is the run (Run.PreviousRunID names a run to resume);
-	// SessionID names the agent session. All three are required.
+	// SessionID names the agent session (traces go under
+	// traces/<SessionID>/). All three are required.
 	Task      *model.Task
 	Run       *model.TaskRun
 	SessionID string
@@ -33,38 +34,61 @@ type Spec struct {
 	// Lease, when set, fences the run: every write of its objects confirms
 	// the lease first, and the journal keeps the lease for recovery.
 	Lease *Lease
-	// Model is the model the agent may use through the run's gateway;
-	// Egress what it may reach (zero: nothing).
-	Model  config.ModelEntry
+	// Model is the model the agent may use through the run's gateway.
+	Model config.ModelEntry
+	// Egress is what the agent may reach. Zero means no route out at all;
+	// otherwise the container, still with network none, reaches what the
+	// policy allows through a per-run proxy (package egress), which needs
+	// the relay among the host's helpers.
 	Egress egress.Policy
-	// Image is the run image (a digest reference runs exactly that
-	// image); Command and Entrypoint replace the image's as `docker run`
-	// does; Env adds NAME=VALUE variables visible to the agent (no
-	// secrets: names taskrun sets itself are refused).
-	Image      string
+	// Image is the run image; a digest reference (name@sha256:...) runs
+	// exactly that image.
+	Image string
+	// Command replaces the image's default command when non-empty;
+	// Entrypoint replaces its entrypoint, as `docker run --entrypoint`
+	// does: the container runs Entrypoint followed by Command, and the
+	// image's own command is dropped.
 	Command    []string
 	Entrypoint []string
-	Env        []string
+	// Env adds NAME=VALUE variables to the agent's environment, after the
+	// image's own. It is visible to the agent and everything it runs: a
+	// secret belongs to the model gateway (Model) or the credential broker,
+	// never here. Names taskrun sets itself (TASKRUN_*, HOME, the proxy
+	// variables) are refused (see config.CheckEnv).
+	Env []string
 	// Policy replaces the host's default policy when set.
 	Policy *sandbox.Policy
-	// Timeout, MaxOutputBytes and DiskLimitBytes replace the host's
-	// defaults when non-zero.
+	// Timeout bounds the container's run time. MaxOutputBytes caps the
+	// stdout and the stderr kept from the run, each (negative: no cap);
+	// output past the cap is drained from the container and counted but
+	// not kept, so a flooding agent cannot fill the host disk.
+	// DiskLimitBytes caps what the run may store under /taskrun (negative:
+	// no cap). Each replaces the host's default when non-zero.
 	Timeout        time.Duration
 	MaxOutputBytes int64
 	DiskLimitBytes int64
-	// SessionExcludes replaces the host's default when non-nil;
-	// ChangeExcludes are left out of the run's change set
-	// (changeset.DefaultExcludes when nil, nothing when empty);
-	// KeepRunDir keeps the run directory after a successful run.
+	// SessionExcludes are the glob patterns (relative to home) left out of
+	// the session state; the host's default when nil. ChangeExcludes are
+	// the patterns (same syntax) left out of the run's change set, so
+	// neither changes.patch nor `taskrun apply` carries them:
+	// changeset.DefaultExcludes (the reference agent's state) when nil,
+	// nothing when empty; changes.json lists them.
 	SessionExcludes []string
 	ChangeExcludes  []string
-	KeepRunDir      bool
-	// Labels are added to the run's container.
+	// KeepRunDir keeps the run directory on the host after a successful
+	// run; by default it is removed once everything is persisted.
+	KeepRunDir bool
+	// Labels are added to the run's container next to the dev.taskrun.*
+	// labels, e.g. a test framework's session labels so its reaper finds it.
 	Labels map[string]string
-	// Stdout and Stderr, when set, receive live copies of the run's
-	// output; Timings, when set, records its phases.
-	Stdout  io.Writer
-	Stderr  io.Writer
+	// Stdout, when set, receives a live copy of the run's stdout, fed
+	// independently of StreamSender so neither can hold up the other;
+	// Stderr, when set, the run's stderr live.
+	Stdout io.Writer
+	Stderr io.Writer
+	// Timings, when set, records the run's phases (see package timings);
+	// by default the run makes a Recorder. Either way the spans end up in
+	// Outcome.Timings and in the run's index record.
 	Timings *timings.Recorder
 	// OnUsage, when set, is called with the run's resource usage so far
 	// after each live sample of its container's counters (a backend with

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/diskcap"
@@ -134,13 +136,7 @@ func (e *crashEnv) outputLog(t *testing.T, runID string) string {
 // mount, loop device, disk-cap image, run dir or journal record.
 func (e *crashEnv) requireNothingLeft(t *testing.T, runID string) {
 	t.Helper()
-	// A run's record ends before its host releases it (the disk cap's
-	// unmount, the run directory's removal): give the release a bounded
-	// time, then check.
-	deadline := time.Now().Add(testdeadline.Scale(30 * time.Second))
-	for time.Now().Before(deadline) && e.holdsSomething(runID) {
-		time.Sleep(100 * time.Millisecond)
-	}
+	e.awaitJournalEnd(t, runID)
 	out, err := exec.Command("docker", "ps", "-aq", "--filter", "label=dev.taskrun.run="+runID).Output()
 	require.NoError(t, err)
 	assert.Empty(t, strings.TrimSpace(string(out)), "a container of the run is left")
@@ -571,11 +567,51 @@ func TestRunKilledWhileReportingIsOnlyReported(t *testing.T) {
 	assert.NoDirExists(t, dir)
 }
 
-// holdsSomething reports whether the host still holds a mount or loop
-// device under the runs root, or the run's directory.
-func (e *crashEnv) holdsSomething(runID string) bool {
-	mounts, _ := os.ReadFile("/proc/mounts")
-	loops, _ := exec.Command("losetup", "-a").Output()
-	_, err := os.Stat(e.runDir(runID))
-	return strings.Contains(string(mounts), e.root+"/") || strings.Contains(string(loops), e.root+"/") || err == nil
+// awaitJournalEnd waits for the run's journal record to be removed: the
+// executor's last step of a run, after its container is gone and its
+// host released it (the disk cap's unmount, the run directory's removal),
+// and after its index record ended, which is what the tests wait on
+// first. It returns at once when the record is gone already, and at its
+// bound when the record stays (a run kept for recovery): the checks that
+// follow then say what is left.
+//
+// Between the index record's end and the removal the executor only sends
+// the final report (no control plane in these tests) and removes the
+// record: file writes. The bound is a minute on an idle machine, scaled
+// by the load, for a wait that normally lasts milliseconds.
+func (e *crashEnv) awaitJournalEnd(t *testing.T, runID string) {
+	t.Helper()
+	jd, err := taskrun.OpenRunJournal(e.root)
+	require.NoError(t, err)
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	// The watch is in place before the record is looked at, so its
+	// removal cannot slip between the two.
+	_, err = unix.InotifyAddWatch(fd, jd.Path(), unix.IN_DELETE|unix.IN_MOVED_FROM|unix.IN_DELETE_SELF)
+	require.NoError(t, err)
+	gone := func() bool {
+		_, err := jd.Load(runID)
+		return errors.Is(err, journal.ErrNotFound)
+	}
+	deadline := time.Now().Add(testdeadline.Scale(time.Minute))
+	buf := make([]byte, 64<<10)
+	for !gone() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Logf("run %s: its journal record is still there after %s", runID, testdeadline.Scale(time.Minute))
+			return
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(pfd, int(left.Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+			require.NoError(t, err)
+		}
+		// Drain the events: any removal in the directory is a reason to
+		// look again.
+		for {
+			if _, err := unix.Read(fd, buf); err != nil {
+				break
+			}
+		}
+	}
 }

@@ -32,6 +32,47 @@ func (e *crashEnv) endedRecord(t *testing.T, runID string) runindex.Record {
 	return rec
 }
 
+// startLiveDaemon starts a daemon on e's root and store, with extra
+// flags, at a socket of its own.
+func startLiveDaemon(t *testing.T, e *crashEnv, extra ...string) *daemonProc {
+	t.Helper()
+	return startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"), extra...)
+}
+
+// detach starts a live run of e's user through d (taskrun run --detach)
+// and returns its ID: prefix and the test's tenant.
+func (d *daemonProc) detach(t *testing.T, e *crashEnv, prefix string) string {
+	t.Helper()
+	runID := prefix + strings.ToLower(tenant(t)[:8])
+	out, stderr, code := d.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
+	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
+	assert.Equal(t, runID, strings.TrimSpace(out), "detach prints the run's ID")
+	return runID
+}
+
+// dialDaemon is a client of d's API, closed at cleanup.
+func dialDaemon(t *testing.T, d *daemonProc) *daemon.Client {
+	t.Helper()
+	c, err := daemon.Dial(context.Background(), d.sock)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c
+}
+
+// stopLive stops the live run runID through d (taskrun stop) and returns
+// its record once it ended CANCELLED.
+func (e *crashEnv) stopLive(t *testing.T, d *daemonProc, runID string) runindex.Record {
+	t.Helper()
+	_, stderr, code := runTaskrun(t, d, "stop", runID)
+	require.Equal(t, exitOK, code, stderr)
+	var rec runindex.Record
+	require.Eventually(t, func() bool {
+		rec = e.endedRecord(t, runID)
+		return rec.Status == model.StatusCancelled
+	}, testdeadline.Scale(time.Minute), 200*time.Millisecond, "run %s never ended CANCELLED once stopped", runID)
+	return rec
+}
+
 // asNobody is curl against the daemon at sock as uid nobody: the HTTP status.
 func asNobody(t *testing.T, sock, method, path, body string) string {
 	t.Helper()
@@ -51,16 +92,10 @@ func asNobody(t *testing.T, sock, method, path, body string) string {
 // ends the run and stores it.
 func TestDaemonLiveRunServesCommands(t *testing.T) {
 	e := newCrashEnv(t)
-	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
-	runID := "live" + strings.ToLower(tenant(t)[:8])
-	out, stderr, code := d.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
-	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
-	assert.Equal(t, runID, strings.TrimSpace(out))
-
+	d := startLiveDaemon(t, e)
+	runID := d.detach(t, e, "live")
 	ctx := context.Background()
-	c, err := daemon.Dial(ctx, d.sock)
-	require.NoError(t, err)
-	defer c.Close()
+	c := dialDaemon(t, d)
 	const n = 50
 	start := time.Now()
 	for i := 0; i < n; i++ {
@@ -96,10 +131,7 @@ func TestDaemonLiveRunServesCommands(t *testing.T) {
 	assert.Equal(t, 0, res.Exit, "another tenant's command ran in the run")
 	assert.Equal(t, "alive\n", probe.String())
 
-	_, stderr, code = runTaskrun(t, d, "stop", runID)
-	require.Equal(t, exitOK, code, stderr)
-	rec := e.endedRecord(t, runID)
-	assert.Equal(t, model.StatusCancelled, rec.Status)
+	rec := e.stopLive(t, d, runID)
 	require.Len(t, rec.Execs, n+2, "every command is in the run's record")
 	assert.Equal(t, 1, rec.Execs[1].Exit)
 	assert.Contains(t, rec.Execs[0].By, "through the taskrun daemon")
@@ -115,14 +147,10 @@ func TestDaemonLiveRunServesCommands(t *testing.T) {
 // leads out of the home is refused, and another tenant finds nothing.
 func TestDaemonLiveRunFiles(t *testing.T) {
 	e := newCrashEnv(t)
-	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
-	runID := "file" + strings.ToLower(tenant(t)[:8])
-	_, stderr, code := d.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
-	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
+	d := startLiveDaemon(t, e)
+	runID := d.detach(t, e, "file")
 	ctx := context.Background()
-	c, err := daemon.Dial(ctx, d.sock)
-	require.NoError(t, err)
-	defer c.Close()
+	c := dialDaemon(t, d)
 	exe := func(script string) string {
 		var out lockedbuf.Buffer
 		res, err := c.Exec(ctx, runID, daemon.ExecRequest{Argv: []string{"sh", "-c", script}}, &out, &out)
@@ -192,9 +220,7 @@ func TestDaemonLiveRunFiles(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "f00.txt", string(got))
 
-	_, stderr, code = runTaskrun(t, d, "stop", runID)
-	require.Equal(t, exitOK, code, stderr)
-	e.endedRecord(t, runID)
+	e.stopLive(t, d, runID)
 	e.requireNothingLeft(t, runID)
 }
 
@@ -202,32 +228,23 @@ func TestDaemonLiveRunFiles(t *testing.T) {
 // it) takes commands too.
 func TestDaemonLiveRunOnAWarmContainer(t *testing.T) {
 	e := newCrashEnv(t)
-	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"), "--warm", "1")
-	runID := "warm" + strings.ToLower(tenant(t)[:8])
+	d := startLiveDaemon(t, e, "--warm", "1")
 	time.Sleep(testdeadline.Scale(3 * time.Second)) // the pool fills
-	_, stderr, code := d.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
-	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
-	ctx := context.Background()
-	c, err := daemon.Dial(ctx, d.sock)
-	require.NoError(t, err)
-	defer c.Close()
+	runID := d.detach(t, e, "warm")
+	c := dialDaemon(t, d)
 	var out lockedbuf.Buffer
-	res, err := c.Exec(ctx, runID, daemon.ExecRequest{Argv: []string{"echo", "warm"}}, &out, &out)
+	res, err := c.Exec(context.Background(), runID, daemon.ExecRequest{Argv: []string{"echo", "warm"}}, &out, &out)
 	require.NoError(t, err, "%s", d.log)
 	assert.Equal(t, 0, res.Exit)
 	assert.Equal(t, "warm\n", out.String())
-	_, stderr, code = runTaskrun(t, d, "stop", runID)
-	require.Equal(t, exitOK, code, stderr)
-	e.endedRecord(t, runID)
+	e.stopLive(t, d, runID)
 }
 
 // A live run no call touches is stopped at the daemon's --max-idle.
 func TestDaemonStopsAnIdleLiveRun(t *testing.T) {
 	e := newCrashEnv(t)
-	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"), "--max-idle", "3s")
-	runID := "idle" + strings.ToLower(tenant(t)[:8])
-	_, stderr, code := d.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
-	require.Equal(t, exitOK, code, stderr)
+	d := startLiveDaemon(t, e, "--max-idle", "3s")
+	runID := d.detach(t, e, "idle")
 	start := time.Now()
 	rec := e.endedRecord(t, runID)
 	assert.Equal(t, model.StatusCancelled, rec.Status)
@@ -257,10 +274,8 @@ func runTaskrun(t *testing.T, d *daemonProc, args ...string) (string, string, in
 // of it. Another tenant cannot pause it.
 func TestDaemonPausesALiveRun(t *testing.T) {
 	e := newCrashEnv(t)
-	d := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
-	runID := "pause" + strings.ToLower(tenant(t)[:8])
-	_, stderr, code := d.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
-	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
+	d := startLiveDaemon(t, e)
+	runID := d.detach(t, e, "pause")
 	assert.Equal(t, "404", asNobody(t, d.sock, "POST", "/v1/runs/"+runID+"/pause", ""))
 
 	out, stderr, code := runTaskrun(t, d, "pause", runID)
@@ -277,11 +292,6 @@ func TestDaemonPausesALiveRun(t *testing.T) {
 	out, stderr, code = runTaskrun(t, d, "resume", runID)
 	require.Equal(t, exitOK, code, "%s\n%s", stderr, d.log)
 	assert.Equal(t, runID, strings.TrimSpace(out))
-	_, stderr, code = runTaskrun(t, d, "stop", runID)
-	require.Equal(t, exitOK, code, stderr)
-	require.Eventually(t, func() bool {
-		rec = e.endedRecord(t, runID)
-		return rec.Status == model.StatusCancelled
-	}, testdeadline.Scale(time.Minute), 200*time.Millisecond, "the resumed run ends CANCELLED once stopped")
+	e.stopLive(t, d, runID)
 	e.requireNothingLeft(t, runID)
 }

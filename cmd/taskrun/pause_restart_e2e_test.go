@@ -6,13 +6,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/checkpoint"
-	"github.com/taskrun/taskrun/internal/testdeadline"
 	"github.com/taskrun/taskrun/model"
 )
 
@@ -23,10 +21,8 @@ import (
 // stays PAUSED; once resumed it cannot be resumed again.
 func TestDaemonResumesARunPausedByAnotherDaemon(t *testing.T) {
 	e := newCrashEnv(t)
-	d1 := startDaemon(t, e, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
-	runID := "prst" + strings.ToLower(tenant(t)[:8])
-	_, stderr, code := d1.runClient(t, 0, "--detach", "--user", e.user, "--run-id", runID, "--image", testImage)
-	require.Equal(t, exitOK, code, "%s\n%s", stderr, d1.log)
+	d1 := startLiveDaemon(t, e)
+	runID := d1.detach(t, e, "prst")
 	assert.Equal(t, "404", asNobody(t, d1.sock, "POST", "/v1/runs/"+runID+"/pause", ""))
 	out, stderr, code := runTaskrun(t, d1, "pause", runID)
 	require.Equal(t, exitOK, code, "%s\n%s", stderr, d1.log)
@@ -39,7 +35,7 @@ func TestDaemonResumesARunPausedByAnotherDaemon(t *testing.T) {
 
 	e2 := *e
 	e2.root = t.TempDir()
-	d2 := startDaemon(t, &e2, filepath.Join(shareDir(t, "taskrun-sock-"), "taskrun.sock"))
+	d2 := startLiveDaemon(t, &e2)
 	assert.Equal(t, "404", asNobody(t, d2.sock, "POST", "/v1/runs/"+runID+"/resume", ""), "another tenant does not find the run")
 
 	// A changed archive is refused, and the run stays PAUSED.
@@ -56,12 +52,7 @@ func TestDaemonResumesARunPausedByAnotherDaemon(t *testing.T) {
 	out, stderr, code = runTaskrun(t, d2, "resume", runID)
 	require.Equal(t, exitOK, code, "%s\n%s", stderr, d2.log)
 	assert.Equal(t, runID, strings.TrimSpace(out))
-	_, stderr, code = runTaskrun(t, d2, "stop", runID)
-	require.Equal(t, exitOK, code, stderr)
-	require.Eventually(t, func() bool {
-		rec = e.endedRecord(t, runID)
-		return rec.Status == model.StatusCancelled
-	}, testdeadline.Scale(time.Minute), 200*time.Millisecond, "the resumed run ends CANCELLED once stopped")
+	e.stopLive(t, d2, runID)
 	e.requireNothingLeft(t, runID)
 
 	_, stderr, code = runTaskrun(t, d2, "resume", runID)

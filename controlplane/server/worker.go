@@ -250,12 +250,7 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
 	err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody)).Decode(&p)
 	lift()
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "PATCH body over 1 MiB")
-			return
-		}
-		writeError(w, http.StatusBadRequest, "PATCH body: "+err.Error())
+		s.badBody(w, fmt.Errorf("PATCH body: %w", err), "PATCH body over 1 MiB")
 		return
 	}
 	if p.Status != model.StatusRunning && p.Status != model.StatusPaused && !p.Status.Terminal() {
@@ -309,12 +304,7 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 		buf, rerr := io.ReadAll(http.MaxBytesReader(w, r.Body, workerclient.MaxPostBytes))
 		lift()
 		if rerr != nil {
-			var tooBig *http.MaxBytesError
-			if errors.As(rerr, &tooBig) {
-				writeError(w, http.StatusRequestEntityTooLarge, "stream body over 1 MiB")
-				return
-			}
-			writeError(w, http.StatusBadRequest, "stream body: "+rerr.Error())
+			s.badBody(w, fmt.Errorf("stream body: %w", rerr), "stream body over 1 MiB")
 			return
 		}
 		var before controlplane.Run

@@ -36,6 +36,68 @@ import (
 	"github.com/taskrun/taskrun/sandbox/sandboxtest"
 )
 
+// clusterSpec is a run of the test image: runID (of user u, conversation
+// c, task t) runs cmd within timeout, stopped with a second's grace.
+func clusterSpec(runID string, timeout time.Duration, cmd ...string) sandbox.Spec {
+	return sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: cmd,
+		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: runID}, Timeout: timeout, StopGrace: time.Second}
+}
+
+// halfCPU is the default policy with half a CPU, so that the test
+// cluster's node fits several runs at once.
+func halfCPU() sandbox.Policy {
+	pol := sandbox.DefaultPolicy()
+	pol.NanoCPUs = 500_000_000
+	return pol
+}
+
+// startRun starts spec on b under pol, its stdout and stderr into the
+// buffers it returns; the run is closed at cleanup.
+func startRun(t *testing.T, b *Backend, spec sandbox.Spec, pol sandbox.Policy) (sandbox.Handle, *lockedbuf.Buffer, *lockedbuf.Buffer) {
+	t.Helper()
+	var out, errOut lockedbuf.Buffer
+	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close(context.Background()) })
+	return h, &out, &errOut
+}
+
+// awaitOutput waits, a minute at most, for marker in out.
+func awaitOutput(t *testing.T, out *lockedbuf.Buffer, marker string) {
+	t.Helper()
+	select {
+	case <-out.Seen(marker):
+	case <-time.After(time.Minute):
+		t.Fatalf("the run never printed %q", marker)
+	}
+}
+
+// mountableRunDir is a run directory a Pod's user may write to.
+func mountableRunDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o777))
+	return dir
+}
+
+// requireNoneLeft checks b manages no Pod or NetworkPolicy of its
+// instance any more.
+func requireNoneLeft(t *testing.T, b *Backend, e *testEnv) {
+	t.Helper()
+	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
+	require.NoError(t, err)
+	assert.Empty(t, left, "the Pod and its NetworkPolicy are deleted")
+}
+
+// numberedLines is format (with one %d) for 1 to n, a line each.
+func numberedLines(format string, n int) string {
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, format+"\n", i)
+	}
+	return b.String()
+}
+
 // TestRestrictedNamespaceAdmitsOnlyTaskrunsPods submits (server-side dry
 // run: admission runs, nothing is stored) the Pod the converter makes, then
 // the same Pod with one field loosened: the API server admits the first
@@ -96,19 +158,8 @@ func TestRestrictedNamespaceAdmitsOnlyTaskrunsPods(t *testing.T) {
 func TestPostureOfALivePod(t *testing.T) {
 	e := requireCluster(t)
 	b := newTestBackend(t, e)
-	var out lockedbuf.Buffer
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo up; sleep 1000"},
-		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "posture"}, Timeout: 2 * time.Minute}
-	pol := sandbox.DefaultPolicy()
-	pol.NanoCPUs = 500_000_000
-	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
-	select {
-	case <-out.Seen("up"):
-	case <-time.After(time.Minute):
-		t.Fatal("the run never printed its marker")
-	}
+	h, out, _ := startRun(t, b, clusterSpec("posture", 2*time.Minute, "sh", "-c", "echo up; sleep 1000"), halfCPU())
+	awaitOutput(t, out, "up")
 	p, err := h.Posture(t.Context())
 	require.NoError(t, err)
 	assert.True(t, strings.HasPrefix(p.ID, "containerd://"), "the posture names the live container: %q", p.ID)
@@ -184,14 +235,7 @@ done
 printf '` + podhelper.UnacknowledgedPrefix + `forged' >` + podhelper.TerminationLog + ` && echo log=written
 head -c 200000 /dev/zero | tr '\0' z
 echo end`
-	var out, errOut lockedbuf.Buffer
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", script},
-		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "forge"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
-	pol := sandbox.DefaultPolicy()
-	pol.NanoCPUs = 500_000_000
-	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
+	h, out, errOut := startRun(t, b, clusterSpec("forge", 2*time.Minute, "sh", "-c", script), halfCPU())
 	res := h.Wait(t.Context())
 	require.NoError(t, res.Err)
 	require.Equal(t, 0, res.ExitCode, "stderr: %s", errOut.String())
@@ -223,11 +267,8 @@ func TestStalledReaderIsReportedAsIncompleteOutput(t *testing.T) {
 	e := requireCluster(t)
 	b := newTestBackend(t, e, WithAckIdle(2*time.Second))
 	out := &stallWriter{stall: 8 * time.Second}
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo out; exit 3"},
-		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "stall"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
-	pol := sandbox.DefaultPolicy()
-	pol.NanoCPUs = 500_000_000
-	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: out})
+	spec := clusterSpec("stall", 2*time.Minute, "sh", "-c", "echo out; exit 3")
+	h, err := b.Start(t.Context(), spec, halfCPU(), sandbox.Streams{Stdout: out})
 	require.NoError(t, err)
 	defer h.Close(t.Context())
 	res := h.Wait(t.Context())
@@ -244,17 +285,10 @@ func TestStalledReaderIsReportedAsIncompleteOutput(t *testing.T) {
 func TestCompressibleOutputComesBackFromAPod(t *testing.T) {
 	e := requireCluster(t)
 	b := newTestBackend(t, e)
-	runDir := t.TempDir()
-	require.NoError(t, os.Chmod(runDir, 0o777))
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
-		Cmd:     []string{"sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' z >/taskrun/big.txt && echo written"},
-		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "compressible"},
-		Mounts:  []sandbox.Mount{{Source: runDir, Target: "/taskrun"}},
-		Timeout: 2 * time.Minute, StopGrace: time.Second, DiskBytes: 64 << 20}
-	var out, errOut lockedbuf.Buffer
-	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
+	runDir := mountableRunDir(t)
+	spec := clusterSpec("compressible", 2*time.Minute, "sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' z >/taskrun/big.txt && echo written")
+	spec.Mounts, spec.DiskBytes = []sandbox.Mount{{Source: runDir, Target: "/taskrun"}}, 64<<20
+	h, out, errOut := startRun(t, b, spec, sandbox.DefaultPolicy())
 
 	pod, err := b.clientset().CoreV1().Pods(e.namespace).Get(t.Context(), h.(*handle).name, metav1.GetOptions{})
 	require.NoError(t, err)
@@ -309,14 +343,8 @@ func stopAPIServer(t *testing.T, e *testEnv, d time.Duration) (done <-chan struc
 func TestRunSurvivesAFrozenAPIServer(t *testing.T) {
 	e := requireCluster(t)
 	b := newTestBackend(t, e)
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
-		Cmd:     []string{"sh", "-c", "i=0; while [ $i -lt 12 ]; do i=$((i+1)); echo line $i; sleep 0.5; done"},
-		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "outage"},
-		Timeout: 3 * time.Minute, StopGrace: time.Second}
-	var out, errOut lockedbuf.Buffer
-	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
+	spec := clusterSpec("outage", 3*time.Minute, "sh", "-c", "i=0; while [ $i -lt 12 ]; do i=$((i+1)); echo line $i; sleep 0.5; done")
+	h, out, errOut := startRun(t, b, spec, sandbox.DefaultPolicy())
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "line 2\n") }, time.Minute, 20*time.Millisecond)
 
 	const outage = 15 * time.Second
@@ -328,15 +356,9 @@ func TestRunSurvivesAFrozenAPIServer(t *testing.T) {
 
 	require.NoError(t, res.Err, "stderr: %s", errOut.String())
 	assert.Equal(t, 0, res.ExitCode)
-	var want strings.Builder
-	for i := 1; i <= 12; i++ {
-		fmt.Fprintf(&want, "line %d\n", i)
-	}
-	assert.Equal(t, want.String(), out.String(), "the whole output came back")
+	assert.Equal(t, numberedLines("line %d", 12), out.String(), "the whole output came back")
 	require.NoError(t, h.Close(t.Context()))
-	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
-	require.NoError(t, err)
-	assert.Empty(t, left, "the Pod and its NetworkPolicy are deleted")
+	requireNoneLeft(t, b, e)
 }
 
 // TestReapRemovesOnlyPodsOfGoneExecutors leaves two running Pods behind as
@@ -359,11 +381,7 @@ func TestReapRemovesOnlyPodsOfGoneExecutors(t *testing.T) {
 	deadProcess := fmt.Sprintf("%d/1/%s", exited.Process.Pid, strings.TrimSpace(string(boot)))
 
 	start := func(b *Backend, run string) *handle {
-		spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sleep", "300"},
-			Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: run}, Timeout: 5 * time.Minute, StopGrace: time.Second}
-		h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
-		require.NoError(t, err)
-		t.Cleanup(func() { h.Close(context.Background()) })
+		h, _, _ := startRun(t, b, clusterSpec(run, 5*time.Minute, "sleep", "300"), sandbox.DefaultPolicy())
 		return h.(*handle)
 	}
 	dead := start(newTestBackend(t, e, WithInstance(deadID), WithInstanceProcess(deadProcess)), "dead")
@@ -480,12 +498,7 @@ func backendThroughProxy(t *testing.T, e *testEnv, opts ...Option) (*Backend, *f
 func TestRunEndsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
 	e := requireCluster(t)
 	b, p := backendThroughProxy(t, e)
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo one; echo two"},
-		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "refused"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
-	var out, errOut lockedbuf.Buffer
-	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
+	h, out, errOut := startRun(t, b, clusterSpec("refused", 2*time.Minute, "sh", "-c", "echo one; echo two"), sandbox.DefaultPolicy())
 	<-h.(*handle).pumpDone // the run container exited
 
 	const outage = 5 * time.Second
@@ -500,9 +513,7 @@ func TestRunEndsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
 	assert.Equal(t, "one\ntwo\n", out.String())
 	assert.GreaterOrEqual(t, took, outage, "the run waited for the server")
 	require.NoError(t, h.Close(t.Context()))
-	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
-	require.NoError(t, err)
-	assert.Empty(t, left)
+	requireNoneLeft(t, b, e)
 }
 
 // TestRunFailsPastTheAPIServerOutageBound keeps the API server unreachable
@@ -511,11 +522,7 @@ func TestRunEndsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
 func TestRunFailsPastTheAPIServerOutageBound(t *testing.T) {
 	e := requireCluster(t)
 	b, p := backendThroughProxy(t, e, WithAPIOutage(2*time.Second))
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"true"},
-		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "unreachable"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
-	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
+	h, _, _ := startRun(t, b, clusterSpec("unreachable", 2*time.Minute, "true"), sandbox.DefaultPolicy())
 	<-h.(*handle).pumpDone
 
 	p.down()
@@ -526,9 +533,7 @@ func TestRunFailsPastTheAPIServerOutageBound(t *testing.T) {
 
 	time.AfterFunc(time.Second, func() { p.up(t) })
 	require.NoError(t, h.Close(t.Context()), "the Pod is deleted once the server is back")
-	left, err := b.ListManaged(t.Context(), map[string]string{sandbox.LabelInstance: e.instance})
-	require.NoError(t, err)
-	assert.Empty(t, left)
+	requireNoneLeft(t, b, e)
 }
 
 // TestRunStartsAcrossAnAPIServerThatRefusesConnections starts a run while
@@ -537,16 +542,11 @@ func TestRunFailsPastTheAPIServerOutageBound(t *testing.T) {
 func TestRunStartsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
 	e := requireCluster(t)
 	b, p := backendThroughProxy(t, e)
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"echo", "started"},
-		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "refused-start"}, Timeout: 2 * time.Minute, StopGrace: time.Second}
 	const outage = 3 * time.Second
 	p.down()
 	start := time.Now()
 	time.AfterFunc(outage, func() { p.up(t) })
-	var out, errOut lockedbuf.Buffer
-	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out, Stderr: &errOut})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
+	h, out, errOut := startRun(t, b, clusterSpec("refused-start", 2*time.Minute, "echo", "started"), sandbox.DefaultPolicy())
 	assert.GreaterOrEqual(t, time.Since(start), outage, "Start waited for the server")
 	res := h.Wait(t.Context())
 	require.NoError(t, res.Err, "stderr: %s", errOut.String())
@@ -560,17 +560,9 @@ func TestRunStartsAcrossAnAPIServerThatRefusesConnections(t *testing.T) {
 func TestDollarsReachTheShellAsWritten(t *testing.T) {
 	e := requireCluster(t)
 	b := newTestBackend(t, e)
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
-		Cmd:     []string{"sh", "-c", "echo pid=$$; echo sub=$(HOME); echo env=$DOLLAR"},
-		Env:     []string{"DOLLAR=a$(HOME)b$$c"},
-		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "dollars"},
-		Timeout: 2 * time.Minute, StopGrace: time.Second}
-	pol := sandbox.DefaultPolicy()
-	pol.NanoCPUs = 500_000_000
-	var out, errOut lockedbuf.Buffer
-	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
+	spec := clusterSpec("dollars", 2*time.Minute, "sh", "-c", "echo pid=$$; echo sub=$(HOME); echo env=$DOLLAR")
+	spec.Env = []string{"DOLLAR=a$(HOME)b$$c"}
+	h, out, errOut := startRun(t, b, spec, halfCPU())
 	res := h.Wait(t.Context())
 	require.NoError(t, res.Err)
 	require.Equal(t, 0, res.ExitCode, "stderr: %s", errOut.String())
@@ -588,19 +580,9 @@ func TestDollarsReachTheShellAsWritten(t *testing.T) {
 func TestRunPastItsDiskCapFailsWithTheReason(t *testing.T) {
 	e := requireCluster(t)
 	b := newTestBackend(t, e)
-	runDir := t.TempDir()
-	require.NoError(t, os.Chmod(runDir, 0o777))
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
-		Cmd:     []string{"sh", "-c", "echo kept >/taskrun/kept.txt && head -c 100000000 /dev/urandom >/taskrun/big.bin; echo wrote=$?; sleep 90"},
-		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "overdisk"},
-		Mounts:  []sandbox.Mount{{Source: runDir, Target: "/taskrun"}},
-		Timeout: 3 * time.Minute, StopGrace: time.Second, DiskBytes: 64 << 20}
-	pol := sandbox.DefaultPolicy()
-	pol.NanoCPUs = 500_000_000
-	var out, errOut lockedbuf.Buffer
-	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
+	spec := clusterSpec("overdisk", 3*time.Minute, "sh", "-c", "echo kept >/taskrun/kept.txt && head -c 100000000 /dev/urandom >/taskrun/big.bin; echo wrote=$?; sleep 90")
+	spec.Mounts, spec.DiskBytes = []sandbox.Mount{{Source: mountableRunDir(t), Target: "/taskrun"}}, 64<<20
+	h, out, errOut := startRun(t, b, spec, halfCPU())
 	start := time.Now()
 	res := h.Wait(t.Context())
 	t.Logf("after %s: err=%v exit=%d stdout=%q stderr=%q", time.Since(start), res.Err, res.ExitCode, out.String(), errOut.String())
@@ -618,17 +600,8 @@ func TestRunPastItsDiskCapFailsWithTheReason(t *testing.T) {
 func TestDeletingTheRunPodReapsItsNetworkPolicy(t *testing.T) {
 	e := requireCluster(t)
 	b := newTestBackend(t, e)
-	var out lockedbuf.Buffer
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sh", "-c", "echo up; sleep 1000"},
-		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "owned"}, Timeout: 2 * time.Minute}
-	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{Stdout: &out})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
-	select {
-	case <-out.Seen("up"):
-	case <-time.After(time.Minute):
-		t.Fatal("the run never printed its marker")
-	}
+	h, out, _ := startRun(t, b, clusterSpec("owned", 2*time.Minute, "sh", "-c", "echo up; sleep 1000"), sandbox.DefaultPolicy())
+	awaitOutput(t, out, "up")
 	cs := b.clientset()
 	pod, err := cs.CoreV1().Pods(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
 	require.NoError(t, err)
@@ -655,14 +628,10 @@ func TestDeletingTheRunPodReapsItsNetworkPolicy(t *testing.T) {
 func TestReapRemovesAPodStoppedAtItsDeadline(t *testing.T) {
 	e := requireCluster(t)
 	b := newTestBackend(t, e)
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage, Cmd: []string{"sleep", "300"},
-		Run: model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "deadline"}, Timeout: 5 * time.Minute}
-	h, err := b.Start(t.Context(), spec, sandbox.DefaultPolicy(), sandbox.Streams{})
-	require.NoError(t, err)
-	defer h.Close(context.Background())
+	h, _, _ := startRun(t, b, clusterSpec("deadline", 5*time.Minute, "sleep", "300"), sandbox.DefaultPolicy())
 	cs := b.clientset()
 	patch := []byte(`{"spec":{"activeDeadlineSeconds":1}}`)
-	_, err = cs.CoreV1().Pods(e.namespace).Patch(t.Context(), h.ID(), types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	_, err := cs.CoreV1().Pods(e.namespace).Patch(t.Context(), h.ID(), types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		pod, err := cs.CoreV1().Pods(e.namespace).Get(t.Context(), h.ID(), metav1.GetOptions{})
@@ -690,27 +659,13 @@ func TestReapRemovesAPodStoppedAtItsDeadline(t *testing.T) {
 func TestEvictedRunKeepsItsOutput(t *testing.T) {
 	e := requireCluster(t)
 	b := newTestBackend(t, e)
-	runDir := t.TempDir()
-	require.NoError(t, os.Chmod(runDir, 0o777))
-	spec := sandbox.Spec{Image: sandboxtest.DefaultImage,
-		Cmd: []string{"sh", "-c", "i=0; while [ $i -lt 500 ]; do i=$((i+1)); echo line-$i; done; echo err-line >&2; " +
-			"head -c 100000000 /dev/urandom >/taskrun/big.bin; sleep 90"},
-		Run:     model.RunRef{UserID: "u", ConversationID: "c", TaskID: "t", RunID: "evicted-output"},
-		Mounts:  []sandbox.Mount{{Source: runDir, Target: "/taskrun"}},
-		Timeout: 3 * time.Minute, StopGrace: time.Second, DiskBytes: 64 << 20}
-	pol := sandbox.DefaultPolicy()
-	pol.NanoCPUs = 500_000_000
-	var out, errOut lockedbuf.Buffer
-	h, err := b.Start(t.Context(), spec, pol, sandbox.Streams{Stdout: &out, Stderr: &errOut})
-	require.NoError(t, err)
-	defer h.Close(t.Context())
+	spec := clusterSpec("evicted-output", 3*time.Minute, "sh", "-c", "i=0; while [ $i -lt 500 ]; do i=$((i+1)); echo line-$i; done; echo err-line >&2; "+
+		"head -c 100000000 /dev/urandom >/taskrun/big.bin; sleep 90")
+	spec.Mounts, spec.DiskBytes = []sandbox.Mount{{Source: mountableRunDir(t), Target: "/taskrun"}}, 64<<20
+	h, out, errOut := startRun(t, b, spec, halfCPU())
 	res := h.Wait(t.Context())
 	require.ErrorIs(t, res.Err, ErrEvicted, "exit %d, %v", res.ExitCode, res.Err)
-	var want strings.Builder
-	for i := 1; i <= 500; i++ {
-		fmt.Fprintf(&want, "line-%d\n", i)
-	}
-	assert.Equal(t, want.String(), out.String(), "the output written before the eviction is kept whole")
+	assert.Equal(t, numberedLines("line-%d", 500), out.String(), "the output written before the eviction is kept whole")
 	assert.Equal(t, "err-line\n", errOut.String())
 	require.NoError(t, h.Close(t.Context()))
 }

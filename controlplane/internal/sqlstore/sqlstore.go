@@ -338,6 +338,19 @@ lease_state = ?, attempts = attempts + 1, cancel_requested = 0, lease_holder = ?
 	return &r.Run, nil
 }
 
+// fencedRow is run id's row, locked in tx, once f speaks for it at now
+// (fenced).
+func (s *Store) fencedRow(ctx context.Context, tx *sql.Tx, id string, f controlplane.Fence, now time.Time, allowReleased bool) (row, error) {
+	r, err := s.getRow(ctx, tx, id)
+	if err != nil {
+		return row{}, err
+	}
+	if err := fenced(r, f, now, allowReleased); err != nil {
+		return row{}, err
+	}
+	return r, nil
+}
+
 // fenced checks that f speaks for r at now: the current epoch, the current
 // lease's token and holder (ErrNotHolder otherwise), and a live lease.
 // Released leases are allowed when allowReleased (a repeated terminal PATCH,
@@ -448,11 +461,8 @@ worker_id = '', attempts = attempts - 1 WHERE id = ? AND epoch = ? AND lease_sta
 func (s *Store) Renew(ctx context.Context, id string, f controlplane.Fence, now time.Time, ttl time.Duration) (controlplane.Run, error) {
 	var out controlplane.Run
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		r, err := s.getRow(ctx, tx, id)
+		r, err := s.fencedRow(ctx, tx, id, f, now, false)
 		if err != nil {
-			return err
-		}
-		if err := fenced(r, f, now, false); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET lease_expires_at = ? WHERE id = ?`), ms(now.Add(ttl)), id); err != nil {
@@ -472,11 +482,8 @@ func (s *Store) Patch(ctx context.Context, id string, f controlplane.Fence, now 
 		changed bool
 	)
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		r, err := s.getRow(ctx, tx, id)
+		r, err := s.fencedRow(ctx, tx, id, f, now, true)
 		if err != nil {
-			return err
-		}
-		if err := fenced(r, f, now, true); err != nil {
 			return err
 		}
 		if r.leaseState == leaseReleased || r.Status.Terminal() {
@@ -578,11 +585,8 @@ func (s *Store) held(ctx context.Context, q interface {
 func (s *Store) AppendOutput(ctx context.Context, id string, f controlplane.Fence, now time.Time, off int64, data []byte, maxBytes int64) (int64, error) {
 	var next int64
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		r, err := s.getRow(ctx, tx, id)
+		r, err := s.fencedRow(ctx, tx, id, f, now, true)
 		if err != nil {
-			return err
-		}
-		if err := fenced(r, f, now, true); err != nil {
 			return err
 		}
 		next = r.StreamNext
@@ -628,11 +632,8 @@ func (s *Store) AppendOutput(ctx context.Context, id string, f controlplane.Fenc
 func (s *Store) EndOutput(ctx context.Context, id string, f controlplane.Fence, now time.Time, total int64) (int64, error) {
 	var next int64
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		r, err := s.getRow(ctx, tx, id)
+		r, err := s.fencedRow(ctx, tx, id, f, now, true)
 		if err != nil {
-			return err
-		}
-		if err := fenced(r, f, now, true); err != nil {
 			return err
 		}
 		next = r.StreamNext
