@@ -39,6 +39,8 @@ func fakeInput(t *testing.T, rec *controlplanetest.Recorder) (taskrun.RunTaskInp
 		Paths: taskrun.NewRuntimePathsFromRoot(t.TempDir()), Persist: store, ArtifactStorage: store,
 		Updater: rec, StreamSender: rec, Sandbox: fake,
 		Image: "fake/agent", Command: []string{"/agent/echo"}, DiskLimitBytes: -1,
+		// The fake runs no helpers, and its runs need no host uid.
+		NoSelfCheck: true, SharedUID: true,
 	}, store
 }
 

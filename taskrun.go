@@ -66,7 +66,11 @@ func WriteRunAgentsMd(runDir, workspaceDir string) error {
 // become an executor.Config (Paths, Persist, ArtifactStorage, Sandbox,
 // Pull, AllowedImages, Helpers, HelpersDir, UIDs, WarmPool, Logger,
 // Journal, Executor, AttestKey, Version, StoreURL, ControlPlane and the
-// timeouts), its run fields an executor.Spec.
+// timeouts), its run fields an executor.Spec. With only the seed's fields a
+// run is confined as `taskrun run`'s are: it leases a host uid of its own
+// (UIDs) and starts with the in-sandbox self-check (Helpers), or it is
+// refused, with a reason that names the fix; SharedUID and NoSelfCheck opt
+// out, as `taskrun run --uid-range "" --helpers-dir ""` does.
 type RunTaskInput struct {
 	// Task is the task to run. Its UserID, ConversationID and ID place the run.
 	Task *model.Task
@@ -125,21 +129,40 @@ type RunTaskInput struct {
 	Policy sandbox.Policy
 	// Helpers are the in-container helper files (package helpers), such as
 	// helpers.FromExecutable: the helpers installed with the taskrun binary,
-	// or the binary itself, which acts as the self-check and the relay. With Helpers or HelpersDir every run starts
-	// with the in-sandbox self-check; a contradiction with Policy refuses
-	// the run. Exactly the helper files are mounted, read-only, file by file
-	// under /.taskrun/bin. Set at most one of Helpers and HelpersDir; with
-	// neither the run has no self-check.
+	// or the binary itself, which acts as the self-check and the relay.
+	// Every run starts with the in-sandbox self-check; a contradiction with
+	// Policy refuses the run. Exactly the helper files are mounted,
+	// read-only, file by file under /.taskrun/bin. Set at most one of
+	// Helpers and HelpersDir. With neither, as `taskrun run` does, the run
+	// uses the running program itself (helpers.FromExecutable: this package
+	// makes any program that links it serve as taskrun-probe and
+	// taskrun-relay), which must be statically linked (CGO_ENABLED=0);
+	// otherwise the run is refused with ErrInvalidInput, before any
+	// container is made, unless NoSelfCheck is set.
 	Helpers helpers.Files
 	// HelpersDir holds separately built static helpers: taskrun-probe
-	// (required) and taskrun-relay; only those files are mounted.
+	// (required) and taskrun-relay; only those files are mounted. `make
+	// build` puts them in the checkout's bin/.
 	HelpersDir string
-	// UIDs, when set, leases each run a host uid/gid of its own: the
-	// container runs as it (replacing Policy.User), the run directory is
-	// owned by it, and it is released once the container is gone. Runs then
-	// never share per-user kernel limits (inotify instances, processes).
-	// Without it every run is Policy.User.
+	// NoSelfCheck runs without the in-sandbox self-check when neither
+	// Helpers nor HelpersDir is set, as `taskrun run --helpers-dir ""`
+	// does: the isolation record then holds no report from inside. For a
+	// backend that cannot run the helpers (a test's fake); a real run
+	// should keep the check.
+	NoSelfCheck bool
+	// UIDs leases each run a host uid/gid of its own: the container runs as
+	// it (replacing Policy.User), the run directory is owned by it, and it
+	// is released once the container is gone. Runs then never share
+	// per-user kernel limits (inotify instances, processes). When nil, as
+	// `taskrun run` does, runs lease from WarmPool's uid pool when it has
+	// one, else from uidpool.DefaultRange with the leases of the runs root
+	// (executor.Layout.UIDLeaseDir: shared by every executor of the host
+	// when running as root), unless SharedUID is set.
 	UIDs *uidpool.Pool
+	// SharedUID runs every run as Policy.User (uid 10001 by default) when
+	// UIDs is nil, as `taskrun run --uid-range ""` does: runs then share
+	// the kernel's per-user limits.
+	SharedUID bool
 	// WarmPool, when set, starts the run in a container its pool parked
 	// ahead of time (package warmpool), when one of the run's key (its
 	// image, policy, helpers, disk cap, timeout and labels) is ready; else
@@ -147,7 +170,7 @@ type RunTaskInput struct {
 	// that key. A warm run is confined, checked and recorded exactly as a
 	// cold one; its run directory is the slot's, under the pool's
 	// directory. The pool must run on Sandbox and lease from UIDs; a run
-	// without the self-check (Helpers or HelpersDir) always goes cold.
+	// without the self-check (NoSelfCheck) always goes cold.
 	WarmPool *warmpool.Pool
 	// Labels are added to the run's container next to the dev.taskrun.*
 	// labels, e.g. a test framework's session labels so its reaper finds it.
@@ -235,6 +258,10 @@ func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	if err := input.check(true); err != nil {
 		return refuse(ctx, input, err)
 	}
+	input, err := input.secure()
+	if err != nil {
+		return refuse(ctx, input, err)
+	}
 	host, err := input.host(ctx)
 	if err != nil {
 		return refuse(ctx, input, err)
@@ -314,6 +341,10 @@ func RetryPersist(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 // (executor.Host.WarmTemplate on input's machine).
 func WarmTemplate(ctx context.Context, input RunTaskInput) (warmpool.Template, error) {
 	if err := input.check(false); err != nil {
+		return warmpool.Template{}, err
+	}
+	input, err := input.secure()
+	if err != nil {
 		return warmpool.Template{}, err
 	}
 	host, err := input.host(ctx)
