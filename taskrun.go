@@ -93,7 +93,7 @@ type RunTaskInput struct {
 	// Egress is the run's egress policy. Zero (the default) means no route
 	// out at all; otherwise the container, still with network none, reaches
 	// what the policy allows through a per-run proxy (package egress). It
-	// needs RelayBinary in HelpersDir.
+	// needs the relay among the helpers (see Helpers).
 	Egress egress.Policy
 
 	// Sandbox runs the container.
