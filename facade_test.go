@@ -13,6 +13,7 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/executor"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox/sandboxfake"
@@ -39,6 +40,8 @@ func fakeInput(t *testing.T, rec *controlplanetest.Recorder) (taskrun.RunTaskInp
 		Paths: taskrun.NewRuntimePathsFromRoot(t.TempDir()), Persist: store, ArtifactStorage: store,
 		Updater: rec, StreamSender: rec, Sandbox: fake,
 		Image: "fake/agent", Command: []string{"/agent/echo"}, DiskLimitBytes: -1,
+		// The fake runs no helpers, and its runs need no host uid.
+		NoSelfCheck: true, SharedUID: true,
 	}, store
 }
 
@@ -138,4 +141,60 @@ func (r runFilesOnly) PutGlobalFile(ctx context.Context, userID, relPath string,
 
 func (r runFilesOnly) OpenGlobalFile(ctx context.Context, userID, relPath string) (io.ReadCloser, error) {
 	return r.s.OpenGlobalFile(ctx, userID, relPath)
+}
+
+// A run that names no helpers, when the running program cannot serve as
+// them, is refused before any container is made: reported FAILED with a
+// reason that names the fixes, never run without the self-check.
+func TestRunTaskWithoutHelpersIsRefusedNamingTheFix(t *testing.T) {
+	taskrun.SetFindHelpers(t, func(string) (helpers.Files, error) {
+		return nil, fmt.Errorf("taskrun binary /x: %w", helpers.ErrNotStatic)
+	})
+	rec := &controlplanetest.Recorder{}
+	in, _ := fakeInput(t, rec)
+	in.NoSelfCheck = false
+	out, err := taskrun.Execute(context.Background(), in)
+	require.ErrorIs(t, err, taskrun.ErrRunFailed)
+	require.ErrorIs(t, err, taskrun.ErrInvalidInput)
+	require.ErrorIs(t, err, helpers.ErrNotStatic)
+	assert.Equal(t, model.StatusFailed, out.Status)
+	for _, fix := range []string{"HelpersDir", "CGO_ENABLED=0", "NoSelfCheck"} {
+		assert.Contains(t, out.Reason, fix)
+	}
+	assert.Empty(t, in.Sandbox.(*sandboxfake.Backend).Started(), "no container")
+	patches := rec.Patches()
+	require.Len(t, patches, 1, "one FAILED report")
+	assert.Equal(t, model.StatusFailed, patches[0].Status)
+	require.NotNil(t, patches[0].Error)
+	assert.Equal(t, out.Reason, *patches[0].Error)
+}
+
+// Without UIDs, Helpers or HelpersDir a run's container is the one
+// `taskrun run` makes by default: it leases a host uid and parks at the
+// self-check of the helpers the running program provides (cached under
+// the runs root); SharedUID and NoSelfCheck opt out.
+func TestRunTaskDefaultsToTheCLIsMachine(t *testing.T) {
+	probe := filepath.Join(t.TempDir(), helpers.ProbeName)
+	var cacheDir string
+	taskrun.SetFindHelpers(t, func(dir string) (helpers.Files, error) {
+		cacheDir = dir
+		return helpers.Files{helpers.ProbeName: probe}, nil
+	})
+	in, _ := fakeInput(t, &controlplanetest.Recorder{})
+	in.NoSelfCheck, in.SharedUID = false, false
+	tmpl, err := taskrun.WarmTemplate(context.Background(), in)
+	require.NoError(t, err)
+	assert.True(t, tmpl.LeaseUIDs, "a host uid per run")
+	assert.Equal(t, helpers.Files{helpers.ProbeName: probe}.Mounts(), tmpl.Mounts, "the program's helpers")
+	assert.Equal(t, helpers.ProbePath, tmpl.Gate, "parked at the self-check")
+	assert.Equal(t, filepath.Join(in.Paths.(interface{ Root() string }).Root(), executor.HelpersDirName), cacheDir)
+
+	in.SharedUID = true
+	tmpl, err = taskrun.WarmTemplate(context.Background(), in)
+	require.NoError(t, err)
+	assert.False(t, tmpl.LeaseUIDs, "SharedUID: every run is Policy.User")
+
+	in.NoSelfCheck = true
+	_, err = taskrun.WarmTemplate(context.Background(), in)
+	require.ErrorIs(t, err, taskrun.ErrInvalidInput, "NoSelfCheck: nothing to park at")
 }

@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/executor"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/sandbox"
+	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -49,6 +51,39 @@ func (in RunTaskInput) check(run bool) error {
 		return fmt.Errorf("%w: Sandbox is required", ErrInvalidInput)
 	}
 	return nil
+}
+
+// findHelpers is helpers.FromExecutable, replaced by tests.
+var findHelpers = helpers.FromExecutable
+
+// secure gives in, for a run or a warm template, the machine `taskrun run`
+// has by default (openHost in cmd/taskrun): without UIDs (and SharedUID), a
+// uid pool of uidpool.DefaultRange with the runs root's leases, or the
+// warm pool's own; without Helpers or HelpersDir (and NoSelfCheck), the
+// running program as its own helpers, cached under the runs root. What
+// cannot be had refuses the run with ErrInvalidInput and the fix. in has
+// passed check.
+func (in RunTaskInput) secure() (RunTaskInput, error) {
+	layout, err := executor.NewLayout(in.Paths.(rooted).Root())
+	if err != nil {
+		return in, fmt.Errorf("%w: %w", ErrInvalidInput, err)
+	}
+	if in.UIDs == nil && !in.SharedUID {
+		if in.WarmPool != nil {
+			in.UIDs = in.WarmPool.UIDs()
+		}
+		if in.UIDs == nil {
+			if in.UIDs, err = uidpool.New(layout.UIDLeaseDir(), uidpool.DefaultRange()); err != nil {
+				return in, fmt.Errorf("%w: a host uid per run: %w; give UIDs a pool of your own (uidpool.New), or set SharedUID to run every run as Policy.User", ErrInvalidInput, err)
+			}
+		}
+	}
+	if len(in.Helpers) == 0 && in.HelpersDir == "" && !in.NoSelfCheck {
+		if in.Helpers, err = findHelpers(layout.HelpersDir()); err != nil {
+			return in, fmt.Errorf("%w: the in-sandbox self-check has no helpers: %w; set HelpersDir to a directory of static taskrun-probe and taskrun-relay (`make build` puts them in bin/), build this program with CGO_ENABLED=0 so it serves as its own, or set NoSelfCheck to run without the self-check", ErrInvalidInput, err)
+		}
+	}
+	return in, nil
 }
 
 // host builds the executor.Host of in's machine; in has passed check.

@@ -65,7 +65,12 @@ func WriteRunAgentsMd(runDir, workspaceDir string) error {
 // value, as the seed defined it. RunTask splits it into an executor.Config
 // (the machine) and an executor.Spec (the run): a field documented there
 // under the same name means the same here, with the same default when
-// zero. Only what differs from those is documented below.
+// zero. Only what differs from those is documented below. With only the
+// seed's fields a run is confined as `taskrun run`'s are: it leases a host
+// uid of its own (UIDs) and starts with the in-sandbox self-check
+// (Helpers), or it is refused, with a reason that names the fix;
+// SharedUID and NoSelfCheck opt out, as `taskrun run --uid-range ""
+// --helpers-dir ""` does.
 type RunTaskInput struct {
 	// The run: see the executor.Spec fields of the same names. Task, Run
 	// and Updater are required.
@@ -107,12 +112,34 @@ type RunTaskInput struct {
 	// RunTask requires it.
 	Sandbox sandbox.Backend
 
+	// Helpers and HelpersDir are executor.Config's, with one difference:
+	// with neither set the run uses the running program itself
+	// (helpers.FromExecutable: this package makes any program that links it
+	// serve as taskrun-probe and taskrun-relay), which must be statically
+	// linked (CGO_ENABLED=0); otherwise the run is refused with
+	// ErrInvalidInput before any container is made, unless NoSelfCheck is
+	// set.
+	Helpers    helpers.Files
+	HelpersDir string
+	// NoSelfCheck runs without the in-sandbox self-check when neither
+	// Helpers nor HelpersDir is set, as `taskrun run --helpers-dir ""`
+	// does: the isolation record then holds no report from inside. For a
+	// backend that cannot run the helpers (a test's fake); a real run
+	// should keep the check.
+	NoSelfCheck bool
+	// UIDs is executor.Config's, with one difference: when nil, as `taskrun
+	// run` does, runs lease from WarmPool's uid pool when it has one, else
+	// from uidpool.DefaultRange with the leases of the runs root
+	// (executor.Layout.UIDLeaseDir), unless SharedUID is set.
+	UIDs *uidpool.Pool
+	// SharedUID runs every run as Policy.User (uid 10001 by default) when
+	// UIDs is nil, as `taskrun run --uid-range ""` does: runs then share
+	// the kernel's per-user limits.
+	SharedUID bool
+
 	// The machine: see the executor.Config fields of the same names.
 	Pull           sandbox.PullPolicy
 	AllowedImages  []string
-	Helpers        helpers.Files
-	HelpersDir     string
-	UIDs           *uidpool.Pool
 	WarmPool       *warmpool.Pool
 	Logger         *slog.Logger
 	Journal        *journal.Dir
@@ -145,6 +172,10 @@ func RunTask(ctx context.Context, input RunTaskInput) error {
 // input.Updater, with a *RunError wrapping ErrInvalidInput.
 func Execute(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 	if err := input.check(true); err != nil {
+		return refuse(ctx, input, err)
+	}
+	input, err := input.secure()
+	if err != nil {
 		return refuse(ctx, input, err)
 	}
 	host, err := input.host(ctx)
@@ -217,6 +248,15 @@ func RetryPersist(ctx context.Context, input RunTaskInput) (*Outcome, error) {
 // WarmTemplate is the warm pool template of input's runs
 // (executor.Host.WarmTemplate on input's machine).
 func WarmTemplate(ctx context.Context, input RunTaskInput) (warmpool.Template, error) {
+	// The template holds the helpers and uids its runs will have, so it
+	// gets the same defaults a run does; RetryPersist starts no container.
+	if err := input.check(false); err != nil {
+		return warmpool.Template{}, err
+	}
+	input, err := input.secure()
+	if err != nil {
+		return warmpool.Template{}, err
+	}
 	return onHost(ctx, input, (*executor.Host).WarmTemplate)
 }
 

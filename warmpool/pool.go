@@ -273,6 +273,9 @@ func (p *Pool) SetMemoryBudget(bytes int64) error {
 // only when its own Sandbox is this backend.
 func (p *Pool) Backend() sandbox.Backend { return p.cfg.Backend }
 
+// UIDs is the uid pool the slots lease from (Config.UIDs), nil without one.
+func (p *Pool) UIDs() *uidpool.Pool { return p.cfg.UIDs }
+
 // Warm asks the pool to keep slots of t ready from now on (until MaxIdle
 // passes without a claim), without claiming one.
 func (p *Pool) Warm(t Template) error {

@@ -282,7 +282,11 @@ func (e *Env) Spec(runID, image string, cmd ...string) executor.Spec {
 
 // Input is Spec as the seed API's RunTaskInput on the Env's machine (its
 // backend, store, root, helpers, pull policy and warm pool), with the
-// host's defaults (the default policy, DefaultTimeout) filled in, for tests of the root facade (Execute, taskrun.Execute).
+// host's defaults (the default policy, DefaultTimeout) filled in, for
+// tests of the root facade (Execute, taskrun.Execute). Like the Env's
+// host, it leases no uid per run (SharedUID) and, without
+// Options.HelpersDir, has no self-check (NoSelfCheck): a test that sets
+// HelpersDir or UIDs on it gets those.
 // The caller sets the Updater (and whatever else the test needs).
 func (e *Env) Input(runID, image string, cmd ...string) taskrun.RunTaskInput {
 	s, c := e.Spec(runID, image, cmd...), e.Config
@@ -291,6 +295,7 @@ func (e *Env) Input(runID, image string, cmd ...string) taskrun.RunTaskInput {
 		Policy: e.Host.Defaults().Policy, Timeout: e.Host.Defaults().Timeout,
 		Paths: e.Paths(), Persist: e.Store, ArtifactStorage: e.Store, StoreURL: c.StoreURL,
 		Sandbox: e.Backend, Pull: c.Pull, HelpersDir: c.HelpersDir, Executor: c.Executor, WarmPool: e.Pool,
+		UIDs: c.UIDs, SharedUID: c.UIDs == nil, NoSelfCheck: c.HelpersDir == "" && len(c.Helpers) == 0,
 	}
 }
 

@@ -1,9 +1,12 @@
 // Command seedprog is a program that uses only the seed API: one task run
 // through taskrun.RunTask on the local Docker engine, stored in a directory
 // (file://), reported to the terminal. TestSeedProgram builds it in a
-// module of its own that requires the checkout through a replace.
+// module of its own that requires the checkout through a replace, and
+// runs it: with only the seed's fields the run leases a host uid of its own
+// and starts with the self-check, the program itself serving as the
+// helpers when it is static, or is refused.
 //
-//	seedprog RUNS_ROOT STORE_DIR
+//	seedprog RUNS_ROOT STORE_DIR [IMAGE [COMMAND...]]
 package main
 
 import (
@@ -19,9 +22,14 @@ import (
 )
 
 func main() {
-	if len(os.Args) != 3 {
-		fmt.Fprintln(os.Stderr, "usage: seedprog RUNS_ROOT STORE_DIR")
+	if len(os.Args) < 3 {
+		fmt.Fprintln(os.Stderr, "usage: seedprog RUNS_ROOT STORE_DIR [IMAGE [COMMAND...]]")
 		os.Exit(2)
+	}
+	var image string
+	var command []string
+	if len(os.Args) > 3 {
+		image, command = os.Args[3], os.Args[4:]
 	}
 	ctx := context.Background()
 	store, err := persist.Open(ctx, "file://"+os.Args[2])
@@ -44,6 +52,8 @@ func main() {
 		ArtifactStorage: store,
 		Updater:         workerclient.NewTerminalUpdater(os.Stdout),
 		Sandbox:         backend,
+		Image:           image,
+		Command:         command,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
