@@ -55,7 +55,7 @@ func forkFilesHost(t *testing.T) (*executor.Host, executor.Spec) {
 	fake := sandboxfake.New(sandboxfake.WithMaxStopGrace(time.Millisecond))
 	fake.Install("/agent/files", func(ctx context.Context, p *sandboxfake.Process) int {
 		prompt, _ := p.ReadFile("/taskrun/" + model.PromptFileName)
-		if prev, _ := p.ReadFile("/taskrun/home/progress"); len(prev) > 0 && string(prompt) != "parent" {
+		if prev, _ := p.ReadFile("/taskrun/home/progress"); len(prev) > 0 {
 			if err := p.WriteFile("/taskrun/home/"+string(prompt)+".txt", []byte(string(prompt)+" went on from "+string(prev)+"\n")); err != nil {
 				return 1
 			}
@@ -145,7 +145,9 @@ func TestForksOfAPausedRunHaveTheirOwnChangeSets(t *testing.T) {
 	resumed, err := h.Resume(t.Context(), spec, *out.Checkpoint)
 	require.NoError(t, err)
 	assert.Equal(t, model.StatusSucceeded, resumed.Status, resumed.Reason)
+	assert.Equal(t, "step1\nparent after step1\n", resumed.Result.OutputStr)
 	patch := runPatch(t, h, "r1")
+	assert.Contains(t, patch, "+++ b/parent.txt")
 	assert.NotContains(t, patch, "f1.txt", "the parent holds none of its forks' changes")
 	idx, err := runindex.Find(t.Context(), h.Store().(*persist.Store), "r1", "u")
 	require.NoError(t, err)
