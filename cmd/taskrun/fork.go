@@ -28,7 +28,7 @@ func init() {
 		Args:     "RUN",
 		Help:     forkHelp,
 		Flags: func(fs *pflag.FlagSet) action {
-			n := fs.IntP("n", "n", 1, fmt.Sprintf("how many forks (1 to %d)", daemon.MaxForks))
+			n := fs.IntP("number", "n", 1, fmt.Sprintf("how many forks (1 to %d)", daemon.MaxForks))
 			prompt := fs.String("prompt", "", "the forks' prompt, instead of the parent's")
 			return func(ctx context.Context, a *app, args []string) int {
 				runID, ok := a.oneRunArg("fork", args)

@@ -54,3 +54,12 @@ func TestDaemonForksALiveAndAPausedRun(t *testing.T) {
 	}
 	assert.Equal(t, model.StatusPaused, e.endedRecord(t, runID).Status, "forking a paused run leaves it paused")
 }
+
+// taskrun fork asks for one run and 1 to daemon.MaxForks forks before it
+// dials the daemon.
+func TestForkChecksItsArguments(t *testing.T) {
+	for _, args := range [][]string{{"fork"}, {"fork", "r1", "-n", "0"}, {"fork", "r1", "-n", "17"}, {"fork", "r1", "r2"}} {
+		_, stderr, code := taskrunCmd(args...)
+		assert.Equal(t, exitUsage, code, "%q: %s", args, stderr)
+	}
+}
