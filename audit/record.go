@@ -17,8 +17,10 @@ const RecordVersion = 1
 // Findings) and from the inside (Probe), so a security team can re-check it
 // later with `taskrun audit --record`.
 type Record struct {
-	Version     int    `json:"version"`
-	RunID       string `json:"run_id"`
+	Version int    `json:"version"`
+	RunID   string `json:"run_id"`
+	// ParentRunID names the run this run was forked from, if it was.
+	ParentRunID string `json:"parent_run_id,omitempty"`
 	ContainerID string `json:"container_id"`
 	// ImageDigest is the image the container ran: its repo digest
 	// (name@sha256:...) when the image came from a registry, else its image

@@ -251,6 +251,33 @@ func (c *Client) Resume(ctx context.Context, runID string) (*Result, error) {
 	return &Result{}, nil
 }
 
+// Fork starts req.N forks of the caller's live or paused run runID, each
+// a live run of its own whose records name runID as its parent, and
+// returns them once each runs or ended first.
+func (c *Client) Fork(ctx context.Context, runID string, req ForkRequest) (*ForkResult, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://taskrun/v1/runs/"+url.PathEscape(runID)+"/fork", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(hr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemonGone, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, refused(resp)
+	}
+	var res ForkResult
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxOutcome)).Decode(&res); err != nil {
+		return nil, fmt.Errorf("%w: fork %s: %w", ErrDaemonGone, runID, err)
+	}
+	return &res, nil
+}
+
 // maxOutcome caps an Outcome the daemon answers.
 const maxOutcome = 16 << 20
 

@@ -51,7 +51,33 @@ const (
 	// PathResume resumes a run paused through the daemon as a live run
 	// again, answering as a detached run's start (Frame).
 	PathResume = "/v1/runs/{id}/resume"
+	// PathFork starts forks of a live or paused run of the caller's
+	// (ForkRequest) as live runs of their own, answering a ForkResult.
+	PathFork = "/v1/runs/{id}/fork"
 )
+
+// MaxForks bounds the forks one ForkRequest asks for.
+const MaxForks = 16
+
+// ForkRequest asks for N forks of a run.
+type ForkRequest struct {
+	// N is how many forks, 1 to MaxForks.
+	N int `json:"n"`
+	// Prompt, when set, replaces the parent's prompt in every fork.
+	Prompt string `json:"prompt,omitempty"`
+}
+
+// ForkResult is the answer to a ForkRequest: one entry per fork asked for.
+type ForkResult struct {
+	Forks []ForkedRun `json:"forks"`
+}
+
+// ForkedRun is one fork: its run ID, and how it ended when it did not
+// start (nil Result: it is live).
+type ForkedRun struct {
+	RunID  string  `json:"run_id"`
+	Result *Result `json:"result,omitempty"`
+}
 
 // SocketPath is where the daemon listens and the client dials: $TASKRUN_HOST,
 // else RootSocket as root, else $XDG_RUNTIME_DIR/taskrun.sock. It is empty

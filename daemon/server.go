@@ -213,6 +213,7 @@ func (s *Server) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("GET "+PathUsage, s.serveUsage)
 	mux.HandleFunc("POST "+PathPause, s.servePause)
 	mux.HandleFunc("POST "+PathResume, func(w http.ResponseWriter, r *http.Request) { s.serveResume(ctx, w, r) })
+	mux.HandleFunc("POST "+PathFork, func(w http.ResponseWriter, r *http.Request) { s.serveFork(ctx, w, r) })
 	mux.HandleFunc(PathFiles, s.serveFiles)
 	mux.HandleFunc("GET "+PathPorts, s.servePorts)
 	mux.HandleFunc(PathPort, s.servePort)

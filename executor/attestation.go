@@ -43,7 +43,7 @@ func predicate(p *plan, wd *workdir, ex execution, v verdict) attest.Predicate {
 	pred := attest.Predicate{
 		Run: attest.RunIdentity{
 			UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID, RunID: p.ref.RunID,
-			SessionID: p.in.SessionID, ParentRunID: p.in.Run.PreviousRunID,
+			SessionID: p.in.SessionID, ParentRunID: parentRun(p.in.Run),
 		},
 		Image:   attest.Image{Ref: p.spec.Image, Digest: ex.ImageDigest},
 		Runtime: ex.Runtime,

@@ -81,6 +81,7 @@ func indexRecord(p *plan, wd *workdir, ex execution, out *Outcome, st stored) *r
 		ConversationID: p.ref.ConversationID,
 		TaskID:         p.ref.TaskID,
 		SessionID:      p.in.SessionID,
+		ParentRunID:    p.in.Run.ParentRunID,
 		Status:         model.StatusRunning,
 		Start:          wd.started.UTC(),
 		Image:          p.spec.Image,

@@ -34,20 +34,37 @@ func (h *changesHook) prestart(ctx context.Context, _ *prestartRequest, _ *prest
 // in, or the restored session) for the change set. A failure costs only the
 // change set, never the run.
 func snapshotChanges(ctx context.Context, p *plan) {
+	opts := changeOptions(p)
+	home := p.dirs.Home
+	if p.in.restore != nil && p.in.restore.fork {
+		// A fork's base is the original workspace (copyForkBase).
+		home = filepath.Join(p.hostDir, forkBaseDir)
+		defer os.RemoveAll(home)
+		if !dirExists(home) {
+			p.log.Warn("the fork will have no change set: its base was not copied")
+			return
+		}
+		opts.Workspace = p.in.Task.WorkspaceDir
+	} else if p.in.Run.PreviousRunID == "" {
+		// A resumed run starts from its session, not from the workspace's
+		// base commit.
+		opts.Workspace = p.in.Task.WorkspaceDir
+	}
+	if err := changeset.Snapshot(ctx, home, filepath.Join(p.hostDir, changesBaseDir), opts); err != nil {
+		p.log.Warn("the run will have no change set: recording its starting tree failed", "err", err)
+	}
+}
+
+// changeOptions are the run's change-set options but its workspace: its
+// excludes with the image's.
+func changeOptions(p *plan) changeset.Options {
 	opts := changeset.Options{Exclude: p.in.ChangeExcludes}
 	if img, err := changeset.ImageExcludes(p.image.Labels); err != nil {
 		p.log.Warn("the image's change-set excludes are ignored", "err", err)
 	} else {
 		opts.Exclude = changeset.WithImageExcludes(opts.Exclude, img)
 	}
-	if p.in.Run.PreviousRunID == "" {
-		// A resumed run starts from its session, not from the workspace's
-		// base commit.
-		opts.Workspace = p.in.Task.WorkspaceDir
-	}
-	if err := changeset.Snapshot(ctx, p.dirs.Home, filepath.Join(p.hostDir, changesBaseDir), opts); err != nil {
-		p.log.Warn("the run will have no change set: recording its starting tree failed", "err", err)
-	}
+	return opts
 }
 
 // changeResult is what collect stored of the change set.

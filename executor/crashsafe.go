@@ -114,7 +114,7 @@ func beginJournal(p *plan, started time.Time) (*journal.Entry, error) {
 	return d.Create(journal.Record{
 		DiskCap: p.warmDiskCap(),
 		RunID:   p.ref.RunID, UserID: p.ref.UserID, ConversationID: p.ref.ConversationID, TaskID: p.ref.TaskID,
-		SessionID: p.in.SessionID, PreviousRunID: p.in.Run.PreviousRunID,
+		SessionID: p.in.SessionID, PreviousRunID: p.in.Run.PreviousRunID, ParentRunID: p.in.Run.ParentRunID,
 		Executor: p.in.Executor, RunDir: p.dirs.Dir, SpoolDir: p.hostDir, PoolSlot: p.poolSlot(),
 		Store: journal.RedactURL(p.in.StoreURL), ControlPlane: p.in.ControlPlane,
 		KeepRunDir: p.keepRunDir, SessionExcludes: p.sessionExcludes, MaxOutputBytes: p.limits.maxOutput,

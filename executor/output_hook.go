@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/spool"
 	"github.com/taskrun/taskrun/timings"
 	"github.com/taskrun/taskrun/workerclient"
@@ -58,7 +59,8 @@ func (h *outputHook) prestart(ctx context.Context, req *prestartRequest, resp *p
 	}
 	h.stderr = stderr
 	resp.Stdout, resp.Stderr = stdout, stderr
-	if p.in.restore != nil {
+	if rs := p.in.restore; rs != nil && (!rs.fork || rs.manifest.Kind == sandbox.CheckpointMemory) {
+		// A fork from files starts its command afresh: its log too.
 		return h.goOn(ctx)
 	}
 	return nil
@@ -74,7 +76,7 @@ func (h *outputHook) goOn(ctx context.Context) error {
 		object string
 		from   *int64
 	}{{h.stdout, OutputLogName, &h.stdoutFrom}, {h.stderr, StderrLogName, &h.stderrFrom}} {
-		rc, err := p.in.Persist.OpenRunFile(ctx, p.ref, l.object)
+		rc, err := p.in.Persist.OpenRunFile(ctx, p.ref.WithRun(p.in.restore.from), l.object)
 		if errors.Is(err, persist.ErrNotFound) {
 			continue
 		}
@@ -86,7 +88,14 @@ func (h *outputHook) goOn(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("fetch the %s of the paused run: %w", l.object, err)
 		}
-		*l.from = n
+		if !p.in.restore.fork {
+			// A fork is a run of its own: its stream and live copies
+			// start with the parent's output before the checkpoint.
+			*l.from = n
+		}
+	}
+	if p.in.restore.fork {
+		return nil
 	}
 	if want := p.in.restore.manifest.StdoutOffset; want != h.stdoutFrom {
 		p.log.Warn("the stored output log of the paused run is not as long as its checkpoint says", "stored_bytes", h.stdoutFrom, "checkpoint_offset", want)

@@ -253,15 +253,26 @@ func (h *Host) Resume(ctx context.Context, spec Spec, m checkpoint.Manifest) (*O
 	if _, err := checkpoint.Load(ctx, h.cfg.Store, ref, m, img, dir, maxCheckpointBytes(pol)); err != nil {
 		return nil, fmt.Errorf("executor: resume run %s: it stays PAUSED: %w", ref.RunID, err)
 	}
-	in.restore = &restore{dir: img, manifest: m}
+	in.restore = &restore{dir: img, manifest: m, from: ref.RunID}
 	return execute(ctx, in)
 }
 
-// restore is a run restored from its checkpoint (Host.Resume).
+// restore is a run restored from its checkpoint (Host.Resume), or a fork
+// started from its parent's (Host.Fork).
 type restore struct {
-	// dir is the checkpoint, unpacked and checked.
+	// dir is the checkpoint, unpacked and checked; empty for a fork from a
+	// stored home.
 	dir      string
 	manifest checkpoint.Manifest
+	// from is the run whose objects it starts from: the run itself, or a
+	// fork's parent.
+	from string
+	// fork is set for a run forked from another (from).
+	fork bool
+	// stateObject is the object of run from holding the home it starts in
+	// (empty: the run's own session state); statePath, when set, is a
+	// checked local copy of it.
+	stateObject, statePath string
 }
 
 // checkRestore refuses, before anything is fetched, a checkpoint the run

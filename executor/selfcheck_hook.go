@@ -115,6 +115,9 @@ func (h *selfCheckHook) exited(_ context.Context, req *exitedRequest, resp *exit
 	}
 	err := h.iso.readProbe(req.Result)
 	resp.Isolation = h.iso.record(h.p.ref.RunID)
+	if resp.Isolation != nil {
+		resp.Isolation.ParentRunID = h.p.in.Run.ParentRunID
+	}
 	return err
 }
 

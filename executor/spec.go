@@ -130,6 +130,15 @@ func (s Spec) Validate() error {
 	if s.Run.PreviousRunID != "" {
 		ids = append(ids, [2]string{"previous run", s.Run.PreviousRunID})
 	}
+	if s.Run.ParentRunID != "" {
+		ids = append(ids, [2]string{"parent run", s.Run.ParentRunID})
+		if s.Run.PreviousRunID != "" {
+			errs = append(errs, fmt.Errorf("%w: run %q names both a previous run and a parent: a fork starts from its parent alone", ErrInvalidInput, s.Run.ID))
+		}
+		if s.Run.ParentRunID == s.Run.ID {
+			errs = append(errs, fmt.Errorf("%w: run %q names itself as its parent", ErrInvalidInput, s.Run.ID))
+		}
+	}
 	for _, id := range ids {
 		if err := model.ValidateID(id[0], id[1]); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidInput, err))

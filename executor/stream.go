@@ -50,7 +50,7 @@ func finishStream(ctx context.Context, p *plan, wd *workdir, ex execution) {
 	// A resumed run's stream goes on where it paused: the control plane
 	// holds the bytes before.
 	var from int64
-	if p.in.restore != nil {
+	if p.in.restore != nil && !p.in.restore.fork {
 		from = min(p.in.restore.manifest.StdoutOffset, size)
 		if _, err := f.Seek(from, io.SeekStart); err != nil {
 			wd.streamLoss = fmt.Errorf("%w: read the stdout spool: %w", ErrOutputNotDelivered, err)

@@ -37,10 +37,14 @@ func prepare(ctx context.Context, p *plan, wd *workdir) error {
 	}
 	stopMaterialize := p.timings.Start(timings.Materialize)
 	defer stopMaterialize()
-	if p.in.restore != nil {
+	if rs := p.in.restore; rs != nil {
+		if rs.fork {
+			// A fork's change set is against the original workspace.
+			copyForkBase(ctx, p)
+		}
 		// A restored run's home is the one it was paused with, stored as
-		// its session state when it paused.
-		if err := restoreSession(ctx, p, p.ref.RunID, wd.owner); err != nil {
+		// its session state when it paused; a fork's is its parent's.
+		if err := restoreHome(ctx, p, rs, wd.owner); err != nil {
 			return diskcap.Explain(p.dirs.Dir, err)
 		}
 	} else if prev := p.in.Run.PreviousRunID; prev != "" {
@@ -56,7 +60,7 @@ func prepare(ctx context.Context, p *plan, wd *workdir) error {
 	if err := os.WriteFile(filepath.Join(p.dirs.Dir, model.PromptFileName), []byte(p.in.Task.Prompt), 0o644); err != nil {
 		return fmt.Errorf("write prompt: %w", err)
 	}
-	instructions := agentmd.InstructionsDir(p.dirs.Home, p.in.Task.WorkspaceDir, p.in.Run.PreviousRunID != "")
+	instructions := agentmd.InstructionsDir(p.dirs.Home, p.in.Task.WorkspaceDir, p.in.Run.PreviousRunID != "" || p.in.restore != nil)
 	if err := agentmd.WriteRunAgentsMd(p.dirs.Dir, instructions); err != nil {
 		return fmt.Errorf("write AGENTS.md: %w", err)
 	}
@@ -92,6 +96,24 @@ func restoreSession(ctx context.Context, p *plan, prevRunID string, owner worksp
 	opts := workspace.UnpackOptions{Owner: &owner}
 	if _, err := workspace.UnpackHome(ctx, rc, p.dirs.Home, opts); err != nil {
 		return fmt.Errorf("restore session state of run %s: %w", prevRunID, err)
+	}
+	return nil
+}
+
+// restoreHome unpacks the home a restored run or fork starts in: the
+// checked local copy of its state when there is one, else the stored
+// session state of the run it starts from.
+func restoreHome(ctx context.Context, p *plan, rs *restore, owner workspace.Owner) error {
+	if rs.statePath == "" {
+		return restoreSession(ctx, p, rs.from, owner)
+	}
+	f, err := os.Open(rs.statePath)
+	if err != nil {
+		return fmt.Errorf("restore the home of run %s: %w", rs.from, err)
+	}
+	defer f.Close()
+	if _, err := workspace.UnpackHome(ctx, f, p.dirs.Home, workspace.UnpackOptions{Owner: &owner}); err != nil {
+		return fmt.Errorf("restore the home of run %s: %w", rs.from, err)
 	}
 	return nil
 }

@@ -134,6 +134,8 @@ type Record struct {
 	TaskID         string `json:"task_id"`
 	SessionID      string `json:"session_id"`
 	PreviousRunID  string `json:"previous_run_id,omitempty"`
+	// ParentRunID names the run this one was forked from.
+	ParentRunID string `json:"parent_run_id,omitempty"`
 	// Executor is the executor instance that runs (or ran) the run.
 	Executor instance.Info `json:"executor"`
 	// ContainerID is the run's container, once created.

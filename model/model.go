@@ -58,6 +58,10 @@ type TaskRun struct {
 	TaskID string `json:"task_id"`
 	// PreviousRunID, when set, names the run whose session state this run resumes.
 	PreviousRunID string `json:"previous_run_id,omitempty"`
+	// ParentRunID, when set, names the run this run was forked from: it
+	// starts from that run's checkpoint or final state (executor.Host.Fork)
+	// as a run of its own.
+	ParentRunID string `json:"parent_run_id,omitempty"`
 	// Status is the run's last known status.
 	Status RunStatus `json:"status"`
 }

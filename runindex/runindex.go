@@ -67,18 +67,20 @@ type Exec struct {
 // Record is a run's entry in the index: who, what, how it ended, where its
 // objects are.
 type Record struct {
-	Version        int             `json:"version"`
-	RunID          string          `json:"run_id"`
-	UserID         string          `json:"user_id"`
-	ConversationID string          `json:"conversation_id"`
-	TaskID         string          `json:"task_id"`
-	SessionID      string          `json:"session_id,omitempty"`
-	Status         model.RunStatus `json:"status"`
-	Reason         string          `json:"reason,omitempty"`
-	Start          time.Time       `json:"start"`
-	End            time.Time       `json:"end,omitzero"`
-	DurationMS     int64           `json:"duration_ms"`
-	ExitCode       *int            `json:"exit_code,omitempty"`
+	Version        int    `json:"version"`
+	RunID          string `json:"run_id"`
+	UserID         string `json:"user_id"`
+	ConversationID string `json:"conversation_id"`
+	TaskID         string `json:"task_id"`
+	SessionID      string `json:"session_id,omitempty"`
+	// ParentRunID names the run this run was forked from, if it was.
+	ParentRunID string          `json:"parent_run_id,omitempty"`
+	Status      model.RunStatus `json:"status"`
+	Reason      string          `json:"reason,omitempty"`
+	Start       time.Time       `json:"start"`
+	End         time.Time       `json:"end,omitzero"`
+	DurationMS  int64           `json:"duration_ms"`
+	ExitCode    *int            `json:"exit_code,omitempty"`
 	// PromptTokens and CompletionTokens are the gateway's metered usage.
 	PromptTokens     *int   `json:"prompt_tokens,omitempty"`
 	CompletionTokens *int   `json:"completion_tokens,omitempty"`
