@@ -1,17 +1,22 @@
 package server
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -129,3 +134,44 @@ func (s *Server) handleLive(w http.ResponseWriter, r *http.Request) {
 	}
 	proxy.ServeHTTP(w, r)
 }
+
+// LiveUsage is a live run's resource usage at its last sample, asked of
+// the worker that holds it: nil when the run is not a RUNNING live run or
+// has no sample yet.
+func (s *Server) LiveUsage(ctx context.Context, run controlplane.Run) (*sandbox.Usage, error) {
+	if !run.Spec.KeepAlive || run.Status != model.StatusRunning {
+		return nil, nil
+	}
+	ep, ok := s.live.get(run.WorkerID)
+	if !ok {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, liveUsageTimeout)
+	defer cancel()
+	u := strings.TrimSuffix(ep.URL, "/") + "/v1/runs/" + url.PathEscape(run.ID) + "/usage"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+ep.Secret)
+	resp, err := (&http.Client{Transport: s.liveTransport}).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("run %s: usage: %w", run.ID, err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusConflict, http.StatusNotFound:
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("run %s: usage: its worker answered %s", run.ID, resp.Status)
+	}
+	var out sandbox.Usage
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil {
+		return nil, fmt.Errorf("run %s: usage: %w", run.ID, err)
+	}
+	return &out, nil
+}
+
+// liveUsageTimeout bounds asking a worker for a live run's usage.
+const liveUsageTimeout = 3 * time.Second

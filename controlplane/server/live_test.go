@@ -29,6 +29,10 @@ func (f *fakeLive) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.calls = append(f.calls, r.Clone(context.Background()))
 	f.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
+	if strings.HasSuffix(r.URL.Path, "/usage") {
+		_, _ = io.WriteString(w, `{"cpu_seconds":1.5,"peak_memory_bytes":4096,"samples":3}`)
+		return
+	}
 	_, _ = io.WriteString(w, `{"path":"`+r.URL.Path+`"}`)
 }
 
@@ -109,9 +113,23 @@ func TestLiveAPIProxy(t *testing.T) {
 		assert.Equal(t, "port-tok", got.Header.Get(daemon.PortTokenHeader), "the port's token is the worker's to check")
 	}
 
+	// The web interface's view of its usage, asked of the worker.
+	got, err := e.store.GetRun(ctx, sub.RunID)
+	require.NoError(t, err)
+	u, err := e.srv.LiveUsage(ctx, got)
+	require.NoError(t, err)
+	require.NotNil(t, u)
+	assert.Equal(t, 1.5, u.CPUSeconds)
+	assert.Equal(t, "Bearer s3cret", fake.last().Header.Get("Authorization"))
+
 	// A run that is not live has no live API.
 	plain, err := e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "plain"}, nil)
 	require.NoError(t, err)
 	code, _ := do(t, "GET", e.url+"/v1/runs/"+plain.RunID+"/processes", userToken, "", nil)
 	assert.Equal(t, http.StatusConflict, code)
+	got, err = e.store.GetRun(ctx, plain.RunID)
+	require.NoError(t, err)
+	u, err = e.srv.LiveUsage(ctx, got)
+	assert.NoError(t, err)
+	assert.Nil(t, u)
 }
