@@ -90,6 +90,8 @@ func TestWorkerServesALiveRunUntilItsIdleTimeout(t *testing.T) {
 	info := f.final(t, "live1")
 	assert.Equal(t, model.StatusCancelled, info.Status, info.Reason)
 	assert.Contains(t, info.Reason, worker.ErrIdle.Error())
+	// The run is reported before the worker lets it go.
+	require.Eventually(t, func() bool { return len(w.Live()) == 0 }, 30*time.Second, 10*time.Millisecond)
 	code, _ = call(t, h, "GET", "/v1/runs/live1/ports", "s3cret")
 	assert.Equal(t, http.StatusNotFound, code, "an ended run is not served")
 	assert.NotContains(t, scrape(), `run="live1"`)
