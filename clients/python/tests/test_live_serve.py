@@ -18,6 +18,7 @@ import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import taskrun  # noqa: E402
 from taskrun import BadRequestError, NotFoundError  # noqa: E402
 from taskrun.live import LiveClient  # noqa: E402
 
@@ -83,6 +84,24 @@ class LiveServeTest(unittest.TestCase):
         self.c.write_file(r, "seen.txt", b"by the api\n")
         code, out, _ = self.c.exec(r, ["cat", "seen.txt"])
         self.assertEqual((code, out), (0, b"by the api\n"))
+
+    def test_commands_are_recorded(self) -> None:
+        r = self.run_id
+        marker = "recorded-" + uuid.uuid4().hex[:8]
+        self.assertEqual(self.c.exec(r, ["echo", marker])[0], 0)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                execs = taskrun.Client(URL, TOKEN).record(r).get("execs") or []
+            except NotFoundError:
+                execs = []  # its index record is written once it runs
+            mine = [e for e in execs if e["command"] == ["echo", marker]]
+            if mine or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self.assertEqual(len(mine), 1, execs)
+        self.assertEqual(mine[0]["exit"], 0)
+        self.assertEqual(mine[0]["by"], "user alice through taskrun serve")
 
     def test_processes_stdin_and_signal(self) -> None:
         r = self.run_id
