@@ -135,6 +135,8 @@ func (s *Server) LiveHandler(secret string) http.Handler {
 		if c := r.Header.Get(CallerHeader); c != "" {
 			ctx = context.WithValue(ctx, callerKey{}, c)
 		}
+		// Neither reaches a declared port's agent.
+		r.Header.Del(CallerHeader)
 		mux.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
