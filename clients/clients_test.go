@@ -165,7 +165,7 @@ func startControlPlane(t *testing.T) *controlPlane {
 	}, testdeadline.Scale(time.Minute), 20*time.Millisecond, "serve %s never became ready", cp.url)
 	cp.metrics = freeAddr(t)
 	start(t, bin, filepath.Join(dir, "worker.log"), "worker", "--log-format", "json",
-		"--server", cp.url, "--token-file", wtok, "--slots", "3",
+		"--server", cp.url, "--token-file", wtok, "--slots", "2",
 		"--store", store, "--root", filepath.Join(dir, "root"), "--image", testImage,
 		"--labels", "runtime=runc,image="+testImage, "--helpers-dir", testbin.Dir(t),
 		"--drain-grace", "5s", "--lease-wait", "2s", "--metrics-listen", cp.metrics, "--live-listen", freeAddr(t),

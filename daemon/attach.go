@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/executor"
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
@@ -102,6 +103,11 @@ type containerUpdater struct {
 func (u containerUpdater) UpdateRunStatus(ctx context.Context, runID string, req *workerclient.PatchTaskRunRequest) error {
 	if req.Container != nil && req.Container.ID != "" {
 		u.live.container.Store(&req.Container.ID)
+	}
+	if req.Status == model.StatusRunning {
+		// Its idle time counts from when its agent runs, not from its
+		// lease: a slow start is not idleness.
+		u.live.touch()
 	}
 	return u.TaskRunUpdater.UpdateRunStatus(ctx, runID, req)
 }

@@ -209,7 +209,7 @@ class LiveServeTest(unittest.TestCase):
 class IdleTest(unittest.TestCase):
     def test_idle_run_is_stopped(self) -> None:
         c = LiveClient(url=URL, token=TOKEN)
-        r = c.start(image=IMAGE, idle_timeout=2)
+        r = c.start(image=IMAGE, idle_timeout=3)
         _log_run(r)
         code, out, _ = c.exec(r, ["echo", "alive"])
         self.assertEqual((code, out), (0, b"alive\n"))

@@ -131,7 +131,7 @@ describe('LiveClient on the control plane', { skip }, () => {
 describe('An idle live run on the control plane', { skip }, () => {
   it('is stopped at its idle timeout', async () => {
     const c = new LiveClient({ url: URL_, token: TOKEN });
-    const r = await c.start(undefined, { image: IMAGE, idleTimeout: 2 });
+    const r = await c.start(undefined, { image: IMAGE, idleTimeout: 3 });
     logRun(r);
     const x = await c.exec(r, ['echo', 'alive']);
     assert.equal(Buffer.from(x.stdout).toString(), 'alive\n');
