@@ -91,7 +91,7 @@ func TestTypeScriptClient(t *testing.T) {
 
 // controlPlane is a running serve and worker with two users' tokens.
 type controlPlane struct {
-	url                           string
+	url, metrics                  string
 	userToken, otherToken, worker string
 	runLog                        string
 }
@@ -107,6 +107,7 @@ func (cp *controlPlane) runClientTests(t *testing.T, cmd *exec.Cmd) string {
 		"TASKRUN_WORKER_TOKEN="+cp.worker,
 		"TASKRUN_TEST_IMAGE="+testImage,
 		"TASKRUN_CLIENT_RUN_LOG="+cp.runLog,
+		"TASKRUN_WORKER_METRICS="+cp.metrics,
 		"PYTHONDONTWRITEBYTECODE=1",
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), testdeadline.Scale(8*time.Minute))
@@ -162,11 +163,12 @@ func startControlPlane(t *testing.T) *controlPlane {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}, testdeadline.Scale(time.Minute), 20*time.Millisecond, "serve %s never became ready", cp.url)
+	cp.metrics = freeAddr(t)
 	start(t, bin, filepath.Join(dir, "worker.log"), "worker", "--log-format", "json",
 		"--server", cp.url, "--token-file", wtok, "--slots", "2",
 		"--store", store, "--root", filepath.Join(dir, "root"), "--image", testImage,
 		"--labels", "runtime=runc,image="+testImage, "--helpers-dir", testbin.Dir(t),
-		"--drain-grace", "5s", "--lease-wait", "2s", "--metrics-listen", freeAddr(t),
+		"--drain-grace", "5s", "--lease-wait", "2s", "--metrics-listen", cp.metrics, "--live-listen", freeAddr(t),
 		"--disk", "64m", "--max-output", "16m", "--timeout", "5m")
 	return cp
 }

@@ -37,6 +37,16 @@ type SubmitRequest struct {
 	// Retryable allows executing the task again when its worker is lost
 	// (agents have side effects: only set it for tasks that tolerate that).
 	Retryable bool `json:"retryable,omitempty"`
+	// KeepAlive asks for a live run: its container idles (Command, else an
+	// idle loop) and stays RUNNING until cancelled, its run timeout, or no
+	// call on its live API for IdleTimeoutMillis (zero, or more than the
+	// worker's operator allows: the worker's bound). The live API
+	// (processes, files, ports, usage) is served on /v1/runs/{id}/...
+	KeepAlive         bool  `json:"keep_alive,omitempty"`
+	IdleTimeoutMillis int64 `json:"idle_timeout_ms,omitempty"`
+	// Ports are TCP ports a live run's agent serves inside its container,
+	// each reached only through the control plane with its token.
+	Ports []int `json:"ports,omitempty"`
 }
 
 // SubmitResponse answers POST /v1/tasks (201).

@@ -74,6 +74,10 @@ type TaskSpec struct {
 	Egress json.RawMessage `json:"egress,omitempty"`
 	// Retryable allows executing the task again when a worker is lost.
 	Retryable bool `json:"retryable,omitempty"`
+	// KeepAlive, IdleTimeoutMillis and Ports: see SubmitRequest.
+	KeepAlive         bool  `json:"keep_alive,omitempty"`
+	IdleTimeoutMillis int64 `json:"idle_timeout_ms,omitempty"`
+	Ports             []int `json:"ports,omitempty"`
 	// Workspace is the starting workspace (a gzip'd tar written by
 	// workspace.PackHome) in the shared store; nil: an empty workspace.
 	Workspace *workerclient.StoredObject `json:"workspace,omitempty"`

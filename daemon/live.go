@@ -87,17 +87,27 @@ func (s *Server) runLive(ctx, runCtx context.Context, live *liveRun, spec execut
 	s.keepWarm(ctx)
 }
 
-// watchIdle cancels a live run no call touched for MaxIdle.
+// watchIdle ends a live run no call touched for its idle timeout
+// (MaxIdle unless the run has a shorter one): it calls the run's onIdle,
+// else cancels it.
 func (s *Server) watchIdle(ctx context.Context, live *liveRun, log *slog.Logger) {
-	tick := time.NewTicker(max(s.cfg.MaxIdle/4, 50*time.Millisecond))
+	limit := s.cfg.MaxIdle
+	if live.maxIdle > 0 && live.maxIdle < limit {
+		limit = live.maxIdle
+	}
+	tick := time.NewTicker(max(limit/4, 50*time.Millisecond))
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			if idle := now.Sub(time.Unix(0, live.used.Load())); idle >= s.cfg.MaxIdle {
-				log.Info("live run stopped: idle", "idle", idle.Round(time.Millisecond))
+			if idle := now.Sub(time.Unix(0, live.used.Load())); idle >= limit {
+				log.Info("live run idle", "idle", idle.Round(time.Millisecond), "limit", limit)
+				if live.onIdle != nil {
+					live.onIdle()
+					return
+				}
 				live.cancel()
 				return
 			}

@@ -220,6 +220,7 @@ func (s *Server) startProcess(ctx context.Context, run *liveRun, peer Peer, req 
 	run.order = append(run.order, p.info.ID)
 	run.procMu.Unlock()
 
+	caller := callerFrom(ctx)
 	started := make(chan struct{})
 	// The daemon's stop waits for the command's record.
 	s.wg.Add(1)
@@ -243,6 +244,9 @@ func (s *Server) startProcess(ctx context.Context, run *liveRun, peer Peer, req 
 		run.touch()
 		rec := &runindex.Record{RunID: run.ref.RunID, UserID: run.ref.UserID, ConversationID: run.ref.ConversationID, TaskID: run.ref.TaskID}
 		by := "uid " + strconv.FormatUint(uint64(peer.UID), 10) + " through the taskrun daemon"
+		if caller != "" {
+			by = caller
+		}
 		if _, perr := runindex.PutExec(context.WithoutCancel(run.ctx), s.cfg.Host.Store(), rec,
 			runindex.Exec{By: by, At: p.info.StartedAt, Command: req.Argv, Exit: res.Exit}); perr != nil {
 			s.log.Warn("record a live run's command", "run", run.ref.RunID, "err", perr)

@@ -116,6 +116,12 @@ type liveRun struct {
 	// start); portConns holds a slot per open connection to them.
 	ports     map[int]string
 	portConns chan struct{}
+
+	// maxIdle, when set, is the run's own idle timeout, at most the
+	// daemon's MaxIdle; onIdle, when set, ends an idle run (else it is
+	// cancelled). Both are an attached run's (Attach).
+	maxIdle time.Duration
+	onIdle  func()
 }
 
 // pausedRun is a live run paused through the daemon: its caller's uid,

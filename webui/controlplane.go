@@ -7,11 +7,14 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runindex"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 )
 
@@ -34,6 +37,49 @@ type ControlPlaneSource struct {
 	Workers controlplane.WorkerReader
 	// Now is the clock of the hosts page's window (nil: time.Now).
 	Now func() time.Time
+	// LiveUsage, when set, is a RUNNING run's resource usage at its last
+	// live sample (nil: none yet), shown until its record has the final
+	// figures.
+	LiveUsage func(ctx context.Context, r controlplane.Run) (*sandbox.Usage, error)
+
+	// usage holds each run's live usage for liveUsageFresh: one page asks
+	// for its run more than once.
+	usageMu sync.Mutex
+	usage   map[string]liveSample
+}
+
+// liveSample is a run's live usage and when it was asked for.
+type liveSample struct {
+	u  *sandbox.Usage
+	at time.Time
+}
+
+// liveUsageFresh is how long a live usage answer is shown again.
+const liveUsageFresh = time.Second
+
+// liveUsage is r's live usage, asked at most once per liveUsageFresh.
+func (s *ControlPlaneSource) liveUsage(ctx context.Context, r controlplane.Run) *sandbox.Usage {
+	s.usageMu.Lock()
+	defer s.usageMu.Unlock()
+	now := time.Now()
+	if c, ok := s.usage[r.ID]; ok && now.Sub(c.at) < liveUsageFresh {
+		return c.u
+	}
+	for id, c := range s.usage {
+		if now.Sub(c.at) >= liveUsageFresh {
+			delete(s.usage, id)
+		}
+	}
+	// Best effort: a worker that does not answer leaves it unsampled.
+	u, err := s.LiveUsage(ctx, r)
+	if err != nil {
+		u = nil
+	}
+	if s.usage == nil {
+		s.usage = map[string]liveSample{}
+	}
+	s.usage[r.ID] = liveSample{u: u, at: now}
+	return u
 }
 
 var _ Source = (*ControlPlaneSource)(nil)
@@ -111,6 +157,11 @@ func (s *ControlPlaneSource) Run(ctx context.Context, id string) (Run, error) {
 		return Run{}, err
 	}
 	run := fromControlPlane(r)
+	if s.LiveUsage != nil && r.Status == model.StatusRunning {
+		if u := s.liveUsage(ctx, r); u != nil {
+			run.Record.Usage = u
+		}
+	}
 	if s.Store == nil {
 		return run, nil
 	}
@@ -128,7 +179,9 @@ func (s *ControlPlaneSource) Run(ctx context.Context, id string) (Run, error) {
 	rec.Keys, rec.Stored, rec.Changes, rec.Execs = idx.Keys, idx.Stored, idx.Changes, idx.Execs
 	rec.Isolation, rec.Limits, rec.Host, rec.ContainerName = idx.Isolation, idx.Limits, idx.Host, idx.ContainerName
 	rec.Timings, run.Phases = idx.Timings, phasesOf(idx.Timings)
-	rec.Usage = idx.Usage
+	if idx.Usage != nil || rec.Usage == nil {
+		rec.Usage = idx.Usage
+	}
 	if rec.Image == "" {
 		rec.Image = idx.Image
 	}

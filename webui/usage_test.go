@@ -4,11 +4,16 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/controlplane/sqlite"
+	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/sandbox"
@@ -38,4 +43,34 @@ func TestRunPageShowsResourceUsage(t *testing.T) {
 	resp, body = get(t, srv.URL+"/runs/plain")
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Contains(t, body, `<dd id="usage">not sampled</dd>`)
+}
+
+// A live run's page shows its usage at the last live sample, asked of its
+// worker through the control plane, until its record has the final one.
+func TestRunPageShowsLiveUsage(t *testing.T) {
+	ctx := context.Background()
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "cp.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	now := time.Now()
+	_, err = store.CreateTask(ctx, controlplane.NewTask{Task: model.Task{ID: "t1", UserID: "u1", ConversationID: "c", Prompt: "p"},
+		RunID: "live1", SessionID: "s", Spec: controlplane.TaskSpec{KeepAlive: true}, CreatedAt: now})
+	require.NoError(t, err)
+	run, err := store.Lease(ctx, controlplane.LeaseOffer{WorkerID: "w1", Holder: "w", TokenHash: [32]byte{1}, Now: now, TTL: time.Minute,
+		Fits: func(controlplane.Run) bool { return true }})
+	require.NoError(t, err)
+	require.NotNil(t, run)
+	var asked []string
+	src := &webui.ControlPlaneSource{Control: store, LiveUsage: func(_ context.Context, r controlplane.Run) (*sandbox.Usage, error) {
+		asked = append(asked, r.ID)
+		return &sandbox.Usage{CPUSeconds: 1.25, PeakMemoryBytes: 3 << 20, ReadBytes: 1 << 10, WriteBytes: 2 << 10, PeakPids: 5, Samples: 2}, nil
+	}}
+	h, err := webui.New(src, webui.Options{})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	resp, body := get(t, srv.URL+"/runs/live1")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, body, `<dd id="usage">CPU 1.25 s; peak memory 3.0 MiB; I/O 1.0 KiB read, 2.0 KiB written; peak 5 processes</dd>`)
+	assert.Equal(t, []string{"live1"}, asked)
 }

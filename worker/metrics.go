@@ -28,6 +28,8 @@ type metrics struct {
 	runPids       prometheus.Histogram
 	runBlockBytes *prometheus.CounterVec
 	runCPUTotal   prometheus.Counter
+	// perRun are the runs in progress' own figures, labelled by run.
+	perRun runGauges
 }
 
 // newMetrics registers the worker's series on reg.
@@ -60,12 +62,18 @@ func newMetrics(reg prometheus.Registerer, slots int) (*metrics, error) {
 		runBlockBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "taskrun_worker_run_block_io_bytes_total",
 			Help: "Block device bytes the runs' containers read and wrote, by op (read, write)."}, []string{"op"}),
 		runCPUTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "taskrun_worker_run_cpu_seconds_total", Help: "CPU time the runs' containers used."}),
+		perRun:      newRunGauges(),
 	}
 	total := prometheus.NewGauge(prometheus.GaugeOpts{Name: "taskrun_worker_slots_total", Help: "Runs the worker may hold at once."})
 	total.Set(float64(slots))
 	for _, c := range []prometheus.Collector{total, m.busy, m.runs, m.leases, m.leaseErrors, m.leaseSkipped, m.renewals,
 		m.renewFailures, m.leasesLost, m.coldStart, m.duration, m.tokens, m.streamBytes,
 		m.runCPU, m.runMemory, m.runPids, m.runBlockBytes, m.runCPUTotal} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range m.perRun.collectors() {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -85,4 +93,43 @@ func (m *metrics) observeUsage(u *sandbox.Usage) {
 	m.runPids.Observe(float64(u.PeakPids))
 	m.runBlockBytes.WithLabelValues("read").Add(float64(u.ReadBytes))
 	m.runBlockBytes.WithLabelValues("write").Add(float64(u.WriteBytes))
+}
+
+// runGauges are the per-run series: each run's usage at its last live
+// sample, labelled by run, dropped once it ended.
+type runGauges struct {
+	cpu, memory, pids *prometheus.GaugeVec
+	io                *prometheus.GaugeVec
+}
+
+func newRunGauges() runGauges {
+	g := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, append([]string{"run"}, labels...))
+	}
+	return runGauges{
+		cpu:    g("taskrun_worker_live_run_cpu_seconds", "CPU time a run in progress used, at its last sample."),
+		memory: g("taskrun_worker_live_run_peak_memory_bytes", "Peak memory a run in progress was charged, at its last sample."),
+		pids:   g("taskrun_worker_live_run_peak_pids", "Most processes and threads a run in progress had at one sample."),
+		io:     g("taskrun_worker_live_run_block_io_bytes", "Block device bytes a run in progress read and wrote, by op (read, write).", "op"),
+	}
+}
+
+func (g runGauges) collectors() []prometheus.Collector {
+	return []prometheus.Collector{g.cpu, g.memory, g.pids, g.io}
+}
+
+// sampleRun sets a run's series to its usage now.
+func (m *metrics) sampleRun(run string, u sandbox.Usage) {
+	m.perRun.cpu.WithLabelValues(run).Set(u.CPUSeconds)
+	m.perRun.memory.WithLabelValues(run).Set(float64(u.PeakMemoryBytes))
+	m.perRun.pids.WithLabelValues(run).Set(float64(u.PeakPids))
+	m.perRun.io.WithLabelValues(run, "read").Set(float64(u.ReadBytes))
+	m.perRun.io.WithLabelValues(run, "write").Set(float64(u.WriteBytes))
+}
+
+// forgetRun drops an ended run's series.
+func (m *metrics) forgetRun(run string) {
+	for _, c := range []*prometheus.GaugeVec{m.perRun.cpu, m.perRun.memory, m.perRun.pids, m.perRun.io} {
+		c.DeletePartialMatch(prometheus.Labels{"run": run})
+	}
 }

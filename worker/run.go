@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/fencedstore"
 	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -95,6 +97,18 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 		log.Warn("cannot place the leased run", "err", err)
 		w.refuse(ctx, g, a, err)
 		return
+	}
+	spec.OnUsage = func(u sandbox.Usage) { w.metrics.sampleRun(a.Lease.RunID, u) }
+	defer w.metrics.forgetRun(a.Lease.RunID)
+	if a.KeepAlive {
+		live, err := w.attach(ctx, cancel, a, log)
+		if err != nil {
+			log.Warn("cannot serve the live run", "err", err)
+			w.refuse(ctx, g, a, err)
+			return
+		}
+		defer live.Detach()
+		live.Hook(&spec)
 	}
 	out, err := w.cfg.Host.Run(ctx, spec)
 	status := model.StatusFailed
@@ -292,6 +306,9 @@ func (w *Worker) spec(ctx context.Context, a *workerclient.Assignment, g *gate) 
 	if spec.Egress, err = w.cfg.Egress.Grant(a.Task.UserID, req); err != nil {
 		return spec, cleanup, err
 	}
+	if a.KeepAlive && len(spec.Command) == 0 {
+		spec.Entrypoint, spec.Command = daemon.IdleCommand[:1], daemon.IdleCommand[1:]
+	}
 	task.WorkspaceDir = ""
 	if a.Workspace != nil {
 		home, err := w.fetchWorkspace(ctx, a.Workspace, dir)
@@ -393,4 +410,36 @@ func (g *gate) End(ctx context.Context, runID string, total int64) error {
 		return nil
 	}
 	return g.filter(g.stream.End(ctx, runID, total))
+}
+
+// ErrIdle is the cause a live run is stopped with at its idle timeout.
+var ErrIdle = errors.New("stopped: idle past its idle timeout")
+
+// attach makes a keep-alive run reachable through the worker's live API,
+// its idle timeout the assignment's within the operator's bound. An idle
+// run is paused with Config.PauseOnIdle (stopped when the pause fails),
+// else stopped.
+func (w *Worker) attach(ctx context.Context, cancel context.CancelCauseFunc, a *workerclient.Assignment, log *slog.Logger) (*daemon.Attached, error) {
+	if w.cfg.Live == nil {
+		return nil, errors.New("this worker serves no live runs (keep_alive): start it with --live-listen")
+	}
+	runID := a.Lease.RunID
+	onIdle := func() { cancel(ErrIdle) }
+	if w.cfg.PauseOnIdle {
+		onIdle = func() {
+			go func() {
+				if _, err := w.cfg.Host.Pause(context.WithoutCancel(ctx), runID); err != nil {
+					log.Warn("pause an idle live run: stopping it", "err", err)
+					cancel(ErrIdle)
+				}
+			}()
+		}
+	}
+	return w.cfg.Live.Attach(ctx, daemon.AttachOptions{
+		Ref:     persist.RunRef{UserID: a.Task.UserID, ConversationID: a.Task.ConversationID, TaskID: a.Task.ID, RunID: runID},
+		Ports:   a.Ports,
+		MaxIdle: time.Duration(a.IdleTimeoutMillis) * time.Millisecond,
+		Cancel:  func() { cancel(context.Canceled) },
+		OnIdle:  onIdle,
+	})
 }

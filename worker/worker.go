@@ -58,6 +58,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/internal/backoff"
@@ -153,6 +154,16 @@ type Config struct {
 	FreeDisk func(dir string) (int64, error)
 	// Logger receives the worker's log; slog.Default() when nil.
 	Logger *slog.Logger
+	// Live serves the live API (processes, files, ports, usage) of the
+	// keep-alive runs the worker holds; nil refuses keep-alive runs. Its
+	// MaxIdle bounds their idle timeout. LiveEndpoint is where its
+	// LiveHandler is reached, sent to the control plane with every lease
+	// request.
+	Live         *daemon.Server
+	LiveEndpoint *workerclient.LiveEndpoint
+	// PauseOnIdle pauses an idle live run (executor.Host.Pause: it is
+	// reported PAUSED) instead of stopping it.
+	PauseOnIdle bool
 }
 
 // Worker leases and executes runs. Create it with New.
@@ -342,7 +353,7 @@ func (w *Worker) leaseLoop(ctx, runsCtx context.Context, warm *warmpool.Template
 		}
 		req := workerclient.LeaseRequest{
 			WorkerID: w.cfg.WorkerID, Capacity: capacity, Labels: w.labels(ctx),
-			WaitMillis: w.cfg.LeaseWait.Milliseconds(),
+			WaitMillis: w.cfg.LeaseWait.Milliseconds(), Live: w.cfg.LiveEndpoint,
 		}
 		sent := time.Now()
 		a, err := w.cfg.Client.AcquireLease(ctx, req)

@@ -51,6 +51,17 @@ type LeaseRequest struct {
 	// WaitMillis is how long the server may hold the call when no run is
 	// ready (long poll), at most MaxLeaseWait. Zero answers at once.
 	WaitMillis int64 `json:"wait_ms"`
+	// Live, when set, is where the worker serves the live API of the
+	// keep-alive runs it holds: the control plane proxies its users'
+	// calls there. It is kept in memory only, never listed.
+	Live *LiveEndpoint `json:"live,omitempty"`
+}
+
+// LiveEndpoint is a worker's live API: its base URL and the secret the
+// control plane sends as a bearer token.
+type LiveEndpoint struct {
+	URL    string `json:"url"`
+	Secret string `json:"secret"`
 }
 
 // Capacity is what a worker has free and in all.
@@ -107,6 +118,13 @@ type Assignment struct {
 	// Retryable says the task may be executed again if this attempt's worker
 	// is lost; otherwise a lost run is finalized FAILED ("worker lost").
 	Retryable bool `json:"retryable,omitempty"`
+	// KeepAlive asks for a live run, served by the worker's live API until
+	// cancelled, its timeout or IdleTimeoutMillis with no call (zero, or
+	// over the worker's bound: the worker's bound); Ports are the ports
+	// its agent serves (see controlplane.SubmitRequest).
+	KeepAlive         bool  `json:"keep_alive,omitempty"`
+	IdleTimeoutMillis int64 `json:"idle_timeout_ms,omitempty"`
+	Ports             []int `json:"ports,omitempty"`
 }
 
 // StoredObject names an object in the shared blob store.

@@ -197,11 +197,27 @@ export interface PortInfo {
 /** The daemon's socket: $TASKRUN_HOST, else root's. */
 export declare function socketPath(): string;
 
-/** Client of a host's taskrun daemon: live runs and their processes. */
+/** A path's entry in a live run's home (the file API). */
+export interface FileInfo {
+  name: string;
+  size: number;
+  mode: string;
+  dir?: boolean;
+  symlink?: boolean;
+  mod_time: string;
+}
+
+/**
+ * Client of live runs: on a host's taskrun daemon (its socket), or on a
+ * control plane ({url, token}) for the keep-alive runs its workers hold.
+ */
 export declare class LiveClient {
-  constructor(path?: string);
+  constructor(where?: string | { url?: string; token?: string; path?: string });
   readonly path: string;
-  start(runId: string, opts?: { image?: string; command?: string[]; user?: string; env?: string[]; conversation?: string; task?: string; session?: string; ports?: number[] }): Promise<void>;
+  readonly url?: URL;
+  /** Resolves to the run's ID once it runs; on a control plane pass runId undefined. */
+  start(runId: string | undefined, opts?: { image?: string; command?: string[]; user?: string; env?: string[]; conversation?: string; task?: string; session?: string; ports?: number[]; idleTimeout?: number; wait?: number }): Promise<string>;
+  status(runId: string): Promise<string>;
   stop(runId: string): Promise<void>;
   exec(runId: string, argv: string[], opts?: { env?: string[]; cwd?: string }): Promise<{ exit: number; stdout: Uint8Array; stderr: Uint8Array }>;
   startProcess(runId: string, argv: string[], opts?: { env?: string[]; cwd?: string; stdin?: boolean; tty?: boolean }): Promise<ProcessInfo>;
@@ -212,4 +228,10 @@ export declare class LiveClient {
   signal(runId: string, pid: string, signal: string): Promise<void>;
   usage(runId: string): Promise<Usage>;
   ports(runId: string): Promise<PortInfo[]>;
+  readFile(runId: string, path: string): Promise<Uint8Array>;
+  writeFile(runId: string, path: string, data: Uint8Array | string): Promise<void>;
+  listFiles(runId: string, path?: string): Promise<FileInfo[]>;
+  stat(runId: string, path: string): Promise<FileInfo>;
+  remove(runId: string, path: string): Promise<void>;
+  portRequest(runId: string, port: number, path?: string, opts?: { token?: string; method?: string; body?: Uint8Array | string }): Promise<{ status: number; body: Uint8Array }>;
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -20,6 +21,7 @@ import (
 	"github.com/taskrun/taskrun/controlplane/sqlite"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/runlimits"
+	"github.com/taskrun/taskrun/sandbox"
 )
 
 const serveHelp = `
@@ -66,7 +68,8 @@ const defaultDB = "sqlite://./.taskrun/controlplane.db"
 // serve mounts under /ui/, reading runs through r and their records from
 // blobs, and the server's handler wrapped so that browsers can sign in to it.
 // Its run pages check each run's attestation with keys (serve --attest-pub).
-var serveUI func(r controlplane.RunReader, blobs *persist.Store, keys []*attest.Verifier, log *slog.Logger) (ui http.Handler, wrap func(http.Handler) http.Handler, err error)
+var serveUI func(r controlplane.RunReader, blobs *persist.Store, keys []*attest.Verifier, log *slog.Logger,
+	liveUsage func(context.Context, controlplane.Run) (*sandbox.Usage, error)) (ui http.Handler, wrap func(http.Handler) http.Handler, err error)
 
 type serveOptions struct {
 	listen, db, store        string
@@ -188,8 +191,17 @@ func runServe(ctx context.Context, a *app, o serveOptions) int {
 		QueueTTL: o.queueTTL, Runtimes: o.runtimes,
 		Limits: server.Limits{MaxWorkspaceBytes: o.maxWorkspace, MaxOutputBytes: o.maxOutput, MaxFileBytes: o.maxFile}, RunMaxima: o.maxima}
 	wrap := func(h http.Handler) http.Handler { return h }
+	// The web interface shows a live run's usage, asked of its worker
+	// through the server, which is built after it.
+	var built atomic.Pointer[server.Server]
+	liveUsage := func(ctx context.Context, r controlplane.Run) (*sandbox.Usage, error) {
+		if s := built.Load(); s != nil {
+			return s.LiveUsage(ctx, r)
+		}
+		return nil, nil
+	}
 	if serveUI != nil {
-		if cfg.UI, wrap, err = serveUI(store, blobs, keys, a.log); err != nil {
+		if cfg.UI, wrap, err = serveUI(store, blobs, keys, a.log, liveUsage); err != nil {
 			fmt.Fprintln(a.stderr, "taskrun serve: web interface:", err)
 			return exitCannotRun
 		}
@@ -199,6 +211,7 @@ func runServe(ctx context.Context, a *app, o serveOptions) int {
 		fmt.Fprintln(a.stderr, "taskrun serve:", err)
 		return exitUsage
 	}
+	built.Store(srv)
 	l, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "taskrun serve: --listen:", err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/taskrun/taskrun/controlplane"
 	"github.com/taskrun/taskrun/controlplane/server"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/webui"
 )
 
@@ -19,8 +21,9 @@ const uiPrefix = "/ui/"
 // tasks and cancels their runs through the user API. A browser signs in
 // with HTTP Basic, the user token as the password.
 func init() {
-	serveUI = func(r controlplane.RunReader, blobs *persist.Store, keys []*attest.Verifier, log *slog.Logger) (http.Handler, func(http.Handler) http.Handler, error) {
-		src := &webui.ControlPlaneSource{Control: r, Store: blobs}
+	serveUI = func(r controlplane.RunReader, blobs *persist.Store, keys []*attest.Verifier, log *slog.Logger,
+		liveUsage func(context.Context, controlplane.Run) (*sandbox.Usage, error)) (http.Handler, func(http.Handler) http.Handler, error) {
+		src := &webui.ControlPlaneSource{Control: r, Store: blobs, LiveUsage: liveUsage}
 		if wr, ok := r.(controlplane.WorkerReader); ok {
 			src.Workers = wr // the hosts page shows the workers' heartbeats
 		}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/gateway"
@@ -81,6 +84,9 @@ type workerOptions struct {
 	leaseWait                time.Duration
 	memory                   int64
 	warm                     int
+	liveListen, liveURL      string
+	maxIdle                  time.Duration
+	pauseOnIdle              bool
 
 	// The operator's egress configuration and maxima: what a submitted
 	// run's request is checked against.
@@ -127,6 +133,10 @@ func (o *workerOptions) define(fs *pflag.FlagSet) {
 	fs.StringVar(&o.egressFile, "egress-policy", "", "JSON egress policy file: the rules and budgets submitted runs may ask for within (see docs/egress.md); its credentials go in --credential")
 	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, for the tenants named, who ask for it by id: id=ID,tenants="USER ...",host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"] (tenants=* for all); repeatable`)
 	addRunMaximaFlags(fs, &o.maxima)
+	fs.StringVar(&o.liveListen, "live-listen", "", "address serving the live API of keep-alive runs to the control plane, e.g. 127.0.0.1:9465 (default: none, keep-alive runs are refused)")
+	fs.StringVar(&o.liveURL, "live-url", "", "the control plane's URL for --live-listen (default: http:// and its address)")
+	fs.DurationVar(&o.maxIdle, "max-idle", daemon.DefaultMaxIdle, "stop a keep-alive run after this long with no call on its live API (a run may ask for less)")
+	fs.BoolVar(&o.pauseOnIdle, "pause-on-idle", false, "pause an idle keep-alive run (reported PAUSED) instead of stopping it")
 }
 
 func (o *workerOptions) finish() error {
@@ -271,6 +281,29 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 		DrainGrace:  o.drainGrace,
 		Logger:      log,
 	}
+	if o.liveListen != "" {
+		l, err := net.Listen("tcp", o.liveListen)
+		if err != nil {
+			return exitUsage, fmt.Errorf("--live-listen: %w", err)
+		}
+		live, err := daemon.New(daemon.Config{Host: host.Host, Maxima: o.maxima, MaxIdle: o.maxIdle, Logger: log})
+		if err != nil {
+			l.Close()
+			return exitUsage, fmt.Errorf("--live-listen: %w", err)
+		}
+		secret, err := liveSecret()
+		if err != nil {
+			l.Close()
+			return exitCannotRun, err
+		}
+		u := cmpOr(o.liveURL, "http://"+l.Addr().String())
+		cfg.Live, cfg.LiveEndpoint, cfg.PauseOnIdle = live, &workerclient.LiveEndpoint{URL: u, Secret: secret}, o.pauseOnIdle
+		// Commands' streams last as long as they run: no write timeout.
+		srv := &http.Server{Handler: live.LiveHandler(secret), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(l) }()
+		defer srv.Close()
+		log.Info("serving the live API", "addr", l.Addr().String(), "url", u)
+	}
 	w, err := worker.New(cfg)
 	if err != nil {
 		return exitUsage, err
@@ -289,4 +322,14 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 		return exitFailure, err
 	}
 	return exitOK, nil
+}
+
+// liveSecret is a fresh secret the control plane sends to the worker's
+// live API.
+func liveSecret() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("live API secret: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
 }

@@ -107,6 +107,10 @@ type Server struct {
 	runs    notifier // key: run ID, and queueKey
 	handler http.Handler
 
+	// live are the workers' live APIs; liveTransport reaches them.
+	live          liveEndpoints
+	liveTransport http.RoundTripper
+
 	fmu       sync.Mutex
 	followers map[string]int
 	nFollow   int
@@ -151,7 +155,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	l.MaxListLimit = min(l.MaxListLimit, controlplane.MaxListLimit)
-	s := &Server{cfg: cfg, m: newMetrics(cfg.Store), followers: map[string]int{}}
+	s := &Server{cfg: cfg, m: newMetrics(cfg.Store), followers: map[string]int{}, liveTransport: http.DefaultTransport.(*http.Transport).Clone()}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -178,6 +182,9 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /v1/runs/{id}/files/{path...}", s.requireUser(http.HandlerFunc(s.handleFile)))
 	mux.Handle("POST /v1/runs/{id}/cancel", s.requireUser(http.HandlerFunc(s.handleCancel)))
 	mux.Handle("GET /v1/workers", s.requireUser(http.HandlerFunc(s.handleWorkers)))
+	for _, p := range liveRoutes {
+		mux.Handle(p, s.requireUser(http.HandlerFunc(s.handleLive)))
+	}
 	// Operations.
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{Registry: s.m.reg, ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

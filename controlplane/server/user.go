@@ -121,7 +121,8 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
 		SessionID:     req.SessionID,
 		PreviousRunID: req.PreviousRunID,
 		Spec: controlplane.TaskSpec{Model: req.Model, Image: req.Image, Runtime: req.Runtime, Command: req.Command, Env: req.Env,
-			Limits: req.Limits, Egress: req.Egress, Retryable: req.Retryable},
+			Limits: req.Limits, Egress: req.Egress, Retryable: req.Retryable,
+			KeepAlive: req.KeepAlive, IdleTimeoutMillis: req.IdleTimeoutMillis, Ports: req.Ports},
 		CreatedAt: s.cfg.Now(),
 	}
 	if t.SessionID == "" {
@@ -218,6 +219,9 @@ func (s *Server) checkSubmit(r *http.Request, req *controlplane.SubmitRequest) e
 	}
 	if len(req.Egress) > 0 && !json.Valid(req.Egress) {
 		return errors.New("egress: not valid JSON")
+	}
+	if err := checkLive(req); err != nil {
+		return err
 	}
 	// A submission is a tenant's request: its limits within the operator's
 	// maxima, its egress only what a tenant may ask for (no credential

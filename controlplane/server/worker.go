@@ -37,6 +37,7 @@ func (s *Server) handleLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.recordWorker(r, req)
+	s.live.set(req.WorkerID, req.Live)
 	if req.Capacity.FreeSlots <= 0 {
 		w.WriteHeader(http.StatusNoContent)
 		return
@@ -170,6 +171,7 @@ func (s *Server) assignment(r controlplane.Run, token string, waited time.Durati
 		Limits:    r.Spec.Limits,
 		Egress:    r.Spec.Egress,
 		Retryable: r.Spec.Retryable,
+		KeepAlive: r.Spec.KeepAlive, IdleTimeoutMillis: r.Spec.IdleTimeoutMillis, Ports: r.Spec.Ports,
 	}
 }
 

@@ -1,7 +1,10 @@
-"""Client of a host's taskrun daemon: live runs and their processes.
+"""Client of live runs: on a host's taskrun daemon, or on a control plane.
 
 The daemon (``taskrun daemon``) serves live runs on a unix socket; each
-call is its caller's by the socket's peer credentials. Standard library
+call is its caller's by the socket's peer credentials. The control plane
+(``taskrun serve``) serves the same live API for keep-alive runs its
+workers hold, to the run's tenant by its token: ``LiveClient(url=...,
+token=...)``, with run IDs the control plane gives. Standard library
 only::
 
     from taskrun.live import LiveClient
@@ -25,6 +28,7 @@ import http.client
 import json
 import os
 import socket
+import time
 import urllib.parse
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
@@ -64,27 +68,56 @@ def _q(s: str) -> str:
 
 
 class LiveClient:
-    """Calls the live-run API of the daemon at ``path``.
+    """Calls the live-run API of the daemon at ``path``, or, given ``url``,
+    of the control plane there as the user of ``token`` ($TASKRUN_TOKEN).
 
     Every refusal raises the :class:`taskrun.APIError` subclass of its HTTP
     status (a run or process not found, or another user's: NotFoundError);
-    a daemon that cannot be reached raises TransportError.
+    a daemon or control plane that cannot be reached raises TransportError.
     """
 
-    def __init__(self, path: Optional[str] = None, *, timeout: Optional[float] = 60.0) -> None:
-        self.path = path or socket_path()
+    def __init__(
+        self,
+        path: Optional[str] = None,
+        *,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: Optional[float] = 60.0,
+    ) -> None:
+        self.url = url.rstrip("/") if url else None
+        self.token = token if token is not None else os.environ.get("TASKRUN_TOKEN", "")
+        self.path = "" if self.url else (path or socket_path())
         self.timeout = timeout
 
+    def _connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        if not self.url:
+            return _UnixConnection(self.path, timeout)
+        u = urllib.parse.urlsplit(self.url)
+        if u.scheme == "https":
+            return http.client.HTTPSConnection(u.netloc, timeout=timeout)
+        return http.client.HTTPConnection(u.netloc, timeout=timeout)
+
     def _request(
-        self, method: str, url: str, body: Optional[bytes] = None, *, timeout: Any = "default"
-    ) -> tuple[_UnixConnection, http.client.HTTPResponse]:
-        conn = _UnixConnection(self.path, self.timeout if timeout == "default" else timeout)
+        self,
+        method: str,
+        url: str,
+        body: Optional[bytes] = None,
+        *,
+        timeout: Any = "default",
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        conn = self._connection(self.timeout if timeout == "default" else timeout)
+        h = {"Content-Type": "application/json"}
+        if self.url:
+            h["Authorization"] = "Bearer " + self.token
+            url = urllib.parse.urlsplit(self.url).path + url
+        h.update(headers or {})
         try:
-            conn.request(method, url, body=body, headers={"Content-Type": "application/json"})
+            conn.request(method, url, body=body, headers=h)
             resp = conn.getresponse()
         except OSError as e:
             conn.close()
-            raise TransportError(f"taskrun daemon at {self.path}: {e}") from e
+            raise TransportError(f"taskrun {'control plane at ' + self.url if self.url else 'daemon at ' + self.path}: {e}") from e
         if resp.status // 100 != 2:
             data = resp.read(64 << 10)
             conn.close()
@@ -116,7 +149,7 @@ class LiveClient:
 
     def start(
         self,
-        run_id: str,
+        run_id: Optional[str] = None,
         *,
         image: Optional[str] = None,
         command: Optional[Sequence[str]] = None,
@@ -126,11 +159,23 @@ class LiveClient:
         task: str = "default",
         session: str = "default",
         ports: Optional[Sequence[int]] = None,
-    ) -> None:
-        """Starts live run ``run_id`` and returns once its agent runs (the
-        daemon's image and an idle loop unless named; the caller's tenant
-        unless ``user``, which only root may name). ``ports`` are the ports
-        its agent serves on loopback: see :meth:`ports`."""
+        idle_timeout: Optional[float] = None,
+        wait: float = 300.0,
+    ) -> str:
+        """Starts a live run and returns its ID once its agent runs (the
+        host's image and an idle loop unless named; the caller's tenant
+        unless ``user``, which only root may name on a daemon). ``ports``
+        are the ports its agent serves on loopback: see :meth:`ports`.
+
+        On a daemon the caller names the run (``run_id``); on a control
+        plane the control plane does, and the run is stopped after
+        ``idle_timeout`` seconds with no call (the worker's bound at most)."""
+        if self.url:
+            return self._start_on_control_plane(run_id, image, command, env, ports, idle_timeout, wait)
+        if not run_id:
+            raise ValueError("a daemon's live run needs a run_id")
+        if idle_timeout is not None:
+            raise ValueError("a daemon's live runs take its --max-idle")
         req: dict[str, Any] = {
             "run_id": run_id,
             "conversation": conversation,
@@ -150,13 +195,57 @@ class LiveClient:
             req["ports"] = list(ports)
         for fr in self._frames("POST", "/v1/runs", json.dumps(req).encode() + b"\n"):
             if fr.get("started"):
-                return
+                return run_id
             if fr.get("result") is not None:
                 raise TransportError(f"live run {run_id} ended before it ran: {fr['result'].get('error', '')}")
         raise TransportError(f"live run {run_id}: the daemon answered no start")
 
+    def _start_on_control_plane(
+        self,
+        run_id: Optional[str],
+        image: Optional[str],
+        command: Optional[Sequence[str]],
+        env: Optional[Sequence[str]],
+        ports: Optional[Sequence[int]],
+        idle_timeout: Optional[float],
+        wait: float,
+    ) -> str:
+        if run_id:
+            raise ValueError("the control plane names its runs: start() takes no run_id there")
+        req: dict[str, Any] = {"prompt": "live run", "keep_alive": True}
+        if image:
+            req["image"] = image
+        if command:
+            req["command"] = list(command)
+        if env:
+            req["env"] = list(env)
+        if ports:
+            req["ports"] = list(ports)
+        if idle_timeout is not None:
+            req["idle_timeout_ms"] = max(1, int(idle_timeout * 1000))
+        rid = self._json("POST", "/v1/tasks", req)["run_id"]
+        deadline = time.monotonic() + wait
+        while True:
+            run = self._json("GET", f"/v1/runs/{_q(rid)}")
+            st = run["status"]
+            # Leased is RUNNING already; started_at says its agent runs.
+            if st == "RUNNING" and run.get("started_at"):
+                return rid
+            if st not in ("QUEUED", "RUNNING"):
+                raise TransportError(f"live run {rid} ended before it ran: {st}")
+            if time.monotonic() > deadline:
+                raise TransportError(f"live run {rid}: not running after {wait}s")
+            time.sleep(0.1)
+
+    def status(self, run_id: str) -> str:
+        """The run's status on the control plane (RUNNING while live)."""
+        if not self.url:
+            raise ValueError("a daemon serves no run status: see its records")
+        return self._json("GET", f"/v1/runs/{_q(run_id)}")["status"]
+
     def stop(self, run_id: str) -> None:
-        """Stops live run ``run_id``: its record says CANCELLED."""
+        """Stops live run ``run_id``: its record says CANCELLED (on a control
+        plane, once its worker heard it at its next lease renewal)."""
         self._json("POST", f"/v1/runs/{_q(run_id)}/cancel")
 
     @staticmethod
@@ -248,3 +337,59 @@ class LiveClient:
     def usage(self, run_id: str) -> Mapping[str, Any]:
         """The run's resource usage at its last sample (cpu_seconds, peak_memory_bytes, ...)."""
         return self._json("GET", f"/v1/runs/{_q(run_id)}/usage")
+
+    # The file API: paths under the run's home; a path or a symlink that
+    # leads out of it is refused (BadRequestError); reads and writes are
+    # bounded (16 MiB).
+
+    def _file_url(self, run_id: str, path: str, op: Optional[str] = None) -> str:
+        q = {"path": path}
+        if op:
+            q["op"] = op
+        return f"/v1/runs/{_q(run_id)}/files?{urllib.parse.urlencode(q)}"
+
+    def read_file(self, run_id: str, path: str) -> bytes:
+        """The bytes of a regular file."""
+        conn, resp = self._request("GET", self._file_url(run_id, path))
+        try:
+            return resp.read()
+        finally:
+            conn.close()
+
+    def write_file(self, run_id: str, path: str, data: bytes) -> None:
+        """Writes ``data`` to a file (created or truncated), owned by the run's user."""
+        conn, resp = self._request("PUT", self._file_url(run_id, path), data, headers={"Content-Type": "application/octet-stream"})
+        resp.read()
+        conn.close()
+
+    def list_files(self, run_id: str, path: str = ".") -> list[dict[str, Any]]:
+        """A directory's entries: ``{"name", "size", "mode", "dir", "symlink", "mod_time"}`` each."""
+        return self._json("GET", self._file_url(run_id, path, "list"))
+
+    def stat(self, run_id: str, path: str) -> dict[str, Any]:
+        """A path's entry (a symlink's own, not its target's)."""
+        return self._json("GET", self._file_url(run_id, path, "stat"))
+
+    def remove(self, run_id: str, path: str) -> None:
+        """Removes a file or an empty directory."""
+        self._json("DELETE", self._file_url(run_id, path))
+
+    def port_request(
+        self, run_id: str, port: int, path: str = "/", *, token: str, method: str = "GET", body: Optional[bytes] = None
+    ) -> tuple[int, bytes]:
+        """Calls a declared port with its ``token`` (see :meth:`ports`): its
+        status and body, whatever the status."""
+        conn = self._connection(self.timeout)
+        h = {"X-Taskrun-Port-Token": token}
+        url = f"/v1/runs/{_q(run_id)}/ports/{int(port)}/{path.lstrip('/')}"
+        if self.url:
+            h["Authorization"] = "Bearer " + self.token
+            url = urllib.parse.urlsplit(self.url).path + url
+        try:
+            conn.request(method, url, body=body, headers=h)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        except OSError as e:
+            raise TransportError(f"port {port} of run {run_id}: {e}") from e
+        finally:
+            conn.close()
