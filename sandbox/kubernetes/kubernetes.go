@@ -20,7 +20,11 @@
 //
 // A NetworkPolicy denying all ingress and egress selects the run's Pod
 // alone; the Pod owns it (an owner reference), so whoever deletes the Pod,
-// the cluster's garbage collector deletes the policy. Timeouts and cancellation stop the run container with SIGTERM and,
+// the cluster's garbage collector deletes the policy. The Pod is owned in
+// turn by the run's Lease (lease.go), which the executor renews while it
+// holds the run: once the executor is gone (killed, or cut from the API
+// server) the Lease expires, and any executor's Reap deletes the run; the
+// garbage collector deletes the Pod of a deleted Lease. Timeouts and cancellation stop the run container with SIGTERM and,
 // after the grace period, SIGKILL (exec of the helper's stop); the Pod's
 // activeDeadlineSeconds is a backstop the cluster enforces when the executor
 // is gone, and Reap removes such Pods by label.
@@ -87,6 +91,7 @@ type Backend struct {
 	startTimeout     time.Duration
 	ackIdle          time.Duration
 	apiOutage        time.Duration
+	leaseDuration    time.Duration
 	instance         string
 	instanceProcess  string
 	host             string
@@ -152,6 +157,15 @@ func WithAckIdle(d time.Duration) Option { return func(b *Backend) { b.ackIdle =
 // are retried with a bounded backoff until then, and past it the run ends
 // with an error wrapping ErrAPIServerUnreachable.
 func WithAPIOutage(d time.Duration) Option { return func(b *Backend) { b.apiOutage = d } }
+
+// WithLeaseDuration sets the duration of each run's Lease, the object that
+// owns its Pod (default DefaultLeaseDuration, at least 3s): the executor
+// renews it every third of that while it holds the run, and once it has
+// expired any executor's reaper (taskrun gc --namespace, the start of a
+// run or worker) removes the run's Lease, Pod and NetworkPolicy.
+func WithLeaseDuration(d time.Duration) Option {
+	return func(b *Backend) { b.leaseDuration = max(d, minLeaseDuration) }
+}
 
 // WithInstance labels every Pod with the executor's instance ID
 // (sandbox.LabelInstance), so that Reap run by another executor leaves them
@@ -227,6 +241,7 @@ func New(ctx context.Context, cfg *rest.Config, namespace string, opts ...Option
 		expirySlack:    DefaultExpirySlack,
 		startTimeout:   DefaultStartTimeout,
 		apiOutage:      DefaultAPIOutage,
+		leaseDuration:  DefaultLeaseDuration,
 		runtimeClasses: map[string]string{},
 		now:            time.Now,
 		live:           map[string]*handle{},
@@ -383,6 +398,7 @@ func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time
 		Created:          created,
 		Slack:            b.slack(spec),
 		AckIdle:          b.ackIdle,
+		LeaseDuration:    b.leaseDuration,
 	}
 }
 
@@ -447,7 +463,7 @@ func (b *Backend) isLive(name string) bool {
 }
 
 // deleteRun deletes the run's Pod (at once: its outputs are out or given
-// up) and NetworkPolicy, on a context detached from ctx's cancellation,
+// up), NetworkPolicy and Lease, on a context detached from ctx's cancellation,
 // riding out an API server outage up to the backend's bound. What is
 // already gone is not an error; what could not be deleted is logged as left
 // for the reaper.
@@ -468,9 +484,16 @@ func (b *Backend) deleteRun(ctx context.Context, name string) error {
 	}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete network policy %s: %w", name, err))
 	}
+	// The Lease last: deleting it first would have the garbage collector
+	// delete the Pod, with a grace period this call does not choose.
+	if err := b.retryAPI(ctx, "delete lease "+name, func(ctx context.Context) error {
+		return b.client.leases(b.namespace).Delete(ctx, name, opts)
+	}); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete lease %s: %w", name, err))
+	}
 	err := errors.Join(errs...)
 	if err != nil {
-		b.log.Warn("run pod left for the reaper: the next taskrun run or worker start reaps it once this executor is gone; the cluster stops it at its active deadline",
+		b.log.Warn("run pod left for the reaper: once its lease expires, the next taskrun run, worker start or taskrun gc --namespace reaps it; the cluster stops it at its active deadline",
 			"pod", name, "namespace", b.namespace, "executor", b.instance, "err", err)
 	}
 	return err
