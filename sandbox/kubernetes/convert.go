@@ -132,6 +132,10 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, cfg podConfig) (converted, e
 	if err != nil {
 		return converted{}, err
 	}
+	// The node's address, which only the cluster knows once the Pod is
+	// scheduled: the self-check probes the node's kubelet there.
+	env = append(env, corev1.EnvVar{Name: EnvNodeIP, ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}})
 	f := false
 	t := true
 	grace := graceSeconds(spec.StopGrace)

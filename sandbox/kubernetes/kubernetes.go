@@ -92,6 +92,7 @@ type Backend struct {
 	ackIdle          time.Duration
 	apiOutage        time.Duration
 	leaseDuration    time.Duration
+	reachProbes      []sandbox.ReachTarget
 	instance         string
 	instanceProcess  string
 	host             string
@@ -526,11 +527,34 @@ var (
 // only on its node, through the kubelet's stats summary or a metrics
 // server, which the backend does not reach; a run's record then has no
 // usage.
+//
+// Its network is not taken on trust: the self-check connects from the run
+// container to the node's kubelet (the node's address from the Downward
+// API, in EnvNodeIP) and to each WithReachProbe address, and fails the run
+// if one connects.
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
 		Kind:             sandbox.BackendKubernetes,
 		DescribesHost:    true,
 		OwnNetwork:       true,
 		NoServiceAccount: true,
+		Unreachable: append([]sandbox.ReachTarget{{Name: "node kubelet", HostEnv: EnvNodeIP, Port: KubeletPort}},
+			b.reachProbes...),
+	}
+}
+
+// EnvNodeIP is the run container's variable holding its node's address
+// (the Downward API's status.hostIP).
+const EnvNodeIP = "TASKRUN_NODE_IP"
+
+// KubeletPort is the kubelet's API port the self-check probes on the node.
+const KubeletPort = 10250
+
+// WithReachProbe adds an address the run's Pod must not reach (a canary Pod
+// or Service in the namespace, another node): the self-check connects to
+// host:port from every run and fails the run if it connects.
+func WithReachProbe(name, host string, port int) Option {
+	return func(b *Backend) {
+		b.reachProbes = append(b.reachProbes, sandbox.ReachTarget{Name: name, Host: host, Port: port})
 	}
 }
