@@ -83,7 +83,9 @@ confine_pods() {
 	local jump
 	iptables -w -N "$POD_CHAIN" 2>/dev/null || iptables -w -F "$POD_CHAIN"
 	iptables -w -A "$POD_CHAIN" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
-	iptables -w -A "$POD_CHAIN" -j DROP
+	# REJECT, not DROP: a refused connect fails at once, so the self-check's
+	# probe costs a run no timeout.
+	iptables -w -A "$POD_CHAIN" -j REJECT
 	while read -r jump; do
 		# shellcheck disable=SC2086 # the rule's words
 		iptables -w -C $jump 2>/dev/null || iptables -w -I $jump
