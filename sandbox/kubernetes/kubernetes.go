@@ -103,6 +103,8 @@ type Backend struct {
 
 	mu   sync.Mutex
 	live map[string]*handle
+	// lastReap is when reapExpired last ran.
+	lastReap time.Time
 }
 
 // Option configures a Backend.

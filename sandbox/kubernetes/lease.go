@@ -81,7 +81,8 @@ func renewEvery(d time.Duration) time.Duration {
 }
 
 // renewLease renews the run's Lease every third of its duration until ctx
-// ends. A renewal that fails is logged and tried again at the next tick: a
+// ends, and after each renewal lets the backend reap the runs whose Lease
+// expired (reapExpired). A renewal that fails is logged and tried again at the next tick: a
 // Lease that expires meanwhile lets any reaper remove the run, which then
 // fails as it would if its Pod were deleted.
 func (b *Backend) renewLease(ctx context.Context, name string) {
@@ -106,6 +107,9 @@ func (b *Backend) renewLease(ctx context.Context, name string) {
 		}
 		if err != nil && ctx.Err() == nil {
 			b.log.Warn("run lease not renewed; retrying at the next renewal", "lease", name, "namespace", b.namespace, "err", err)
+			continue
 		}
+		// In the background: a slow reap must not delay this run's renewals.
+		go b.reapExpired(ctx)
 	}
 }

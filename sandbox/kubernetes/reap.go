@@ -39,6 +39,10 @@ type ReapOptions struct {
 	// gone. process is the executor's process record from the Pod
 	// (WithInstanceProcess) when the Pod was created on this host, else "".
 	ExecutorGone func(id, process string) (gone bool, why string)
+	// ExpiredLeasesOnly removes only the runs whose Lease expired (and
+	// expired Leases without a Pod), whatever else holds: what a live
+	// executor reaps while it runs (Backend.reapExpired).
+	ExpiredLeasesOnly bool
 }
 
 // ReapedPod is a Pod Reap removed (or would remove in a dry run).
@@ -144,7 +148,7 @@ func (b *Backend) reapReason(pod *corev1.Pod, lease *coordinationv1.Lease, opts 
 			return "its lease expired at " + exp.UTC().Format(time.RFC3339) + ": its executor stopped renewing it", true
 		}
 	}
-	if now.Sub(pod.CreationTimestamp.Time) < opts.Grace {
+	if opts.ExpiredLeasesOnly || now.Sub(pod.CreationTimestamp.Time) < opts.Grace {
 		return "", false
 	}
 	if lease == nil && ownedByALease(pod) {
@@ -215,4 +219,31 @@ func (b *Backend) ListManaged(ctx context.Context, sel map[string]string) ([]str
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// reapExpired removes the runs whose Lease expired, at most once per Lease
+// duration per Backend: every live run's Lease renewal calls it, so while
+// any executor runs Pods in the namespace, a killed executor's runs are
+// removed within about two Lease durations, with no executor starting.
+func (b *Backend) reapExpired(ctx context.Context) {
+	b.mu.Lock()
+	now := b.now()
+	due := now.Sub(b.lastReap) >= b.leaseDuration
+	if due {
+		b.lastReap = now
+	}
+	b.mu.Unlock()
+	if !due {
+		return
+	}
+	rep, err := b.Reap(ctx, ReapOptions{ExpiredLeasesOnly: true})
+	if err != nil {
+		if ctx.Err() == nil {
+			b.log.Warn("reap runs whose lease expired", "namespace", b.namespace, "err", err)
+		}
+		return
+	}
+	for _, p := range rep.Removed {
+		b.log.Info("removed a run whose lease expired", "pod", p.Name, "run", p.RunID, "why", p.Reason)
+	}
 }
