@@ -93,6 +93,7 @@ type Backend struct {
 	apiOutage        time.Duration
 	leaseDuration    time.Duration
 	reachProbes      []sandbox.ReachTarget
+	kubelet          int
 	instance         string
 	instanceProcess  string
 	host             string
@@ -540,7 +541,7 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		DescribesHost:    true,
 		OwnNetwork:       true,
 		NoServiceAccount: true,
-		Unreachable: append([]sandbox.ReachTarget{{Name: "node kubelet", HostEnv: EnvNodeIP, Port: KubeletPort}},
+		Unreachable: append([]sandbox.ReachTarget{{Name: "node kubelet", HostEnv: EnvNodeIP, Port: b.kubeletPort()}},
 			b.reachProbes...),
 	}
 }
@@ -549,8 +550,21 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 // (the Downward API's status.hostIP).
 const EnvNodeIP = "TASKRUN_NODE_IP"
 
-// KubeletPort is the kubelet's API port the self-check probes on the node.
+// KubeletPort is the kubelet's usual API port, which the self-check probes
+// on the node unless WithKubeletPort says another.
 const KubeletPort = 10250
+
+// WithKubeletPort sets the port the nodes' kubelets listen on (their Node
+// status's daemonEndpoints), which the self-check probes from every run.
+func WithKubeletPort(port int) Option { return func(b *Backend) { b.kubelet = port } }
+
+// kubeletPort is the kubelet port the self-check probes.
+func (b *Backend) kubeletPort() int {
+	if b.kubelet > 0 {
+		return b.kubelet
+	}
+	return KubeletPort
+}
 
 // WithReachProbe adds an address the run's Pod must not reach (a canary Pod
 // or Service in the namespace, another node): the self-check connects to

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/taskrun/taskrun/internal/kubetest"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
@@ -69,17 +70,17 @@ func reachProbeRun(t *testing.T, b *Backend, run, shell string) (int, string, st
 // and the command runs.
 func TestARunPodReachesNotItsNodesKubelet(t *testing.T) {
 	e := requireCluster(t)
-	b := newTestBackend(t, e)
+	node, err := e.cluster.Client.CoreV1().Nodes().Get(t.Context(), kubetest.NodeName, metav1.GetOptions{})
+	require.NoError(t, err)
+	kubeletPort := int(node.Status.DaemonEndpoints.KubeletEndpoint.Port)
+	b := newTestBackend(t, e, WithKubeletPort(kubeletPort))
 	exit, out, stderr, rep := reachProbeRun(t, b, "reach-node", "")
 	require.Len(t, rep.Reach, 1, "%+v", rep.Reach)
 	kubelet := rep.Reach[0]
 	t.Logf("from the Pod: %+v", kubelet)
 	host, port, err := net.SplitHostPort(kubelet.Target)
 	require.NoError(t, err, "the Pod knew its node's address")
-	assert.Equal(t, strconv.Itoa(KubeletPort), port)
-	node, err := b.clientset().CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
-	require.NoError(t, err)
-	require.NotEmpty(t, node.Items)
+	assert.Equal(t, strconv.Itoa(kubeletPort), port, "the node's kubelet port")
 	c, err := net.DialTimeout("tcp", kubelet.Target, 5*time.Second)
 	require.NoError(t, err, "the kubelet listens at %s (node %s): a Pod that cannot connect is confined, not facing a closed port", kubelet.Target, host)
 	c.Close()
