@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,7 +17,6 @@ import (
 
 	"github.com/taskrun/taskrun/internal/kubetest"
 	"github.com/taskrun/taskrun/internal/lockedbuf"
-	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/probe"
 	"github.com/taskrun/taskrun/sandbox"
@@ -30,10 +30,10 @@ import (
 func reachProbeRun(t *testing.T, b *Backend, run, shell string) (int, string, string, probe.Report) {
 	t.Helper()
 	dir := t.TempDir()
-	bin := testbin.Program(t, "./cmd/taskrun-probe")
-	data, err := os.ReadFile(bin)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "taskrun-probe"), data, 0o755))
+	build := exec.Command("go", "build", "-o", filepath.Join(dir, "taskrun-probe"), "github.com/taskrun/taskrun/cmd/taskrun-probe")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	b2, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", b2)
 	require.NoError(t, os.Chmod(dir, 0o755))
 	var exp probe.Expectation
 	exp.SkipEgressProbes = true
