@@ -186,14 +186,14 @@ func checkPodNetwork(c checkCtx) (Status, string) {
 	case np.IngressRules > 0 || np.EgressRules > 0:
 		return fail("NetworkPolicy %s allows traffic (%d ingress, %d egress rules); it must allow none", np.Name, np.IngressRules, np.EgressRules)
 	}
-	return pass("deny-all NetworkPolicy %s (Ingress and Egress, no rule) selects exactly Pod %s; no host network. Enforcement depends on the cluster's network plugin: one without NetworkPolicy support ignores it", np.Name, c.p.Name)
+	return pass("deny-all NetworkPolicy %s (Ingress and Egress, no rule) selects exactly Pod %s; no host network. Enforcement depends on the cluster's network plugin: one without NetworkPolicy support ignores it, which the self-check's connects to the node's kubelet and the configured peers find (TR:probe)", np.Name, c.p.Name)
 }
 
 func checkPodEgress(c checkCtx) (Status, string) {
 	if _, ok := c.p.Labels[sandbox.LabelEgress]; ok {
 		return fail("the run has an egress policy, but a Pod has no egress proxy: its deny-all NetworkPolicy leaves no route out")
 	}
-	return pass("no egress policy: the deny-all NetworkPolicy leaves no route out (5.10)")
+	return pass("no egress policy: the deny-all NetworkPolicy leaves no route out (5.10), as far as the self-check's reachability probes find (TR:probe)")
 }
 
 // checkPodMounts: a Pod's mounts hold only what the executor copied in:

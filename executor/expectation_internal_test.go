@@ -55,3 +55,14 @@ func TestPodExpectationChecksWhatAPodGuarantees(t *testing.T) {
 		assert.NotEmpty(t, e.Contradictions(r), "a Pod with %s is refused", name)
 	}
 }
+
+// The addresses a backend says its sandbox must not reach are probed, and
+// a connect to one refuses the run.
+func TestPodExpectationProbesTheNodeAndPeers(t *testing.T) {
+	caps := sandbox.Capabilities{Kind: sandbox.BackendKubernetes, OwnNetwork: true, Unreachable: []sandbox.ReachTarget{
+		{Name: "node kubelet", HostEnv: "TASKRUN_NODE_IP", Port: 10250}, {Name: "peer", Host: "10.0.0.9", Port: 8080}}}
+	e := expectation(sandbox.DefaultPolicy(), caps)
+	assert.Equal(t, []probe.ReachTarget{{Name: "node kubelet", HostEnv: "TASKRUN_NODE_IP", Port: 10250}, {Name: "peer", Host: "10.0.0.9", Port: 8080}}, e.Unreachable)
+	r := probe.Report{Reach: []probe.Egress{{Name: "node kubelet", Target: "192.0.2.2:10250", Reachable: true}, {Name: "peer", Target: "10.0.0.9:8080", Error: "i/o timeout"}}}
+	assert.Contains(t, e.Contradictions(r), "connected to node kubelet at 192.0.2.2:10250, expected no route from the sandbox")
+}

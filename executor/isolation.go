@@ -126,6 +126,9 @@ func expectation(p sandbox.Policy, caps sandbox.Capabilities) probe.Expectation 
 	if uid, err := strconv.Atoi(strings.SplitN(p.User, ":", 2)[0]); err == nil {
 		e.UID = &uid
 	}
+	for _, t := range caps.Unreachable {
+		e.Unreachable = append(e.Unreachable, probe.ReachTarget{Name: t.Name, Host: t.Host, HostEnv: t.HostEnv, Port: t.Port})
+	}
 	if p.Runtime != sandbox.RuntimeGVisor {
 		e.ProcSysReadOnly = true
 		e.NoNewPrivs = true

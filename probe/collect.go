@@ -47,6 +47,10 @@ type Config struct {
 	Parked *Report
 	// SkipEgress leaves out the egress probes (Expectation.SkipEgressProbes).
 	SkipEgress bool
+	// Reach are the addresses probed for Report.Reach
+	// (Expectation.Unreachable); they are probed anew also when Parked is
+	// set.
+	Reach []ReachTarget
 	// TokenPaths are where a Kubernetes service account token would be
 	// mounted. Default ServiceAccountTokenPaths.
 	TokenPaths []string
@@ -126,6 +130,9 @@ func Collect(ctx context.Context, nonce string, cfg Config) Report {
 		if _, err := os.Lstat(p); err == nil {
 			r.ServiceAccountTokens = append(r.ServiceAccountTokens, p)
 		}
+	}
+	if len(cfg.Reach) > 0 {
+		r.Reach = probeReach(ctx, cfg, cfg.Reach)
 	}
 	if cfg.Parked != nil {
 		r.Egress = cfg.Parked.Egress

@@ -44,6 +44,11 @@ type Expectation struct {
 	// the self-check does not dial public or metadata addresses from it.
 	// It cannot be combined with NetworkNone.
 	SkipEgressProbes bool `json:"skip_egress_probes,omitempty"`
+	// Unreachable are addresses the sandbox must not connect to (its node,
+	// a peer): each is probed, also when SkipEgressProbes is set, and a
+	// connect that succeeds, or a target whose address is unknown, is a
+	// contradiction.
+	Unreachable []ReachTarget `json:"unreachable,omitempty"`
 }
 
 // ParseExpectation decodes the --expect JSON. Unknown fields are an error so
@@ -94,6 +99,9 @@ func (e Expectation) Contradictions(r Report) []string {
 	add(e.NoDockerSocket && len(r.DockerSockets) > 0, "Docker API reachable through %v", r.DockerSockets)
 	add(e.NoDockerSocket && !r.SocketSearchComplete, "socket search was incomplete, cannot confirm no Docker socket")
 	add(e.NoServiceAccountToken && len(r.ServiceAccountTokens) > 0, "service account token mounted at %v, expected none", r.ServiceAccountTokens)
+	if len(e.Unreachable) > 0 {
+		out = append(out, reachContradictions(e.Unreachable, r.Reach)...)
+	}
 	add(e.SkipEgressProbes && e.NetworkNone, "expectation asks for network none but skips the egress probes that would confirm it")
 	return out
 }

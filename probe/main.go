@@ -76,6 +76,7 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, cfg Config) (
 		return nil, exitUsage
 	}
 	cfg.SkipEgress = cfg.SkipEgress || exp.SkipEgressProbes
+	cfg.Reach = exp.Unreachable
 	rep := Collect(ctx, *nonce, cfg)
 	rep.Command = CheckCommand(fset.Args())
 	line, err := FormatLine(rep)

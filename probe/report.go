@@ -78,6 +78,9 @@ type Report struct {
 	Interfaces []string `json:"interfaces,omitempty"`
 	// Egress holds one result per network probe.
 	Egress []Egress `json:"egress,omitempty"`
+	// Reach are the connects to the addresses the sandbox must not reach
+	// (Expectation.Unreachable), in its order.
+	Reach []Egress `json:"reach,omitempty"`
 	// UnixSockets are the sockets found by the bounded walk of /;
 	// DockerSockets are those that answered Docker's GET /info.
 	UnixSockets   []string `json:"unix_sockets,omitempty"`

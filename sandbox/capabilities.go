@@ -25,6 +25,10 @@ type Capabilities struct {
 	// own, confined by the platform's policy (a Pod and its NetworkPolicy):
 	// the self-check neither expects no network nor dials out.
 	OwnNetwork bool
+	// Unreachable are addresses the container must not connect to (its
+	// node's kubelet, a peer): the self-check connects to each and fails
+	// the run if one connects, rather than trusting the platform's policy.
+	Unreachable []ReachTarget
 	// LimitsPids says the backend enforces Policy.PidsLimit per container,
 	// so the self-check expects it.
 	LimitsPids bool
@@ -67,4 +71,17 @@ func CapabilitiesOf(b Backend) Capabilities {
 	_, caps.ResolvesImages = b.(ImageResolver)
 	_, caps.ChecksImages = b.(ImageChecker)
 	return caps
+}
+
+// ReachTarget is an address a sandbox must not reach (Capabilities.Unreachable).
+type ReachTarget struct {
+	// Name says what it is ("node kubelet").
+	Name string
+	// Host is the address, or HostEnv the variable of the container's
+	// environment holding it (set by the backend, such as a Pod's node
+	// address from the Downward API).
+	Host    string
+	HostEnv string
+	// Port is the TCP port.
+	Port int
 }

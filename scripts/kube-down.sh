@@ -126,6 +126,13 @@ if [ -f "$STATE/sysctls.saved" ]; then
 		[ -n "$k" ] && sysctl -qw "$k=$v" 2>/dev/null || true
 	done <"$STATE/sysctls.saved"
 fi
+# The chain confining the pods, and the rules jumping to it.
+while read -r jump; do
+	# shellcheck disable=SC2086 # the rule's words
+	while iptables -w -D $jump 2>/dev/null; do :; done
+done < <(pod_chain_jumps)
+iptables -w -F "$POD_CHAIN" 2>/dev/null || true
+iptables -w -X "$POD_CHAIN" 2>/dev/null || true
 # The iptables chains the kubelet made (those absent before it started), and
 # the rules jumping to them.
 if [ -f "$STATE/iptables.before" ]; then

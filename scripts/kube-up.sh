@@ -71,8 +71,30 @@ add_hold() {
 	: >"$HOLDS/$hold"
 }
 
+# confine_pods installs (or refreshes) the pods' network confinement. The
+# bridge CNI enforces no NetworkPolicy, so the cluster does what every run
+# Pod's deny-all policy asks for all the pods on its bridge: a pod reaches
+# nothing on this machine (the node's address, the kubelet's port, any
+# service) and no other pod, and nothing beyond; only answers to
+# connections made to it pass. taskrun's self-check probes the node's
+# kubelet from every run and fails a run that connects. It runs on every
+# kube-up, so a cluster started before the rules existed gets them too.
+confine_pods() {
+	local jump
+	iptables -w -N "$POD_CHAIN" 2>/dev/null || iptables -w -F "$POD_CHAIN"
+	iptables -w -A "$POD_CHAIN" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
+	# REJECT, not DROP: a refused connect fails at once, so the self-check's
+	# probe costs a run no timeout.
+	iptables -w -A "$POD_CHAIN" -j REJECT
+	while read -r jump; do
+		# shellcheck disable=SC2086 # the rule's words
+		iptables -w -C $jump 2>/dev/null || iptables -w -I $jump
+	done < <(pod_chain_jumps)
+}
+
 if cluster_up; then
 	add_hold
+	confine_pods
 	say "already up"
 	echo "$KUBECONFIG_PATH"
 	exit 0
@@ -225,6 +247,8 @@ cat >"$CNI_CONF_DIR/10-taskrun.conflist" <<CNI
   ]
 }
 CNI
+confine_pods
+
 cat >"$CTRD_DIR/config.toml" <<TOML
 version = 2
 root = "$CTRD_DIR/root"

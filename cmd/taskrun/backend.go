@@ -32,6 +32,8 @@ type backendFlags struct {
 	// allowUnrestricted lets runs start in a namespace not enforcing Pod
 	// Security "restricted".
 	allowUnrestricted bool
+	// kubeletPort is the nodes' kubelet port the self-check probes.
+	kubeletPort int
 }
 
 // define adds the backend flags to fs.
@@ -42,6 +44,7 @@ func (f *backendFlags) define(fs *pflag.FlagSet) {
 	fs.StringVar(&f.helperImage, "helper-image", kubernetes.DefaultHelperImage, "with --backend kubernetes: the helper image, loaded on the cluster's nodes (taskrun images build makes it)")
 	fs.StringArrayVar(&f.runtimeClasses, "runtime-class", nil, "with --backend kubernetes: RUNTIME=CLASS maps --runtime to a RuntimeClass, e.g. runsc=gvisor; repeatable")
 	fs.BoolVar(&f.allowUnrestricted, "allow-unrestricted-namespace", false, `with --backend kubernetes: run even where --namespace does not enforce Pod Security "restricted" (logged as a warning at each run)`)
+	fs.IntVar(&f.kubeletPort, "kubelet-port", kubernetes.KubeletPort, "with --backend kubernetes: the nodes' kubelet port; every run's self-check connects to it on its node and fails the run if it connects")
 	fs.StringVar(&f.seccompProfile, "seccomp-localhost", "", "with --backend kubernetes: taskrun's seccomp profile as installed on the nodes (relative to the kubelet's seccomp dir); default: the runtime's default profile")
 }
 
@@ -79,6 +82,7 @@ func (f *backendFlags) kubernetesBackend(ctx context.Context, log *slog.Logger, 
 		kubernetes.WithHelperImage(f.helperImage),
 		kubernetes.WithSeccompLocalhost(f.seccompProfile),
 		kubernetes.WithAllowUnrestrictedNamespace(f.allowUnrestricted),
+		kubernetes.WithKubeletPort(f.kubeletPort),
 	}
 	for _, rc := range f.runtimeClasses {
 		rt, class, _ := strings.Cut(rc, "=")

@@ -120,6 +120,9 @@ func runGC(ctx context.Context, a *app, root, token string, key *attest.Signer, 
 			for _, p := range rep.Pods.Removed {
 				fmt.Fprintf(a.stdout, "%s pod %s run=%s phase=%s: %s\n", verb, p.Name, p.RunID, p.Phase, p.Reason)
 			}
+			for _, l := range rep.Pods.Leases {
+				fmt.Fprintf(a.stdout, "%s lease %s: expired, no pod\n", verb, l)
+			}
 			fmt.Fprintf(a.stdout, "%s %d pod(s), spared %d\n", verb, len(rep.Pods.Removed), rep.Pods.Spared)
 		}
 	}

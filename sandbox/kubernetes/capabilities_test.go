@@ -21,6 +21,8 @@ func TestCapabilitiesStateWhatAPodIs(t *testing.T) {
 	assert.True(t, caps.OwnNetwork, "a Pod has an interface; its NetworkPolicy confines it")
 	assert.False(t, caps.LimitsPids, "no per-Pod pids limit exists")
 	assert.True(t, caps.NoServiceAccount)
+	assert.Equal(t, []sandbox.ReachTarget{{Name: "node kubelet", HostEnv: kubernetes.EnvNodeIP, Port: kubernetes.KubeletPort}}, caps.Unreachable,
+		"the self-check connects to the node's kubelet rather than trusting the NetworkPolicy")
 	_, creates := b.(sandbox.Creator)
 	_, describes := b.(sandbox.EngineDescriber)
 	_, resolves := b.(sandbox.ImageResolver)

@@ -7,25 +7,28 @@ import (
 	"net/url"
 	"sync"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/version"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
 )
 
-// client is the backend's narrow API client: Pods, NetworkPolicies and
-// Namespaces, the server version, and the URLs of attach and exec. It
+// client is the backend's narrow API client: Pods, NetworkPolicies,
+// Leases and Namespaces, the server version, and the URLs of attach and exec. It
 // stands in for client-go's clientset, whose packages register every API
 // group of Kubernetes in a scheme at package init: every taskrun command,
 // not only those that reach a cluster, paid for that at start.
 type client struct {
 	core       *rest.RESTClient // /api/v1
 	networking *rest.RESTClient // /apis/networking.k8s.io/v1
+	coord      *rest.RESTClient // /apis/coordination.k8s.io/v1
 	params     runtime.ParameterCodec
 }
 
@@ -35,7 +38,7 @@ var apiTypes = sync.OnceValues(func() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	// Each group's AddToScheme also registers Status (the API server's
 	// errors) and the option types in its version.
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, networkingv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, networkingv1.AddToScheme, coordinationv1.AddToScheme} {
 		if err := add(s); err != nil {
 			return nil, err
 		}
@@ -84,7 +87,11 @@ func newClient(cfg *rest.Config) (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &client{core: core, networking: networking, params: runtime.NewParameterCodec(s)}, nil
+	coord, err := restFor("/apis", coordinationv1.SchemeGroupVersion)
+	if err != nil {
+		return nil, err
+	}
+	return &client{core: core, networking: networking, coord: coord, params: runtime.NewParameterCodec(s)}, nil
 }
 
 // pods is the Pods of namespace ns.
@@ -98,6 +105,12 @@ func (c *client) networkPolicies(ns string) objects[*networkingv1.NetworkPolicy,
 	return objects[*networkingv1.NetworkPolicy, *networkingv1.NetworkPolicyList]{c.networking, ns, "networkpolicies",
 		func() *networkingv1.NetworkPolicy { return &networkingv1.NetworkPolicy{} },
 		func() *networkingv1.NetworkPolicyList { return &networkingv1.NetworkPolicyList{} }}
+}
+
+// leases is the Leases of namespace ns.
+func (c *client) leases(ns string) objects[*coordinationv1.Lease, *coordinationv1.LeaseList] {
+	return objects[*coordinationv1.Lease, *coordinationv1.LeaseList]{c.coord, ns, "leases",
+		func() *coordinationv1.Lease { return &coordinationv1.Lease{} }, func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} }}
 }
 
 // namespaces is the cluster's Namespaces.
@@ -162,6 +175,14 @@ func (o objects[T, L]) List(ctx context.Context, selector string) (L, error) {
 func (o objects[T, L]) Create(ctx context.Context, obj T) (T, error) {
 	out := o.newObj()
 	err := o.req(o.rc.Post()).Body(obj).Do(ctx).Into(out)
+	return out, err
+}
+
+// MergePatch applies a JSON merge patch to the named object and returns
+// what the API server stored.
+func (o objects[T, L]) MergePatch(ctx context.Context, name string, patch []byte) (T, error) {
+	out := o.newObj()
+	err := o.req(o.rc.Patch(types.MergePatchType)).Name(name).Body(patch).Do(ctx).Into(out)
 	return out, err
 }
 

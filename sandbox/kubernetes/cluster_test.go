@@ -402,7 +402,7 @@ func TestReapRemovesOnlyPodsOfGoneExecutors(t *testing.T) {
 
 	left, err := reaper.ListManaged(t.Context(), nil)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"networkpolicy/" + alive.name, alive.name}, left, "the live executor's Pod is spared, the gone one's deleted")
+	assert.Equal(t, []string{"lease/" + alive.name, "networkpolicy/" + alive.name, alive.name}, left, "the live executor's Pod is spared, the gone one's deleted")
 }
 
 // flakyProxy forwards TCP connections to the API server at target until

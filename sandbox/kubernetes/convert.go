@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -83,6 +84,8 @@ type podConfig struct {
 	// AckIdle bounds the gate's wait for the executor's acknowledgements
 	// without progress; 0 keeps the gate's default.
 	AckIdle time.Duration
+	// LeaseDuration is the duration of the run's Lease (0: the default).
+	LeaseDuration time.Duration
 }
 
 // Helper containers' resources: small and fixed.
@@ -100,11 +103,13 @@ var (
 
 // converted is what one run creates in the cluster.
 type converted struct {
+	// Lease owns the Pod, which owns the NetworkPolicy.
+	Lease         *coordinationv1.Lease
 	Pod           *corev1.Pod
 	NetworkPolicy *networkingv1.NetworkPolicy
 }
 
-// convert maps a Spec and Policy to the run's Pod and NetworkPolicy. It is
+// convert maps a Spec and Policy to the run's Lease, Pod and NetworkPolicy. It is
 // pure. spec.StopGrace must already hold the effective grace period.
 func convert(spec sandbox.Spec, pol sandbox.Policy, cfg podConfig) (converted, error) {
 	uid, gid, err := parseUser(pol.User)
@@ -127,6 +132,10 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, cfg podConfig) (converted, e
 	if err != nil {
 		return converted{}, err
 	}
+	// The node's address, which only the cluster knows once the Pod is
+	// scheduled: the self-check probes the node's kubelet there.
+	env = append(env, corev1.EnvVar{Name: EnvNodeIP, ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}})
 	f := false
 	t := true
 	grace := graceSeconds(spec.StopGrace)
@@ -195,7 +204,7 @@ func convert(spec sandbox.Spec, pol sandbox.Policy, cfg podConfig) (converted, e
 		deadline := int64(runDeadline(spec, cfg) / time.Second)
 		pod.Spec.ActiveDeadlineSeconds = &deadline
 	}
-	return converted{Pod: pod, NetworkPolicy: networkPolicy(cfg, labels)}, nil
+	return converted{Lease: runLease(cfg, labels), Pod: pod, NetworkPolicy: networkPolicy(cfg, labels)}, nil
 }
 
 // helperContainer is the fill or keeper container: the helper image, the

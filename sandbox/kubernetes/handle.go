@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -59,11 +60,13 @@ type handle struct {
 	stderrFilter *podhelper.GateFilter
 	// acker counts the output received and acknowledges it to the gate,
 	// which holds the container's exit until every byte is acknowledged.
-	acker    *podhelper.Acker
-	ackDone  chan struct{}
-	attached bool
-	pumpDone chan struct{}
-	pumpErr  error
+	acker   *podhelper.Acker
+	ackDone chan struct{}
+	// leaseDone is closed once the Lease's renewals ended (runCtx).
+	leaseDone chan struct{}
+	attached  bool
+	pumpDone  chan struct{}
+	pumpErr   error
 
 	waiter    sandbox.Waiter
 	closeOnce sync.Once
@@ -84,21 +87,50 @@ func newHandle(b *Backend, name string, spec sandbox.Spec, streams sandbox.Strea
 		stdout: stdout, stderr: stderr, runCtx: runCtx, cancelRun: cancel, pumpDone: make(chan struct{})}
 }
 
-// start creates the Pod and the NetworkPolicy it owns, fills the mounts, attaches
+// start creates the run's Lease, the Pod it owns and the NetworkPolicy the Pod owns, fills the mounts, attaches
 // to the run container and releases the gate, in that order.
 func (h *handle) start(ctx context.Context, cv converted, sockets []podSocket) error {
 	ctx, cancel := context.WithTimeout(ctx, h.b.startTimeout)
 	defer cancel()
 	ns := h.b.namespace
-	// The Pod first: the NetworkPolicy names it as its owner, so the
+	// The Lease first: the Pod names it as its owner, so once the Lease is
+	// deleted (by this executor, or by any reaper after it expired) the
+	// cluster's garbage collector deletes the Pod. This executor renews it
+	// while it holds the run.
+	var lease *coordinationv1.Lease
+	if err := h.b.createRetried(ctx, "create lease "+h.name, func(ctx context.Context) error {
+		var err error
+		lease, err = h.b.client.leases(ns).Create(ctx, cv.Lease)
+		return err
+	}); err != nil {
+		return fmt.Errorf("create lease %s in namespace %s: %w", h.name, ns, err)
+	}
+	if lease == nil || lease.UID == "" {
+		// The create's answer was lost and a retry was told the Lease exists.
+		if err := h.b.retryAPI(ctx, "get lease "+h.name, func(ctx context.Context) error {
+			var err error
+			lease, err = h.b.client.leases(ns).Get(ctx, h.name)
+			return err
+		}); err != nil {
+			return fmt.Errorf("lease %s: %w", h.name, err)
+		}
+	}
+	h.leaseDone = make(chan struct{})
+	go func() {
+		defer close(h.leaseDone)
+		h.b.renewLease(h.runCtx, h.name)
+	}()
+	// Then the Pod: the NetworkPolicy names it as its owner, so the
 	// cluster's garbage collector deletes the policy with the Pod, whoever
 	// deletes the Pod. The command cannot run before the policy exists: the
 	// fill container waits for the mounts and the gate for its release,
 	// both sent only after the policy is created.
+	pod := cv.Pod.DeepCopy()
+	pod.OwnerReferences = []metav1.OwnerReference{ownedByLease(lease)}
 	var created *corev1.Pod
 	if err := h.b.createRetried(ctx, "create pod "+h.name, func(ctx context.Context) error {
 		var err error
-		created, err = h.b.client.pods(ns).Create(ctx, cv.Pod)
+		created, err = h.b.client.pods(ns).Create(ctx, pod)
 		return err
 	}); err != nil {
 		return fmt.Errorf("create pod %s in namespace %s: %w", h.name, ns, err)
@@ -460,6 +492,9 @@ func (h *handle) release() {
 	}
 	if h.ackDone != nil {
 		<-h.ackDone
+	}
+	if h.leaseDone != nil {
+		<-h.leaseDone
 	}
 }
 

@@ -20,7 +20,11 @@
 //
 // A NetworkPolicy denying all ingress and egress selects the run's Pod
 // alone; the Pod owns it (an owner reference), so whoever deletes the Pod,
-// the cluster's garbage collector deletes the policy. Timeouts and cancellation stop the run container with SIGTERM and,
+// the cluster's garbage collector deletes the policy. The Pod is owned in
+// turn by the run's Lease (lease.go), which the executor renews while it
+// holds the run: once the executor is gone (killed, or cut from the API
+// server) the Lease expires, and any executor's Reap deletes the run; the
+// garbage collector deletes the Pod of a deleted Lease. Timeouts and cancellation stop the run container with SIGTERM and,
 // after the grace period, SIGKILL (exec of the helper's stop); the Pod's
 // activeDeadlineSeconds is a backstop the cluster enforces when the executor
 // is gone, and Reap removes such Pods by label.
@@ -87,6 +91,9 @@ type Backend struct {
 	startTimeout     time.Duration
 	ackIdle          time.Duration
 	apiOutage        time.Duration
+	leaseDuration    time.Duration
+	reachProbes      []sandbox.ReachTarget
+	kubelet          int
 	instance         string
 	instanceProcess  string
 	host             string
@@ -97,6 +104,8 @@ type Backend struct {
 
 	mu   sync.Mutex
 	live map[string]*handle
+	// lastReap is when reapExpired last ran.
+	lastReap time.Time
 }
 
 // Option configures a Backend.
@@ -152,6 +161,15 @@ func WithAckIdle(d time.Duration) Option { return func(b *Backend) { b.ackIdle =
 // are retried with a bounded backoff until then, and past it the run ends
 // with an error wrapping ErrAPIServerUnreachable.
 func WithAPIOutage(d time.Duration) Option { return func(b *Backend) { b.apiOutage = d } }
+
+// WithLeaseDuration sets the duration of each run's Lease, the object that
+// owns its Pod (default DefaultLeaseDuration, at least 3s): the executor
+// renews it every third of that while it holds the run, and once it has
+// expired any executor's reaper (taskrun gc --namespace, the start of a
+// run or worker) removes the run's Lease, Pod and NetworkPolicy.
+func WithLeaseDuration(d time.Duration) Option {
+	return func(b *Backend) { b.leaseDuration = max(d, minLeaseDuration) }
+}
 
 // WithInstance labels every Pod with the executor's instance ID
 // (sandbox.LabelInstance), so that Reap run by another executor leaves them
@@ -227,6 +245,7 @@ func New(ctx context.Context, cfg *rest.Config, namespace string, opts ...Option
 		expirySlack:    DefaultExpirySlack,
 		startTimeout:   DefaultStartTimeout,
 		apiOutage:      DefaultAPIOutage,
+		leaseDuration:  DefaultLeaseDuration,
 		runtimeClasses: map[string]string{},
 		now:            time.Now,
 		live:           map[string]*handle{},
@@ -383,6 +402,7 @@ func (b *Backend) podConfig(spec sandbox.Spec, runtimeClass string, created time
 		Created:          created,
 		Slack:            b.slack(spec),
 		AckIdle:          b.ackIdle,
+		LeaseDuration:    b.leaseDuration,
 	}
 }
 
@@ -447,7 +467,7 @@ func (b *Backend) isLive(name string) bool {
 }
 
 // deleteRun deletes the run's Pod (at once: its outputs are out or given
-// up) and NetworkPolicy, on a context detached from ctx's cancellation,
+// up), NetworkPolicy and Lease, on a context detached from ctx's cancellation,
 // riding out an API server outage up to the backend's bound. What is
 // already gone is not an error; what could not be deleted is logged as left
 // for the reaper.
@@ -468,9 +488,16 @@ func (b *Backend) deleteRun(ctx context.Context, name string) error {
 	}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete network policy %s: %w", name, err))
 	}
+	// The Lease last: deleting it first would have the garbage collector
+	// delete the Pod, with a grace period this call does not choose.
+	if err := b.retryAPI(ctx, "delete lease "+name, func(ctx context.Context) error {
+		return b.client.leases(b.namespace).Delete(ctx, name, opts)
+	}); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete lease %s: %w", name, err))
+	}
 	err := errors.Join(errs...)
 	if err != nil {
-		b.log.Warn("run pod left for the reaper: the next taskrun run or worker start reaps it once this executor is gone; the cluster stops it at its active deadline",
+		b.log.Warn("run pod left for the reaper: once its lease expires, the next taskrun run, worker start or taskrun gc --namespace reaps it; the cluster stops it at its active deadline",
 			"pod", name, "namespace", b.namespace, "executor", b.instance, "err", err)
 	}
 	return err
@@ -503,11 +530,47 @@ var (
 // only on its node, through the kubelet's stats summary or a metrics
 // server, which the backend does not reach; a run's record then has no
 // usage.
+//
+// Its network is not taken on trust: the self-check connects from the run
+// container to the node's kubelet (the node's address from the Downward
+// API, in EnvNodeIP) and to each WithReachProbe address, and fails the run
+// if one connects.
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
 		Kind:             sandbox.BackendKubernetes,
 		DescribesHost:    true,
 		OwnNetwork:       true,
 		NoServiceAccount: true,
+		Unreachable: append([]sandbox.ReachTarget{{Name: "node kubelet", HostEnv: EnvNodeIP, Port: b.kubeletPort()}},
+			b.reachProbes...),
+	}
+}
+
+// EnvNodeIP is the run container's variable holding its node's address
+// (the Downward API's status.hostIP).
+const EnvNodeIP = "TASKRUN_NODE_IP"
+
+// KubeletPort is the kubelet's usual API port, which the self-check probes
+// on the node unless WithKubeletPort says another.
+const KubeletPort = 10250
+
+// WithKubeletPort sets the port the nodes' kubelets listen on (their Node
+// status's daemonEndpoints), which the self-check probes from every run.
+func WithKubeletPort(port int) Option { return func(b *Backend) { b.kubelet = port } }
+
+// kubeletPort is the kubelet port the self-check probes.
+func (b *Backend) kubeletPort() int {
+	if b.kubelet > 0 {
+		return b.kubelet
+	}
+	return KubeletPort
+}
+
+// WithReachProbe adds an address the run's Pod must not reach (a canary Pod
+// or Service in the namespace, another node): the self-check connects to
+// host:port from every run and fails the run if it connects.
+func WithReachProbe(name, host string, port int) Option {
+	return func(b *Backend) {
+		b.reachProbes = append(b.reachProbes, sandbox.ReachTarget{Name: name, Host: host, Port: port})
 	}
 }

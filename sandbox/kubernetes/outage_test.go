@@ -192,6 +192,7 @@ func TestDeleteWaitsForTheAPIServerToComeBack(t *testing.T) {
 	assert.Equal(t, []string{
 		"DELETE /api/v1/namespaces/ns/pods/p",
 		"DELETE /apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/p",
+		"DELETE /apis/coordination.k8s.io/v1/namespaces/ns/leases/p",
 	}, f.seen())
 }
 

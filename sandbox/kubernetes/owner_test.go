@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +29,7 @@ import (
 type ownerAPI struct {
 	mu       sync.Mutex
 	requests []string
+	lease    *coordinationv1.Lease
 	pod      *corev1.Pod
 	policy   *networkingv1.NetworkPolicy
 	// loseFirstCreate stores the first created Pod but answers 504.
@@ -63,6 +65,16 @@ func (f *ownerAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.WriteHeader(http.StatusCreated)
 		_ = json.NewEncoder(w).Encode(pod)
+	case r.Method == http.MethodPost && r.URL.Path == "/apis/coordination.k8s.io/v1/namespaces/ns/leases":
+		var l coordinationv1.Lease
+		if err := json.NewDecoder(r.Body).Decode(&l); err != nil {
+			status(http.StatusBadRequest, metav1.StatusReasonBadRequest)
+			return
+		}
+		l.UID = types.UID("uid-of-lease-" + l.Name)
+		f.lease = &l
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(l)
 	case r.Method == http.MethodPost && r.URL.Path == "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies":
 		var np networkingv1.NetworkPolicy
 		if err := json.NewDecoder(r.Body).Decode(&np); err != nil {
@@ -103,12 +115,19 @@ func startAgainst(t *testing.T, f *ownerAPI) {
 	require.ErrorIs(t, h.start(t.Context(), cv, nil), ErrPodFailed)
 }
 
-func TestThePodOwnsItsNetworkPolicy(t *testing.T) {
+func TestTheLeaseOwnsThePodWhichOwnsItsNetworkPolicy(t *testing.T) {
 	f := &ownerAPI{}
 	startAgainst(t, f)
 	require.NotNil(t, f.pod)
 	require.NotNil(t, f.policy, "the policy is created")
-	assert.Empty(t, f.pod.OwnerReferences, "the Pod is the run's root object")
+	require.NotNil(t, f.lease, "the lease is created")
+	assert.Empty(t, f.lease.OwnerReferences, "the Lease is the run's root object")
+	require.Len(t, f.pod.OwnerReferences, 1)
+	podRef := f.pod.OwnerReferences[0]
+	assert.Equal(t, "coordination.k8s.io/v1", podRef.APIVersion)
+	assert.Equal(t, "Lease", podRef.Kind)
+	assert.Equal(t, f.lease.Name, podRef.Name)
+	assert.Equal(t, f.lease.UID, podRef.UID, "the garbage collector matches owners by UID")
 	require.Len(t, f.policy.OwnerReferences, 1)
 	ref := f.policy.OwnerReferences[0]
 	assert.Equal(t, "v1", ref.APIVersion)
@@ -118,9 +137,10 @@ func TestThePodOwnsItsNetworkPolicy(t *testing.T) {
 	require.NotNil(t, ref.Controller)
 	assert.True(t, *ref.Controller)
 	assert.Equal(t, []string{
+		"POST /apis/coordination.k8s.io/v1/namespaces/ns/leases",
 		"POST /api/v1/namespaces/ns/pods",
 		"POST /apis/networking.k8s.io/v1/namespaces/ns/networkpolicies",
-	}, f.requests[:2], "the Pod exists before the policy it owns")
+	}, f.requests[:3], "each owner exists before what it owns")
 }
 
 func TestTheOwnerIsReadBackWhenTheCreateAnswerWasLost(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -25,9 +26,9 @@ func TestReapPassesTheProcessRecordOfThisHostOnly(t *testing.T) {
 		got = append(got, id+" "+process)
 		return process != "", "its process exited"
 	}}
-	_, remove := b.reapReason(pod("here"), opts, now)
+	_, remove := b.reapReason(pod("here"), nil, opts, now)
 	assert.True(t, remove, "a record from this host proves the executor gone")
-	_, remove = b.reapReason(pod("elsewhere"), opts, now)
+	_, remove = b.reapReason(pod("elsewhere"), nil, opts, now)
 	assert.False(t, remove, "another host's record says nothing about this host's processes")
 	assert.Equal(t, []string{"other 7/8/boot", "other "}, got)
 }
@@ -52,20 +53,30 @@ func TestReapReason(t *testing.T) {
 	tests := []struct {
 		name   string
 		pod    *corev1.Pod
+		lease  *coordinationv1.Lease
 		opts   ReapOptions
 		remove bool
 	}{
-		{"held by a live run", pod("held", "me", time.Hour, corev1.PodRunning, past), ReapOptions{All: true}, false},
-		{"younger than the grace", pod("young", "dead", time.Second, corev1.PodRunning, past), ReapOptions{ExecutorGone: gone}, false},
-		{"executor gone", pod("a", "dead", time.Hour, corev1.PodRunning, future), ReapOptions{ExecutorGone: gone}, true},
-		{"another live executor's", pod("b", "alive", time.Hour, corev1.PodRunning, past), ReapOptions{ExecutorGone: gone}, false},
-		{"this executor's, not held", pod("c", "me", time.Hour, corev1.PodRunning, future), ReapOptions{}, true},
-		{"no instance, not All", pod("d", "", time.Hour, corev1.PodRunning, past), ReapOptions{}, false},
-		{"no instance, All, expired", pod("e", "", time.Hour, corev1.PodRunning, past), ReapOptions{All: true}, true},
-		{"no instance, All, not expired", pod("f", "", time.Hour, corev1.PodRunning, future), ReapOptions{All: true}, false},
-		{"All, finished", pod("g", "alive", time.Hour, corev1.PodSucceeded, future), ReapOptions{All: true}, true},
-		{"another live executor's, stopped at its deadline", deadlineExceeded(pod("h", "alive", time.Hour, corev1.PodFailed, past)), ReapOptions{ExecutorGone: gone}, true},
-		{"another live executor's, failed otherwise", pod("i", "alive", time.Hour, corev1.PodFailed, future), ReapOptions{ExecutorGone: gone}, false},
+		{"held by a live run", pod("held", "me", time.Hour, corev1.PodRunning, past), nil, ReapOptions{All: true}, false},
+		{"held by a live run, its lease expired", pod("held", "me", time.Hour, corev1.PodRunning, future), leaseRenewed(now.Add(-time.Hour)), ReapOptions{}, false},
+		{"another live executor's, its lease expired", pod("l1", "alive", time.Hour, corev1.PodRunning, future), leaseRenewed(now.Add(-time.Minute)), ReapOptions{ExecutorGone: gone}, true},
+		{"younger than the grace, its lease expired", pod("l2", "alive", 50*time.Second, corev1.PodRunning, future), leaseRenewed(now.Add(-46 * time.Second)), ReapOptions{ExecutorGone: gone}, true},
+		{"another live executor's, its lease renewed", pod("l3", "alive", time.Hour, corev1.PodRunning, future), leaseRenewed(now.Add(-44 * time.Second)), ReapOptions{ExecutorGone: gone}, false},
+		{"expired leases only: its lease expired", pod("l6", "alive", time.Hour, corev1.PodRunning, future), leaseRenewed(now.Add(-time.Minute)), ReapOptions{ExpiredLeasesOnly: true}, true},
+		{"expired leases only: a finished Pod of this executor", pod("l7", "me", time.Hour, corev1.PodSucceeded, past), leaseRenewed(now), ReapOptions{ExpiredLeasesOnly: true, All: true}, false},
+		{"expired leases only: executor gone", pod("l8", "dead", time.Hour, corev1.PodRunning, past), nil, ReapOptions{ExpiredLeasesOnly: true, ExecutorGone: gone}, false},
+		{"its lease is gone", ownedByLeaseNamed(pod("l4", "alive", time.Hour, corev1.PodRunning, future)), nil, ReapOptions{ExecutorGone: gone}, true},
+		{"its lease is gone, younger than the grace", ownedByLeaseNamed(pod("l5", "alive", time.Second, corev1.PodRunning, future)), nil, ReapOptions{ExecutorGone: gone}, false},
+		{"younger than the grace", pod("young", "dead", time.Second, corev1.PodRunning, past), nil, ReapOptions{ExecutorGone: gone}, false},
+		{"executor gone", pod("a", "dead", time.Hour, corev1.PodRunning, future), nil, ReapOptions{ExecutorGone: gone}, true},
+		{"another live executor's", pod("b", "alive", time.Hour, corev1.PodRunning, past), nil, ReapOptions{ExecutorGone: gone}, false},
+		{"this executor's, not held", pod("c", "me", time.Hour, corev1.PodRunning, future), nil, ReapOptions{}, true},
+		{"no instance, not All", pod("d", "", time.Hour, corev1.PodRunning, past), nil, ReapOptions{}, false},
+		{"no instance, All, expired", pod("e", "", time.Hour, corev1.PodRunning, past), nil, ReapOptions{All: true}, true},
+		{"no instance, All, not expired", pod("f", "", time.Hour, corev1.PodRunning, future), nil, ReapOptions{All: true}, false},
+		{"All, finished", pod("g", "alive", time.Hour, corev1.PodSucceeded, future), nil, ReapOptions{All: true}, true},
+		{"another live executor's, stopped at its deadline", deadlineExceeded(pod("h", "alive", time.Hour, corev1.PodFailed, past)), nil, ReapOptions{ExecutorGone: gone}, true},
+		{"another live executor's, failed otherwise", pod("i", "alive", time.Hour, corev1.PodFailed, future), nil, ReapOptions{ExecutorGone: gone}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,7 +84,7 @@ func TestReapReason(t *testing.T) {
 			if opts.Grace == 0 {
 				opts.Grace = DefaultReapGrace
 			}
-			why, remove := b.reapReason(tc.pod, opts, now)
+			why, remove := b.reapReason(tc.pod, tc.lease, opts, now)
 			assert.Equal(t, tc.remove, remove, why)
 			if remove {
 				assert.NotEmpty(t, why)
@@ -86,4 +97,31 @@ func TestReapReason(t *testing.T) {
 func deadlineExceeded(p *corev1.Pod) *corev1.Pod {
 	p.Status.Reason = "DeadlineExceeded"
 	return p
+}
+
+// leaseRenewed is a run Lease of the default duration last renewed at.
+func leaseRenewed(at time.Time) *coordinationv1.Lease {
+	secs := int32(DefaultLeaseDuration / time.Second)
+	renewed := metav1.NewMicroTime(at)
+	return &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs, RenewTime: &renewed}}
+}
+
+// ownedByLeaseNamed makes p a Pod owned by a Lease of its name.
+func ownedByLeaseNamed(p *corev1.Pod) *corev1.Pod {
+	p.OwnerReferences = []metav1.OwnerReference{ownedByLease(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: p.Name, UID: "u"}})}
+	return p
+}
+
+func TestRunLeaseAndItsExpiry(t *testing.T) {
+	cfg := testConfig()
+	cfg.LeaseDuration = 10 * time.Second
+	cv := mustConvert(t, testSpec(), sandbox.DefaultPolicy(), cfg)
+	l := cv.Lease
+	assert.Equal(t, cv.Pod.Name, l.Name)
+	assert.Equal(t, cv.Pod.Namespace, l.Namespace)
+	assert.Equal(t, cv.Pod.Labels, l.Labels, "whatever finds the Pod by label finds its Lease")
+	assert.Equal(t, int32(10), *l.Spec.LeaseDurationSeconds)
+	assert.Equal(t, cfg.Created.Add(10*time.Second), leaseExpiry(l))
+	assert.Equal(t, cfg.Instance, *l.Spec.HolderIdentity)
+	assert.Less(t, renewEvery(cfg.LeaseDuration), cfg.LeaseDuration/2, "more than one renewal per lease")
 }

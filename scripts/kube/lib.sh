@@ -26,6 +26,9 @@ SERVICE_SUBNET=10.213.128.0/24
 # The bridge's name derives from the state directory, so two clusters with
 # different state directories never share one.
 BRIDGE=trk$(printf '%s' "$STATE" | sha256sum | cut -c1-8)
+# POD_CHAIN is the iptables chain that confines the pods on $BRIDGE: they
+# reach nothing on this machine and no other pod (see kube-up's network part).
+POD_CHAIN=TASKRUN-$BRIDGE
 # The cgroup (in every v1 hierarchy) holding the pods' cgroups.
 CGROUP_ROOT=/taskrun-kube-$(printf '%s' "$STATE" | sha256sum | cut -c1-8)
 NODE_NAME=taskrun-node
@@ -60,6 +63,12 @@ iptables_kube_chains() {
 			"$cmd" -w -t "$t" -S 2>/dev/null | awk -v c="$cmd" -v t="$t" '$1=="-N" && $2 ~ /^KUBE-/ {print c, t, $2}'
 		done
 	done
+}
+
+# pod_chain_jumps prints the INPUT and FORWARD rules that send the pods'
+# traffic to $POD_CHAIN, as arguments after -C/-I/-D.
+pod_chain_jumps() {
+	printf '%s\n' "INPUT -i $BRIDGE -j $POD_CHAIN" "FORWARD -i $BRIDGE -j $POD_CHAIN"
 }
 
 say() { printf '%s: %s\n' "$(basename "$0" .sh)" "$*" >&2; }
