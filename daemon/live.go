@@ -47,6 +47,9 @@ func (u runningUpdater) UpdateRunStatus(ctx context.Context, runID string, req *
 		u.live.container.Store(&req.Container.ID)
 	}
 	if req.Status == model.StatusRunning {
+		// Idle time counts from when the agent runs, not from the request:
+		// a slow start is not idleness.
+		u.live.touch()
 		select {
 		case u.running <- nil:
 		default:

@@ -243,7 +243,7 @@ func TestDaemonLiveRunOnAWarmContainer(t *testing.T) {
 // A live run no call touches is stopped at the daemon's --max-idle.
 func TestDaemonStopsAnIdleLiveRun(t *testing.T) {
 	e := newCrashEnv(t)
-	d := startLiveDaemon(t, e, "--max-idle", "3s")
+	d := startLiveDaemon(t, e, "--max-idle", "5s")
 	runID := d.detach(t, e, "idle")
 	start := time.Now()
 	rec := e.endedRecord(t, runID)
