@@ -377,6 +377,10 @@ failSwapOn: false
 podLogsDir: $STATE/pod-logs
 maxPods: 64
 podPidsLimit: 1024
+# Volume usage (an emptyDir's sizeLimit, the run's disk cap) is measured
+# every 10 s rather than every minute, so a run past its cap is evicted
+# while it still runs.
+volumeStatsAggPeriod: 10s
 evictionHard:
   memory.available: 100Mi
   nodefs.available: 1%
