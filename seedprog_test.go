@@ -182,6 +182,13 @@ func TestSeedProgramWithoutHelpersIsRefused(t *testing.T) {
 		t.Skip("builds a program")
 	}
 	dir, gocmd := seedModule(t)
+	cc := strings.Fields(gocmd(nil, "env", "CC"))
+	if len(cc) == 0 {
+		t.Skip("no C compiler configured for cgo (go env CC), so no dynamic program to refuse")
+	}
+	if _, err := exec.LookPath(cc[0]); err != nil {
+		t.Skipf("no C compiler for cgo (%s), so no dynamic program to refuse", cc[0])
+	}
 	bin := filepath.Join(dir, "seedprog")
 	gocmd([]string{"CGO_ENABLED=1"}, "build", "-o", bin, ".")
 	if helpers.CheckStatic(bin) == nil {
