@@ -9,6 +9,8 @@
 //     through the daemon against in-process;
 //   - a command's round trip in a live run through the daemon's process
 //     API against `docker exec` in the same container (median and p95);
+//   - a command's round trip in a live run through the control plane's
+//     live API (serve proxying to a worker), against docker exec;
 //   - cold-run wall time of the Docker backend and of the full RunTask path
 //     against `docker run --rm` with the same image, command, policy flags
 //     and bind mount (alternated, medians);
@@ -121,6 +123,7 @@ func runAll(ctx context.Context, c config) ([]row, *breakdown, error) {
 		{"daemon CLI run", daemonCLI},
 		{"daemon throughput", daemonThroughput},
 		{"live command", liveCommand},
+		{"control plane live command", liveCommandControlPlane},
 		{"cold run", coldRun},
 		{"kubernetes cold run", kubernetesColdRun},
 		{"first byte", firstByteLatency},

@@ -1,7 +1,9 @@
 package daemon_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -122,5 +124,92 @@ func TestAttachedRunIdle(t *testing.T) {
 	case <-cancelled:
 	case <-time.After(time.Minute):
 		t.Fatal("the idle run was never cancelled")
+	}
+}
+
+// watchStream opens a watch of p on the live handler's server; its
+// first line ("watching") is read.
+func watchStream(t *testing.T, ctx context.Context, url, p string) (*http.Response, *bufio.Scanner) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/runs/r1/files?op=watch&path="+p, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		return resp, nil
+	}
+	sc := bufio.NewScanner(resp.Body)
+	require.True(t, sc.Scan(), "the watch's first line")
+	var e daemon.WatchEvent
+	require.NoError(t, json.Unmarshal(sc.Bytes(), &e))
+	require.Equal(t, "watching", e.Event)
+	return resp, sc
+}
+
+// nextEvent reads the watch's events until want; the watch ending first
+// fails the test.
+func nextEvent(t *testing.T, sc *bufio.Scanner, want daemon.WatchEvent) {
+	t.Helper()
+	var seen []daemon.WatchEvent
+	for sc.Scan() {
+		var e daemon.WatchEvent
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &e))
+		if e == want {
+			return
+		}
+		seen = append(seen, e)
+	}
+	t.Fatalf("the watch ended without %+v; it saw %+v", want, seen)
+}
+
+// A watch streams the creation, modification and removal of a path's
+// entries under the run's home, and its own removal, which ends it; a
+// traversal or a symlink out of the home is refused, a run's watches are
+// bounded, and a watch ends with its run.
+func TestLiveHandlerWatchesFiles(t *testing.T) {
+	h, home, cancelRun, _ := attached(t, 0, nil)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	outside := t.TempDir()
+	require.NoError(t, os.Symlink(outside, filepath.Join(home, "out")))
+	require.NoError(t, os.Symlink("/", filepath.Join(home, "root")))
+	require.NoError(t, os.Mkdir(filepath.Join(home, "sub"), 0o755))
+
+	_, sc := watchStream(t, ctx, srv.URL, "sub")
+	require.NoError(t, os.WriteFile(filepath.Join(home, "sub", "a.txt"), []byte("x"), 0o644))
+	nextEvent(t, sc, daemon.WatchEvent{Event: "created", Path: "sub/a.txt"})
+	nextEvent(t, sc, daemon.WatchEvent{Event: "modified", Path: "sub/a.txt"})
+	require.NoError(t, os.Mkdir(filepath.Join(home, "sub", "d"), 0o755))
+	nextEvent(t, sc, daemon.WatchEvent{Event: "created", Path: "sub/d", Dir: true})
+	require.NoError(t, os.Remove(filepath.Join(home, "sub", "a.txt")))
+	nextEvent(t, sc, daemon.WatchEvent{Event: "removed", Path: "sub/a.txt"})
+	require.NoError(t, os.RemoveAll(filepath.Join(home, "sub")))
+	nextEvent(t, sc, daemon.WatchEvent{Event: "removed", Path: "sub"})
+	assert.False(t, sc.Scan(), "the watch ends with its path")
+
+	for _, p := range []string{"out", "root", "root/etc", "../..", "sub/../../x"} {
+		resp, _ := watchStream(t, ctx, srv.URL, p)
+		b, _ := io.ReadAll(resp.Body)
+		assert.Contains(t, []int{http.StatusBadRequest, http.StatusNotFound}, resp.StatusCode, "%s: %s", p, b)
+		assert.NotContains(t, string(b), home, "the answer names no host path")
+	}
+
+	var open []*bufio.Scanner
+	for range daemon.MaxWatchesPerRun {
+		_, sc := watchStream(t, ctx, srv.URL, ".")
+		require.NotNil(t, sc)
+		open = append(open, sc)
+	}
+	resp, _ := watchStream(t, ctx, srv.URL, ".")
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	cancelRun()
+	for _, sc := range open {
+		for sc.Scan() {
+		}
+		require.NoError(t, sc.Err(), "the watch ends with its run")
 	}
 }

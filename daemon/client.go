@@ -370,6 +370,29 @@ func (c *Client) Remove(ctx context.Context, runID, path string) error {
 	return resp.Body.Close()
 }
 
+// Watch watches path (a directory's entries, or a file) under the home
+// of the caller's live run runID, calling fn with each event, "watching"
+// first, until the watch ends (nil), ctx is done or fn fails.
+func (c *Client) Watch(ctx context.Context, runID, path string, fn func(WatchEvent) error) error {
+	resp, err := c.files(ctx, http.MethodGet, runID, path, "watch", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var e WatchEvent
+		if err := dec.Decode(&e); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("run %s: the watch of %s: %w", runID, path, err)
+		}
+		if err := fn(e); err != nil {
+			return err
+		}
+	}
+}
+
 // call sends one request of the process API and decodes a JSON answer
 // into out (nil: none); a refusal is a RefusedError.
 func (c *Client) call(ctx context.Context, method, p string, body io.Reader, out any) error {

@@ -14,8 +14,9 @@ import (
 )
 
 // PathFiles is the file API of a live run: GET reads (op=read, the
-// default), lists (op=list) or stats (op=stat) the path query parameter,
-// PUT writes it, DELETE removes it; paths are under the run's home.
+// default), lists (op=list), stats (op=stat) or watches (op=watch, see
+// WatchEvent) the path query parameter, PUT writes it, DELETE removes it;
+// paths are under the run's home.
 const PathFiles = "/v1/runs/{id}/files"
 
 // MaxFileBytes bounds a file read or written through the file API, and
@@ -61,6 +62,8 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	defer root.Close()
 	switch {
+	case r.Method == http.MethodGet && r.URL.Query().Get("op") == "watch":
+		serveWatch(w, r, run, root, name)
 	case r.Method == http.MethodGet && r.URL.Query().Get("op") == "stat":
 		fi, err := root.Lstat(name)
 		if err != nil {

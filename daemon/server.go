@@ -101,6 +101,8 @@ type liveRun struct {
 	ctx context.Context
 	// usage is the run's resource usage at the last live sample.
 	usage atomic.Pointer[sandbox.Usage]
+	// watches counts the run's open file watches (MaxWatchesPerRun).
+	watches atomic.Int32
 
 	// procMu guards the run's commands: procs by ID, order oldest first.
 	procMu   sync.Mutex

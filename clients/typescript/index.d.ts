@@ -198,6 +198,14 @@ export interface PortInfo {
 export declare function socketPath(): string;
 
 /** A path's entry in a live run's home (the file API). */
+/** One event of a file watch; path is relative to the run's home. */
+export interface WatchEvent {
+  event: 'watching' | 'created' | 'modified' | 'removed' | 'overflow';
+  path?: string;
+  dir?: boolean;
+  dropped?: number;
+}
+
 export interface FileInfo {
   name: string;
   size: number;
@@ -233,5 +241,6 @@ export declare class LiveClient {
   listFiles(runId: string, path?: string): Promise<FileInfo[]>;
   stat(runId: string, path: string): Promise<FileInfo>;
   remove(runId: string, path: string): Promise<void>;
+  watch(runId: string, path?: string): AsyncGenerator<WatchEvent, void, undefined>;
   portRequest(runId: string, port: number, path?: string, opts?: { token?: string; method?: string; body?: Uint8Array | string }): Promise<{ status: number; body: Uint8Array }>;
 }

@@ -374,6 +374,15 @@ class LiveClient:
         """Removes a file or an empty directory."""
         self._json("DELETE", self._file_url(run_id, path))
 
+    def watch(self, run_id: str, path: str = ".") -> Iterator[dict[str, Any]]:
+        """Watches a path (a directory's entries, not recursive, or a file):
+        ``{"event", "path", "dir"}`` events, ``event`` being ``"watching"``
+        (first, once the watch holds), ``"created"``, ``"modified"``,
+        ``"removed"`` or ``"overflow"`` (``"dropped"`` events were lost).
+        It ends when the path is removed or the run ends; close the
+        iterator to stop it sooner. A run has at most 8 watches at a time."""
+        yield from self._frames("GET", self._file_url(run_id, path, "watch"))
+
     def port_request(
         self, run_id: str, port: int, path: str = "/", *, token: str, method: str = "GET", body: Optional[bytes] = None
     ) -> tuple[int, bytes]:

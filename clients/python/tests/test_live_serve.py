@@ -85,6 +85,25 @@ class LiveServeTest(unittest.TestCase):
         code, out, _ = self.c.exec(r, ["cat", "seen.txt"])
         self.assertEqual((code, out), (0, b"by the api\n"))
 
+    def test_watch(self) -> None:
+        r = self.run_id
+        code, _, err = self.c.exec(r, ["mkdir", "-p", "watched"])
+        self.assertEqual(code, 0, err)
+        events = self.c.watch(r, "watched")
+        try:
+            self.assertEqual(next(events)["event"], "watching")
+            self.c.write_file(r, "watched/w.txt", b"x")
+            self.c.remove(r, "watched/w.txt")
+            seen = []
+            for e in events:
+                seen.append((e["event"], e.get("path")))
+                if seen[-1] == ("removed", "watched/w.txt"):
+                    break
+            self.assertIn(("created", "watched/w.txt"), seen)
+            self.assertIn(("modified", "watched/w.txt"), seen)
+        finally:
+            events.close()
+
     def test_commands_are_recorded(self) -> None:
         r = self.run_id
         marker = "recorded-" + uuid.uuid4().hex[:8]

@@ -267,6 +267,18 @@ export class LiveClient {
   }
 
   /**
+   * Watches a path (a directory's entries, not recursive, or a file):
+   * {event, path, dir} events, event being 'watching' (first, once the
+   * watch holds), 'created', 'modified', 'removed' or 'overflow' (dropped
+   * events were lost). It ends when the path is removed or the run ends;
+   * break out of the loop to stop it sooner. A run has at most 8 watches
+   * at a time.
+   */
+  watch(runId, path = '.') {
+    return this.frames('GET', this.fileUrl(runId, path, 'watch'));
+  }
+
+  /**
    * Calls a declared port with its token: {status, body}, whatever the
    * status.
    */

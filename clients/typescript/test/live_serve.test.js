@@ -69,6 +69,22 @@ describe('LiveClient on the control plane', { skip }, () => {
     await assert.rejects(c.stat(r, 't0.txt'), NotFoundError);
   });
 
+  it('watches a path', async () => {
+    const x = await c.exec(r, ['mkdir', '-p', 'tswatched']);
+    assert.equal(x.exit, 0, Buffer.from(x.stderr).toString());
+    const events = c.watch(r, 'tswatched');
+    assert.equal((await events.next()).value.event, 'watching');
+    await c.writeFile(r, 'tswatched/w.txt', 'x');
+    await c.remove(r, 'tswatched/w.txt');
+    const seen = [];
+    for await (const e of events) {
+      seen.push(`${e.event} ${e.path}`);
+      if (seen.at(-1) === 'removed tswatched/w.txt') break;
+    }
+    assert.ok(seen.includes('created tswatched/w.txt'), seen.join(', '));
+    assert.ok(seen.includes('modified tswatched/w.txt'), seen.join(', '));
+  });
+
   it('refuses a traversal or a symlink out of the home', async () => {
     const outside = `/tmp/taskrun-escape-${randomBytes(8).toString('hex')}`;
     await assert.rejects(c.readFile(r, '../../../../etc/passwd'), BadRequestError);
