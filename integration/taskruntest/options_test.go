@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/integration/taskruntest"
 	"github.com/taskrun/taskrun/model"
@@ -162,4 +163,33 @@ func portOf(t *testing.T, u string) int {
 	port, err := strconv.Atoi(pu.Port())
 	require.NoError(t, err)
 	return port
+}
+
+// The agent reaches its model through taskrun-relay and the run's gateway,
+// which holds the key: the upstream (a loopback fake) gets it, the agent
+// never sees it, and the tokens are metered.
+func TestModelIsReachedThroughTheRelay(t *testing.T) {
+	const key = "sk-taskruntest-canary-81f0"
+	t.Setenv("TASKRUNTEST_MODEL_KEY", key)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+key {
+			http.Error(w, `{"error":"bad key"}`, http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"model says hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":11,"completion_tokens":3,"total_tokens":14}}`)
+	}))
+	t.Cleanup(upstream.Close)
+
+	res, err := taskruntest.Run(t.Context(), t, taskruntest.Options{
+		Image: testboxImage,
+		Cmd: []string{"/.taskrun/bin/taskrun-relay", "--", "sh", "-c",
+			`wget -q -O - --header "Content-Type: application/json" --post-data '{"model":"m","messages":[{"role":"user","content":"hi"}]}' "$OPENAI_BASE_URL/chat/completions"; echo; env`},
+		Model: config.ModelEntry{Provider: config.ProviderOpenAI, Name: "gpt-test", BaseURL: upstream.URL, APIKeyEnv: "TASKRUNTEST_MODEL_KEY"},
+	})
+	require.NoError(t, err)
+	assert.Contains(t, string(res.Stream), "model says hi")
+	assert.NotContains(t, string(res.Stream), key)
+	require.NotNil(t, res.Final().PromptTokens)
+	assert.Equal(t, 11, *res.Final().PromptTokens, "the gateway metered the tokens")
 }
