@@ -15,9 +15,11 @@
 // also labels its containers dev.taskrun.test=<env ID> and removes whatever
 // still carries that label when it closes.
 //
-// Ryuk: testcontainers-go starts its reaper container (pulling the
-// testcontainers/ryuk image from Docker Hub) with the first container or
-// image build of a test process, BuildImage's included, unless
+// Ryuk: this package never starts testcontainers' reaper itself (runs go
+// through taskrun's own Docker backend, and BuildImage builds without it),
+// but testcontainers-go starts it, pulling the testcontainers/ryuk image
+// from Docker Hub, with the first container or network a suite creates
+// through testcontainers (GenericContainer and the modules), unless
 // TESTCONTAINERS_RYUK_DISABLED=true. Where that image cannot be pulled (no
 // registry, a rate limit), set TESTCONTAINERS_RYUK_DISABLED=true in the
 // environment or in TestMain before anything starts: every Env still
