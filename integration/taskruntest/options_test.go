@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -55,6 +56,18 @@ func TestRunIsSecureByDefault(t *testing.T) {
 	rec, err = res.AuditRecord(ctx)
 	require.NoError(t, err)
 	assert.Nil(t, rec.Probe, "no self-check")
+}
+
+// EnvOptions.HelpersDir names the helpers without $TASKRUN_BIN_DIR.
+func TestHelpersDirOption(t *testing.T) {
+	dir := os.Getenv(taskruntest.HelpersDirEnv)
+	t.Setenv(taskruntest.HelpersDirEnv, "")
+	env := openEnv(t, taskruntest.EnvOptions{HelpersDir: dir})
+	res, err := env.Run(t.Context(), taskruntest.Options{Image: testboxImage, Cmd: []string{"true"}})
+	require.NoError(t, err)
+	rec, err := res.AuditRecord(t.Context())
+	require.NoError(t, err)
+	assert.NotNil(t, rec.Probe, "the self-check ran with the named helpers")
 }
 
 func TestOpenEnvWithoutHelpersNamesTheFix(t *testing.T) {
