@@ -104,6 +104,7 @@ func (in RunTaskInput) host(ctx context.Context) (*executor.Host, error) {
 		HelpersDir:     in.HelpersDir,
 		Pull:           in.Pull,
 		AllowedImages:  in.AllowedImages,
+		EgressRoots:    in.EgressRoots,
 		PersistTimeout: in.PersistTimeout,
 		ReportTimeout:  in.ReportTimeout,
 		ShutdownGrace:  in.ShutdownGrace,

@@ -16,6 +16,7 @@ package taskrun
 
 import (
 	"context"
+	"crypto/x509"
 	"io"
 	"log/slog"
 	"time"
@@ -140,6 +141,7 @@ type RunTaskInput struct {
 	// The machine: see the executor.Config fields of the same names.
 	Pull           sandbox.PullPolicy
 	AllowedImages  []string
+	EgressRoots    *x509.CertPool
 	WarmPool       *warmpool.Pool
 	Logger         *slog.Logger
 	Journal        *journal.Dir

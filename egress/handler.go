@@ -504,6 +504,9 @@ func (p *Proxy) forward(ctx context.Context, in *http.Request, scheme string, t 
 			reason = berr.Error()
 		}
 		d := &denial{reason: reason}
+		if untrustedUpstream(err) {
+			d.fix = untrustedUpstreamFix(t.host)
+		}
 		if plan.conn != nil {
 			e.BytesUp, e.BytesDown = plan.conn.up.Load(), plan.conn.down.Load()
 		}

@@ -76,11 +76,12 @@ func (e *egressHook) prestart(ctx context.Context, req *prestartRequest, _ *pres
 		return fmt.Errorf("create egress record: %w", err)
 	}
 	px, err := egress.Start(ctx, egress.Config{
-		SocketPath: filepath.Join(p.dirs.Dir, filepath.FromSlash(egressDir), egress.SocketName),
-		Policy:     p.in.Egress,
-		Record:     req.Records.Writer("egress record", record),
-		Logger:     p.log,
-		AgentUID:   req.Owner.UID,
+		SocketPath:    filepath.Join(p.dirs.Dir, filepath.FromSlash(egressDir), egress.SocketName),
+		Policy:        p.in.Egress,
+		Record:        req.Records.Writer("egress record", record),
+		Logger:        p.log,
+		AgentUID:      req.Owner.UID,
+		UpstreamRoots: p.in.EgressRoots,
 	})
 	if err != nil {
 		record.Close()

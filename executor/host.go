@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -133,6 +134,11 @@ type Config struct {
 	// before anything is pulled or created, with an error wrapping
 	// ErrImageNotAllowed.
 	AllowedImages []string
+	// EgressRoots verifies the upstream TLS servers of the hosts a run's
+	// egress proxy intercepts (brokered credentials, method or path
+	// rules); nil uses the host's system roots. egress.LoadUpstreamRoots
+	// adds an operator's CA bundle for hosts under a private CA.
+	EgressRoots *x509.CertPool
 	// PersistTimeout bounds storing a run's outputs and ReportTimeout its
 	// final report (zero: DefaultPersistTimeout, DefaultReportTimeout).
 	// ShutdownGrace bounds, once a run's ctx is cancelled, everything the
@@ -398,7 +404,7 @@ func (h *Host) runInput(spec Spec) runInput {
 		Stdout:          spec.Stdout, Stderr: spec.Stderr, Timings: spec.Timings, OnUsage: spec.OnUsage,
 
 		root: h.layout.Root(), Paths: h.paths(), Persist: c.Store, ArtifactStorage: c.Store,
-		Sandbox: c.Backend, Pull: c.Pull, AllowedImages: c.AllowedImages,
+		Sandbox: c.Backend, Pull: c.Pull, AllowedImages: c.AllowedImages, EgressRoots: c.EgressRoots,
 		Helpers: c.Helpers, HelpersDir: c.HelpersDir, UIDs: c.UIDs, WarmPool: h.pool,
 		// Without Config.Journal the pipeline opens the layout's journal
 		// itself, under root, once the run is admitted.

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"crypto/x509"
 	"io"
 	"log/slog"
 	"time"
@@ -78,6 +79,7 @@ type runInput struct {
 	// The machine (Config).
 	Pull           sandbox.PullPolicy
 	AllowedImages  []string
+	EgressRoots    *x509.CertPool
 	Helpers        helpers.Files
 	HelpersDir     string
 	UIDs           *uidpool.Pool

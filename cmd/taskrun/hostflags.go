@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/gateway"
 	"github.com/taskrun/taskrun/helpers"
@@ -36,6 +38,8 @@ type executorFlags struct {
 	pullSpec      string
 	pull          sandbox.PullPolicy
 	allowedImages []string
+	egressCA      string
+	egressRoots   *x509.CertPool
 	timeout       time.Duration
 	disk          int64
 	maxOutput     int64
@@ -82,6 +86,7 @@ func (f *executorFlags) define(fs *pflag.FlagSet, r flagRole) {
 	fs.StringVar(&f.image, "image", executor.DefaultImage, imageHelp)
 	fs.StringVar(&f.pullSpec, "pull", pull, pullHelp)
 	fs.StringArrayVar(&f.allowedImages, "allowed-images", nil, "allow only images matching PATTERN (NAME, NAME:TAG or NAME@sha256:HEX, * globs; see README); any other is refused before it is pulled; repeatable")
+	fs.StringVar(&f.egressCA, "egress-ca", "", "PEM bundle of CAs the egress proxy also trusts, besides the host's system roots, when it connects to a host it brokers a credential for or inspects (one served under a private CA)")
 	fs.DurationVar(&f.timeout, "timeout", executor.DefaultTimeout, pre+"run time limit: the run is stopped after this long")
 	addSizeFlag(fs, &f.policy.MemoryBytes, "memory", pre+"memory limit"+post+", e.g. 512m or 2g (no swap)")
 	fs.Float64Var(&f.cpus, "cpus", float64(f.policy.NanoCPUs)/1e9, pre+"CPU limit"+post)
@@ -123,6 +128,9 @@ func (f *executorFlags) finish(r flagRole) error {
 	var err error
 	if f.pull, err = sandbox.ParsePullPolicy(f.pullSpec); err != nil {
 		return fmt.Errorf("--pull: %w", err)
+	}
+	if f.egressRoots, err = egress.LoadUpstreamRoots(f.egressCA); err != nil {
+		return fmt.Errorf("--egress-ca: %w", err)
 	}
 	if f.cpus <= 0 {
 		return fmt.Errorf("--cpus %v: give a positive number such as 1 or 0.5", f.cpus)
@@ -199,7 +207,7 @@ func (f *executorFlags) openHost(ctx context.Context, a *app, ho hostOptions) (_
 			Image: f.image, Command: ho.command, Policy: f.policy, Timeout: f.timeout,
 			MaxOutputBytes: f.maxOutput, DiskLimitBytes: f.disk, SessionExcludes: f.excludes,
 		},
-		Pull: f.pull, AllowedImages: f.allowedImages,
+		Pull: f.pull, AllowedImages: f.allowedImages, EgressRoots: f.egressRoots,
 		ShutdownGrace: cmp(ho.shutdownGrace, f.shutdownGrace),
 		ControlPlane:  ho.controlPlane, Token: ho.token, Logger: a.log,
 	}

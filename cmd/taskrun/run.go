@@ -130,7 +130,7 @@ func (o *runOptions) define(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.raw, "raw", false, "copy the run's output to the terminal verbatim, escape sequences included")
 	fs.IntVar(&o.model.MaxTokens, "max-tokens", 0, "fail the run once it has used this many tokens (0: no cap)")
 	fs.IntVar(&o.model.MaxRequests, "max-requests", 0, "fail the run once it has made this many model requests (0: no cap)")
-	fs.StringArrayVar(&o.allows, "allow", nil, "let the run reach HOST[:PORT] through its egress proxy (no port: 80 and 443; *.suffix for every name below suffix); repeatable")
+	fs.StringArrayVar(&o.allows, "allow", nil, "let the run reach HOST[:PORT] through its egress proxy (no port: 80 and 443; *.suffix for every name below suffix; a loopback or private address only when its IP literal is allowed too, e.g. --allow api.test:8080 --allow 127.0.0.1:8080); repeatable")
 	fs.StringVar(&o.egressFile, "egress-policy", "", "JSON egress policy file: rules, credentials, budgets (see docs/egress.md)")
 	fs.StringArrayVar(&o.credentials, "credential", nil, `header the egress proxy adds for one host, its value read on the host: host=H,header=N,value-env=VAR|value-file=PATH[,format="Bearer %s"]; repeatable`)
 	fs.StringArrayVar(&o.envVars, "env", nil, "set NAME=VALUE in the agent's environment (a bare NAME takes the host's value); repeatable; visible to the agent, so never a secret")

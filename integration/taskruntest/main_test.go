@@ -34,6 +34,17 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	ctx := context.Background()
+	// Runs start behind the self-check: its static helpers come from
+	// TASKRUN_BIN_DIR (`make build`'s bin/), else are built here.
+	if os.Getenv(taskruntest.HelpersDirEnv) == "" {
+		dir, err := buildHelpers(ctx)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "taskruntest:", err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		os.Setenv(taskruntest.HelpersDirEnv, dir)
+	}
 	if ref := os.Getenv(testboxEnv); ref != "" {
 		testboxImage = ref
 		return m.Run()
@@ -55,4 +66,24 @@ func run(m *testing.M) int {
 		code = 1
 	}
 	return code
+}
+
+// buildHelpers builds the static taskrun-probe and taskrun-relay into a new
+// directory the sandbox's uids may read.
+func buildHelpers(ctx context.Context) (string, error) {
+	dir, err := os.MkdirTemp("", "taskruntest-helpers-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	for _, pkg := range []string{"github.com/taskrun/taskrun/cmd/taskrun-probe", "github.com/taskrun/taskrun/cmd/taskrun-relay"} {
+		if _, err := taskruntest.BuildStatic(ctx, dir, pkg); err != nil {
+			os.RemoveAll(dir)
+			return "", err
+		}
+	}
+	return dir, nil
 }

@@ -15,6 +15,29 @@
 // also labels its containers dev.taskrun.test=<env ID> and removes whatever
 // still carries that label when it closes.
 //
+// Ryuk: this package never starts testcontainers' reaper itself (runs go
+// through taskrun's own Docker backend, and BuildImage builds without it),
+// but testcontainers-go starts it, pulling the testcontainers/ryuk image
+// from Docker Hub, with the first container or network a suite creates
+// through testcontainers (GenericContainer and the modules), unless
+// TESTCONTAINERS_RYUK_DISABLED=true. Where that image cannot be pulled (no
+// registry, a rate limit), set TESTCONTAINERS_RYUK_DISABLED=true in the
+// environment or in TestMain before anything starts: every Env still
+// removes its containers when it closes, and only a test process that dies
+// leaves any behind (remove them with RemoveContainers and LabelEnv).
+//
+// Runs are as secure as `taskrun run`'s by default: each run's agent has a
+// host uid of its own (uidpool.DefaultRange, leased under the Env's run
+// root) and starts behind the in-sandbox self-check, with the static
+// helpers of EnvOptions.HelpersDir, else of $TASKRUN_BIN_DIR (`make build`
+// puts taskrun-probe and taskrun-relay in bin/), else the test binary
+// itself when it is static (CGO_ENABLED=0); otherwise NewEnv refuses with
+// the fix. EnvOptions.SharedUID and NoSelfCheck opt out, as
+// `taskrun run --uid-range "" --helpers-dir ""` do. The helpers also carry
+// a run's egress (Options.Egress: the allow-list, brokered credentials and
+// budgets of `--allow`, `--credential` and `--egress-policy`) and its model
+// (Options.Model, reached through taskrun-relay).
+//
 //	func TestMyAgent(t *testing.T) {
 //		res, err := taskruntest.Run(ctx, t, taskruntest.Options{
 //			Image: "my/agent:dev", Cmd: []string{"my-agent"}, Workspace: "testdata/ws",
@@ -28,18 +51,23 @@ package taskruntest
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/testcontainers/testcontainers-go"
 
+	"github.com/taskrun/taskrun/audit"
 	"github.com/taskrun/taskrun/config"
+	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/internal/runtest"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
@@ -60,6 +88,9 @@ const (
 	ConversationID = "conversation"
 	// LabelEnv is the label that ties a container to the Env that created it.
 	LabelEnv = "dev.taskrun.test"
+	// HelpersDirEnv names a directory of static helpers an EnvOptions
+	// without HelpersDir uses.
+	HelpersDirEnv = "TASKRUN_BIN_DIR"
 )
 
 // ErrBadOptions is wrapped by errors about Options themselves.
@@ -79,6 +110,16 @@ type Options struct {
 	AllowedImages []string
 	// Cmd replaces the image's default command when non-empty.
 	Cmd []string
+	// Entrypoint replaces the image's entrypoint, as `taskrun run
+	// --entrypoint`: Cmd are then its arguments.
+	Entrypoint []string
+	// Egress lets the run reach the hosts its rules allow through its
+	// egress proxy, with the credentials it brokers (read from this
+	// process's environment or files, never entering the sandbox) and its
+	// budgets: what `taskrun run --allow`, `--credential` and
+	// `--egress-policy` give (egress.BuildPolicy parses those flags).
+	// Zero: no network at all. It needs the helpers (not NoSelfCheck).
+	Egress egress.Policy
 	// Env adds NAME=VALUE variables to the agent's environment (visible to
 	// it: no secrets); names taskrun sets itself are refused.
 	Env []string
@@ -86,7 +127,9 @@ type Options struct {
 	Workspace string
 	// Prompt is the task's instruction, readable at $TASKRUN_PROMPT_FILE.
 	Prompt string
-	// Model is the model the agent reaches through the run's gateway.
+	// Model is the model the agent reaches through the run's gateway
+	// (with its MaxTokens and MaxRequests budgets), at OPENAI_BASE_URL and
+	// ANTHROPIC_BASE_URL of a command run behind taskrun-relay.
 	Model config.ModelEntry
 	// Policy confines the container; sandbox.DefaultPolicy() when zero.
 	Policy sandbox.Policy
@@ -147,6 +190,17 @@ func (r *Result) Artifact(ctx context.Context, relPath string) ([]byte, error) {
 	return readAll(r.store.OpenArtifact(ctx, r.Ref, relPath))
 }
 
+// AuditRecord reads the run's stored isolation record: the container's
+// posture, the self-check's report from inside (Probe, nil without the
+// self-check) and the egress totals.
+func (r *Result) AuditRecord(ctx context.Context) (audit.Record, error) {
+	raw, err := r.RunFile(ctx, executor.AuditRecordName)
+	if err != nil {
+		return audit.Record{}, err
+	}
+	return audit.ParseRecord(raw)
+}
+
 // Trace reads the run's stored trace; it wraps persist.ErrNotFound when the
 // run wrote none.
 func (r *Result) Trace(ctx context.Context) ([]byte, error) {
@@ -172,15 +226,54 @@ type Env struct {
 	env *runtest.Env
 }
 
-// NewEnv opens an Env whose store and run directories live under dir. The
-// Docker engine is found through DOCKER_HOST and friends.
+// EnvOptions describe the machine of an Env: what `taskrun run`'s host
+// flags give.
+type EnvOptions struct {
+	// Dir holds the store and the run directories; an absolute path,
+	// e.g. t.TempDir().
+	Dir string
+	// HelpersDir is a directory of static taskrun-probe and taskrun-relay
+	// (`taskrun run --helpers-dir`); empty: $TASKRUN_BIN_DIR, else the test
+	// binary itself when it is static.
+	HelpersDir string
+	// NoSelfCheck runs without the in-sandbox self-check and its helpers,
+	// as `taskrun run --helpers-dir ""`: no Egress, no relay.
+	NoSelfCheck bool
+	// SharedUID runs every run as uid 10001, as `taskrun run --uid-range ""`.
+	SharedUID bool
+	// EgressRoots are the roots the egress proxy verifies brokered hosts
+	// with (`taskrun run --egress-ca`, egress.LoadUpstreamRoots); nil: the
+	// host's system roots.
+	EgressRoots *x509.CertPool
+}
+
+// NewEnv opens an Env whose store and run directories live under dir, with
+// the secure defaults of EnvOptions. The Docker engine is found through
+// DOCKER_HOST and friends.
 func NewEnv(ctx context.Context, dir string) (*Env, error) {
-	if !filepath.IsAbs(dir) {
-		return nil, fmt.Errorf("%w: dir %q must be an absolute path, e.g. t.TempDir()", ErrBadOptions, dir)
+	return OpenEnv(ctx, EnvOptions{Dir: dir})
+}
+
+// OpenEnv opens an Env of the machine opts describe.
+func OpenEnv(ctx context.Context, opts EnvOptions) (*Env, error) {
+	if !filepath.IsAbs(opts.Dir) {
+		return nil, fmt.Errorf("%w: dir %q must be an absolute path, e.g. t.TempDir()", ErrBadOptions, opts.Dir)
 	}
-	env, err := runtest.Open(ctx, runtest.Options{
-		Dir: dir, Tenant: UserID, ConversationID: ConversationID, TaskID: DefaultTaskID, SessionID: DefaultSessionID,
-	})
+	ro := runtest.Options{
+		Dir: opts.Dir, Tenant: UserID, ConversationID: ConversationID, TaskID: DefaultTaskID, SessionID: DefaultSessionID,
+		UIDPerRun: !opts.SharedUID, EgressRoots: opts.EgressRoots,
+	}
+	if !opts.NoSelfCheck {
+		ro.HelpersDir = cmp.Or(opts.HelpersDir, os.Getenv(HelpersDirEnv))
+		if ro.HelpersDir == "" {
+			files, err := helpers.FromExecutable(filepath.Join(opts.Dir, "helpers"))
+			if err != nil {
+				return nil, fmt.Errorf("%w: the in-sandbox self-check has no helpers: %w; set EnvOptions.HelpersDir or $%s to a directory of static taskrun-probe and taskrun-relay (`make build` puts them in bin/, BuildStatic builds them), run the tests with CGO_ENABLED=0 so the test binary serves as its own, or set NoSelfCheck", ErrBadOptions, err, HelpersDirEnv)
+			}
+			ro.Helpers = files
+		}
+	}
+	env, err := runtest.Open(ctx, ro)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +363,7 @@ func (e *Env) spec(opts Options, rec *controlplanetest.Recorder) executor.Spec {
 	s.Run.PreviousRunID = opts.ResumeFrom
 	s.SessionID = defaultString(opts.SessionID, DefaultSessionID)
 	s.Updater, s.StreamSender = rec, rec
-	s.Model, s.Env = opts.Model, opts.Env
+	s.Model, s.Env, s.Egress, s.Entrypoint = opts.Model, opts.Env, opts.Egress, opts.Entrypoint
 	if opts.Policy != (sandbox.Policy{}) {
 		s.Policy = &opts.Policy
 	}

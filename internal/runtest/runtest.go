@@ -12,6 +12,7 @@ package runtest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -30,12 +31,14 @@ import (
 
 	"github.com/taskrun/taskrun"
 	"github.com/taskrun/taskrun/executor"
+	"github.com/taskrun/taskrun/helpers"
 	"github.com/taskrun/taskrun/instance"
 	"github.com/taskrun/taskrun/internal/testbin"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/sandbox/docker"
+	"github.com/taskrun/taskrun/uidpool"
 	"github.com/taskrun/taskrun/warmpool"
 )
 
@@ -75,6 +78,14 @@ type Options struct {
 	// HelpersDir, when set, gives every run the in-sandbox self-check with
 	// the static helpers there (executor.Config.HelpersDir).
 	HelpersDir string
+	// Helpers, when set, are the in-sandbox helpers (executor.Config.Helpers).
+	Helpers helpers.Files
+	// UIDPerRun gives every run a host uid of its own from
+	// uidpool.DefaultRange, leased under the run root, as `taskrun run`
+	// does by default; without it every run is uid 10001.
+	UIDPerRun bool
+	// EgressRoots is executor.Config.EgressRoots.
+	EgressRoots *x509.CertPool
 }
 
 // Env is a place for runs of one tenant. It is safe for concurrent runs.
@@ -135,7 +146,7 @@ func Open(ctx context.Context, opts Options) (*Env, error) {
 	}
 	cfg := executor.Config{
 		Root: root, Backend: backend, Store: store, StoreURL: storeURL, Executor: instance.Info{ID: inst},
-		HelpersDir: opts.HelpersDir,
+		HelpersDir: opts.HelpersDir, Helpers: opts.Helpers, EgressRoots: opts.EgressRoots,
 		// Tests reach no registry unless they ask for a pull.
 		Pull:     sandbox.PullNever,
 		Defaults: executor.Defaults{Timeout: DefaultTimeout},
@@ -143,6 +154,17 @@ func Open(ctx context.Context, opts Options) (*Env, error) {
 	}
 	if opts.Warm {
 		cfg.Warm = &executor.Warm{PerKey: 1, MaxSlots: 2}
+	}
+	if opts.UIDPerRun {
+		layout, err := executor.NewLayout(root)
+		if err == nil {
+			cfg.UIDs, err = uidpool.New(layout.UIDLeaseDir(), uidpool.DefaultRange())
+		}
+		if err != nil {
+			_ = backend.Close()
+			_ = store.Close()
+			return nil, fmt.Errorf("runtest: a uid per run: %w", err)
+		}
 	}
 	host, err := executor.New(ctx, cfg)
 	if err != nil {
