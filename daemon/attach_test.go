@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -27,6 +28,25 @@ import (
 // made, and its live handler.
 func attached(t *testing.T, maxIdle time.Duration, onIdle func()) (http.Handler, string, context.CancelFunc, <-chan struct{}) {
 	t.Helper()
+	s, host := fakeDaemon(t)
+	ref := persist.RunRef{UserID: "alice", ConversationID: "c", TaskID: "t", RunID: "r1"}
+	home := host.Layout().Paths().RuntimeTaskRunHomeDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID)
+	require.NoError(t, os.MkdirAll(home, 0o755))
+	runCtx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	cancelled := make(chan struct{})
+	a, err := s.Attach(runCtx, daemon.AttachOptions{Ref: ref, Ports: []int{8080}, MaxIdle: maxIdle, OnIdle: onIdle,
+		Cancel: func() { cancel(); close(cancelled) }})
+	require.NoError(t, err)
+	t.Cleanup(a.Detach)
+	_, err = s.Attach(runCtx, daemon.AttachOptions{Ref: ref, Cancel: cancel})
+	require.Error(t, err, "a run is attached once")
+	return s.LiveHandler("s3cret"), home, cancel, cancelled
+}
+
+// fakeDaemon is a daemon on a host of the fake backend.
+func fakeDaemon(t *testing.T) (*daemon.Server, *executor.Host) {
+	t.Helper()
 	ctx := context.Background()
 	store, err := persist.Open(ctx, "mem://")
 	require.NoError(t, err)
@@ -39,19 +59,7 @@ func attached(t *testing.T, maxIdle time.Duration, onIdle func()) (http.Handler,
 	t.Cleanup(func() { _ = host.Close(ctx) })
 	s, err := daemon.New(daemon.Config{Host: host, MaxIdle: time.Hour, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	ref := persist.RunRef{UserID: "alice", ConversationID: "c", TaskID: "t", RunID: "r1"}
-	home := host.Layout().Paths().RuntimeTaskRunHomeDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID)
-	require.NoError(t, os.MkdirAll(home, 0o755))
-	runCtx, cancel := context.WithCancel(ctx)
-	t.Cleanup(cancel)
-	cancelled := make(chan struct{})
-	a, err := s.Attach(runCtx, daemon.AttachOptions{Ref: ref, Ports: []int{8080}, MaxIdle: maxIdle, OnIdle: onIdle,
-		Cancel: func() { cancel(); close(cancelled) }})
-	require.NoError(t, err)
-	t.Cleanup(a.Detach)
-	_, err = s.Attach(runCtx, daemon.AttachOptions{Ref: ref, Cancel: cancel})
-	require.Error(t, err, "a run is attached once")
-	return s.LiveHandler("s3cret"), home, cancel, cancelled
+	return s, host
 }
 
 func liveCall(t *testing.T, h http.Handler, method, path, secret string) (int, string) {
@@ -131,7 +139,13 @@ func TestAttachedRunIdle(t *testing.T) {
 // first line ("watching") is read.
 func watchStream(t *testing.T, ctx context.Context, url, p string) (*http.Response, *bufio.Scanner) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/runs/r1/files?op=watch&path="+p, nil)
+	return watchRun(t, ctx, url, "r1", p)
+}
+
+// watchRun is watchStream on the run runID.
+func watchRun(t *testing.T, ctx context.Context, url, runID, p string) (*http.Response, *bufio.Scanner) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/runs/"+runID+"/files?op=watch&path="+p, nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer s3cret")
 	resp, err := http.DefaultClient.Do(req)
@@ -212,4 +226,40 @@ func TestLiveHandlerWatchesFiles(t *testing.T) {
 		}
 		require.NoError(t, sc.Err(), "the watch ends with its run")
 	}
+}
+
+// The daemon's watches are bounded over all its runs, each within its own
+// bound, so that runs together cannot take the inotify instances the
+// daemon's user has.
+func TestLiveHandlerBoundsTheDaemonsWatches(t *testing.T) {
+	s, host := fakeDaemon(t)
+	runs := daemon.MaxWatches/daemon.MaxWatchesPerRun + 1
+	for i := range runs {
+		ref := persist.RunRef{UserID: "alice", ConversationID: "c", TaskID: "t", RunID: fmt.Sprintf("r%d", i)}
+		home := host.Layout().Paths().RuntimeTaskRunHomeDir(ref.UserID, ref.ConversationID, ref.TaskID, ref.RunID)
+		require.NoError(t, os.MkdirAll(home, 0o755))
+		runCtx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		a, err := s.Attach(runCtx, daemon.AttachOptions{Ref: ref, Cancel: cancel})
+		require.NoError(t, err)
+		t.Cleanup(a.Detach)
+	}
+	srv := httptest.NewServer(s.LiveHandler("s3cret"))
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	opened := 0
+	for i := range runs - 1 {
+		for range daemon.MaxWatchesPerRun {
+			resp, sc := watchRun(t, ctx, srv.URL, fmt.Sprintf("r%d", i), ".")
+			require.NotNil(t, sc, "watch %d: %d", opened, resp.StatusCode)
+			opened++
+		}
+	}
+	require.Equal(t, daemon.MaxWatches, opened)
+	last := fmt.Sprintf("r%d", runs-1)
+	resp, _ := watchRun(t, ctx, srv.URL, last, ".")
+	b, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "a run with no watch of its own is refused once the daemon holds its bound: %s", b)
 }

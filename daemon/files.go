@@ -63,7 +63,7 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 	defer root.Close()
 	switch {
 	case r.Method == http.MethodGet && r.URL.Query().Get("op") == "watch":
-		serveWatch(w, r, run, root, name)
+		s.serveWatch(w, r, run, root, name)
 	case r.Method == http.MethodGet && r.URL.Query().Get("op") == "stat":
 		fi, err := root.Lstat(name)
 		if err != nil {

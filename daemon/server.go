@@ -85,6 +85,9 @@ type Server struct {
 	dockerOnce sync.Once
 	docker     client.APIClient
 	dockerErr  error
+
+	// watches counts the daemon's open file watches (MaxWatches).
+	watches atomic.Int32
 }
 
 // liveRun is a run in progress, for the cancel, process and file endpoints.

@@ -22,6 +22,11 @@ import (
 const (
 	// MaxWatchesPerRun bounds a run's watches at a time; one more is 429.
 	MaxWatchesPerRun = 8
+	// MaxWatches bounds the daemon's watches at a time, over all runs:
+	// each holds an inotify instance of the daemon's user, whose count the
+	// kernel limits per user (fs.inotify.max_user_instances, often 128),
+	// so runs cannot together take what the host needs. One more is 429.
+	MaxWatches = 32
 	// MaxWatchEventsPerSecond bounds a watch's events: those over it are
 	// dropped and counted in an "overflow" event.
 	MaxWatchEventsPerSecond = 500
@@ -45,13 +50,19 @@ const watchMask = unix.IN_CREATE | unix.IN_MOVED_TO | unix.IN_MODIFY | unix.IN_C
 	unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF
 
 // serveWatch streams the changes of name under root, the run's home.
-func serveWatch(w http.ResponseWriter, r *http.Request, run *liveRun, root *os.Root, name string) {
+func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request, run *liveRun, root *os.Root, name string) {
 	if n := run.watches.Add(1); n > MaxWatchesPerRun {
 		run.watches.Add(-1)
 		refuse(w, http.StatusTooManyRequests, fmt.Errorf("run %s: %d watches already", run.ref.RunID, MaxWatchesPerRun))
 		return
 	}
 	defer run.watches.Add(-1)
+	if n := s.watches.Add(1); n > MaxWatches {
+		s.watches.Add(-1)
+		refuse(w, http.StatusTooManyRequests, fmt.Errorf("the daemon holds %d watches already: try again when one ends", MaxWatches))
+		return
+	}
+	defer s.watches.Add(-1)
 	// os.Root opens the path: a traversal or a symlink out of the home is
 	// refused as by the other file calls.
 	f, err := root.Open(name)
