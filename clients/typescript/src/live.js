@@ -32,9 +32,12 @@ export class LiveClient {
   target(method, url, headers) {
     if (!this.url) return { mod: http, opts: { socketPath: this.path, method, path: url, headers } };
     const base = this.url.pathname.replace(/\/+$/, '');
+    // One connection per call, as the Python client does: a streamed
+    // answer left early (exec returns at its result) ends its connection,
+    // and no call can be sent on a kept-alive socket the server is closing.
     return {
       mod: this.url.protocol === 'https:' ? https : http,
-      opts: { host: this.url.hostname, port: this.url.port || undefined, method, path: base + url,
+      opts: { host: this.url.hostname, port: this.url.port || undefined, method, path: base + url, agent: false,
         headers: { ...headers, Authorization: `Bearer ${this.token}` } },
     };
   }
