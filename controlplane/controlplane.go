@@ -120,6 +120,9 @@ type Run struct {
 	// CancelRequested is set when the owner cancelled a leased run: the next
 	// renewal tells the worker to stop it.
 	CancelRequested bool `json:"cancel_requested,omitempty"`
+	// Resume is set once its owner asked to resume the run after it was
+	// PAUSED: the worker that leases it restores it from its checkpoint.
+	Resume bool `json:"resume,omitempty"`
 	// Attempts counts the leases granted.
 	Attempts int `json:"attempts"`
 	// What the worker reported (PATCH).
@@ -269,11 +272,16 @@ type Store interface {
 	// once; a leased one is flagged for its worker. An ended run wraps
 	// ErrFinished.
 	Cancel(ctx context.Context, id string, now time.Time) (Run, error)
+	// Resume puts a PAUSED run back in the queue, marked Resume, for a
+	// worker to restore from its checkpoint. It is conditional on the run
+	// being PAUSED: of concurrent resumes exactly one wins, the others (and
+	// a run in any other status) wrap ErrConflict.
+	Resume(ctx context.Context, id string, now time.Time) (Run, error)
 	// ExpireLeases finalizes or requeues every run whose lease lapsed before
 	// now.
 	ExpireLeases(ctx context.Context, now time.Time) ([]Expired, error)
 	// ExpireQueued ends FAILED, at now and with reason as its error, every
-	// run still QUEUED that was submitted before before (a batch at a time),
+	// run still QUEUED, not resumed, that was submitted before before (a batch at a time),
 	// and returns their IDs.
 	ExpireQueued(ctx context.Context, before, now time.Time, reason string) ([]string, error)
 	// CountByStatus counts runs per status: userID's runs, or all runs when

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/egress"
@@ -17,6 +18,7 @@ import (
 	"github.com/taskrun/taskrun/fencedstore"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -110,7 +112,26 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 		defer live.Detach()
 		live.Hook(&spec)
 	}
-	out, err := w.cfg.Host.Run(ctx, spec)
+	run := w.cfg.Host.Run
+	if a.Resume {
+		m, err := w.checkpointOf(ctx, a)
+		if err != nil {
+			log.Warn("cannot resume the paused run: it stays PAUSED", "err", err)
+			w.stayPaused(ctx, g, a, err)
+			return
+		}
+		run = func(ctx context.Context, spec executor.Spec) (*executor.Outcome, error) {
+			out, err := w.cfg.Host.Resume(ctx, spec, m)
+			if out == nil && err != nil {
+				// Refused before it ran (a changed or foreign checkpoint, a
+				// looser policy): nothing was reported, it stays PAUSED.
+				w.stayPaused(ctx, g, a, err)
+			}
+			return out, err
+		}
+		log.Info("resuming the paused run from its checkpoint", "kind", m.Kind, "digest", m.Digest)
+	}
+	out, err := run(ctx, spec)
 	status := model.StatusFailed
 	if out != nil {
 		status = out.Status
@@ -157,6 +178,39 @@ func (w *Worker) refuse(ctx context.Context, g *gate, a *workerclient.Assignment
 		w.log.Warn("report a run the worker cannot place", "run", a.Lease.RunID, "err", err)
 	}
 	w.metrics.runs.WithLabelValues(string(model.StatusFailed)).Inc()
+}
+
+// checkpointOf finds the checkpoint of the paused run a: the one its
+// latest record in its tenant's run index names.
+func (w *Worker) checkpointOf(ctx context.Context, a *workerclient.Assignment) (checkpoint.Manifest, error) {
+	records := w.cfg.Records
+	if records == nil {
+		records, _ = w.cfg.Host.Store().(*persist.Store)
+	}
+	if records == nil {
+		return checkpoint.Manifest{}, errors.New("this worker has no run index to find the run's checkpoint in")
+	}
+	rec, err := runindex.Find(ctx, records, a.Lease.RunID, a.Task.UserID)
+	switch {
+	case err != nil:
+		return checkpoint.Manifest{}, fmt.Errorf("find the paused run's record: %w", err)
+	case rec.Status != model.StatusPaused || rec.Checkpoint == nil:
+		return checkpoint.Manifest{}, fmt.Errorf("the run's latest record is %s with no checkpoint", rec.Status)
+	}
+	return *rec.Checkpoint, nil
+}
+
+// stayPaused reports a run leased to be resumed that could not be PAUSED
+// again, with why: its lease ends and its owner may resume it again.
+func (w *Worker) stayPaused(ctx context.Context, g *gate, a *workerclient.Assignment, cause error) {
+	msg := "resume refused: " + cause.Error()
+	hard, stop := graceContext(ctx, w.cfg.Host.ShutdownGrace())
+	defer stop()
+	rctx, cancel := context.WithTimeout(hard, executor.DefaultReportTimeout)
+	defer cancel()
+	if err := g.UpdateRunStatus(rctx, a.Lease.RunID, &workerclient.PatchTaskRunRequest{Status: model.StatusPaused, Error: &msg}); err != nil {
+		w.log.Warn("report a run that stays paused", "run", a.Lease.RunID, "err", err)
+	}
 }
 
 // graceContext is ctx without its cancellation, ended grace after ctx is

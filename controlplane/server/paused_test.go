@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/controlplane/client"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -50,6 +52,51 @@ func TestPausedRun(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, model.StatusCancelled, run.Status)
 	assert.NotNil(t, run.EndedAt)
+}
+
+// TestResumePausedRun: the owner resumes a PAUSED run through the control
+// plane. Another tenant is told no such run (404) and changes nothing; the
+// owner's resume queues it, marked, and a second resume is refused (409);
+// the worker that leases it is told to resume it, and it goes on to
+// SUCCEEDED under the new lease.
+func TestResumePausedRun(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	ctx := context.Background()
+	sub, err := e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p"}, nil)
+	require.NoError(t, err)
+	_, err = e.user.Resume(ctx, sub.RunID)
+	var he *client.HTTPError
+	require.ErrorAs(t, err, &he)
+	assert.Equal(t, http.StatusConflict, he.StatusCode, "a queued run is not resumed")
+
+	a := e.lease(t, 0)
+	require.NotNil(t, a)
+	assert.False(t, a.Resume)
+	require.NoError(t, e.worker.Fenced(a.Lease).UpdateRunStatus(ctx, a.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusPaused}))
+
+	_, err = e.bob.Resume(ctx, sub.RunID)
+	require.ErrorIs(t, err, client.ErrNotFound, "another tenant's run is not found")
+	run, err := e.user.GetRun(ctx, sub.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusPaused, run.Status, "another tenant's resume changed nothing")
+
+	run, err = e.user.Resume(ctx, sub.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusQueued, run.Status)
+	assert.True(t, run.Resume)
+	_, err = e.user.Resume(ctx, sub.RunID)
+	require.ErrorAs(t, err, &he)
+	assert.Equal(t, http.StatusConflict, he.StatusCode, "a second resume is refused")
+
+	b := e.lease(t, 0)
+	require.NotNil(t, b)
+	assert.Equal(t, sub.RunID, b.Run.ID)
+	assert.True(t, b.Resume, "the worker is told to restore it from its checkpoint")
+	assert.Equal(t, a.Lease.Epoch+1, b.Lease.Epoch)
+	require.NoError(t, e.worker.Fenced(b.Lease).UpdateRunStatus(ctx, b.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusSucceeded}))
+	run, err = e.user.GetRun(ctx, sub.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusSucceeded, run.Status)
 }
 
 func TestRunStatusLive(t *testing.T) {

@@ -358,6 +358,25 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, run)
 }
 
+// handleResume puts the owner's PAUSED run back in the queue for a worker
+// to restore from its checkpoint. Of concurrent resumes one wins; the
+// others, and a run that is not PAUSED, are answered 409.
+func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
+	run, ok := s.ownRun(w, r)
+	if !ok {
+		return
+	}
+	run, err := s.cfg.Store.Resume(r.Context(), run.ID, s.cfg.Now())
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	s.runs.notify(run.ID)
+	s.runs.notify(queueKey)
+	s.cfg.Log.Info("paused run resumed by its owner: queued", "run", run.ID)
+	writeJSON(w, http.StatusOK, run)
+}
+
 // follow admits one more reader of run id, or returns false at the limits.
 func (s *Server) follow(id string) (release func(), ok bool) {
 	s.fmu.Lock()

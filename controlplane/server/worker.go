@@ -172,6 +172,7 @@ func (s *Server) assignment(r controlplane.Run, token string, waited time.Durati
 		Egress:    r.Spec.Egress,
 		Retryable: r.Spec.Retryable,
 		KeepAlive: r.Spec.KeepAlive, IdleTimeoutMillis: r.Spec.IdleTimeoutMillis, Ports: r.Spec.Ports,
+		Resume: r.Resume,
 	}
 }
 
