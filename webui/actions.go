@@ -17,7 +17,7 @@ import (
 )
 
 // Actions carry out what a signed-in user asks of their own runs: submit a
-// task and cancel a run. The interface checks the request (CSRF, and that
+// task, cancel a run and resume a paused one. The interface checks the request (CSRF, and that
 // the run is the tenant's) before it calls them; an implementation checks
 // authorization again (APIActions goes through the user API).
 type Actions interface {
@@ -25,6 +25,8 @@ type Actions interface {
 	Submit(r *http.Request, req controlplane.SubmitRequest) (runID string, err error)
 	// Cancel cancels r's user's run id.
 	Cancel(r *http.Request, id string) error
+	// Resume resumes r's user's PAUSED run id.
+	Resume(r *http.Request, id string) error
 }
 
 // ActionError is an action the control plane refused, with its status and
@@ -65,6 +67,11 @@ func (a *APIActions) Submit(r *http.Request, req controlplane.SubmitRequest) (st
 // Cancel posts to /v1/runs/{id}/cancel.
 func (a *APIActions) Cancel(r *http.Request, id string) error {
 	return a.call(r, "/v1/runs/"+url.PathEscape(id)+"/cancel", nil, nil)
+}
+
+// Resume posts to /v1/runs/{id}/resume.
+func (a *APIActions) Resume(r *http.Request, id string) error {
+	return a.call(r, "/v1/runs/"+url.PathEscape(id)+"/resume", nil, nil)
 }
 
 // call makes one user API request as r's user and decodes its answer.
@@ -256,6 +263,16 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
+	h.runAction(w, r, h.actions.Cancel)
+}
+
+func (h *Handler) resume(w http.ResponseWriter, r *http.Request) {
+	h.runAction(w, r, h.actions.Resume)
+}
+
+// runAction carries out act on the run of the form's path, once the form
+// is checked and the run found the tenant's, and shows the run again.
+func (h *Handler) runAction(w http.ResponseWriter, r *http.Request, act func(*http.Request, string) error) {
 	if err := h.checkForm(w, r); err != nil {
 		h.refuse(w, err)
 		return
@@ -270,7 +287,7 @@ func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if err := h.actions.Cancel(r, id); err != nil {
+	if err := act(r, id); err != nil {
 		if ae := (*ActionError)(nil); errors.As(err, &ae) {
 			h.render(w, ae.Status, "error.html", map[string]any{"Title": http.StatusText(ae.Status), "Message": ae.Message})
 			return

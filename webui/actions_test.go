@@ -1,6 +1,7 @@
 package webui_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -9,11 +10,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/webui"
 )
 
@@ -22,6 +26,14 @@ type fakeActions struct {
 	mu        sync.Mutex
 	submitted []controlplane.SubmitRequest
 	cancelled []string
+	resumed   []string
+}
+
+func (f *fakeActions) Resume(_ *http.Request, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resumed = append(f.resumed, id)
+	return nil
 }
 
 func (f *fakeActions) Submit(_ *http.Request, req controlplane.SubmitRequest) (string, error) {
@@ -177,4 +189,59 @@ func TestReadOnlyWithoutActions(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Contains(t, []int{http.StatusNotFound, http.StatusMethodNotAllowed}, resp.StatusCode, "no such route")
+}
+
+// A paused run's page offers its owner a resume form carrying the token;
+// the resume is carried out only with the token, from the interface's own
+// origin, and for the tenant's own run (another's is not found, and the
+// control plane is never asked). A finished run offers no resume.
+func TestResumeOnlyOwnPausedRunsWithTheToken(t *testing.T) {
+	st, _ := storeWithRun(t)
+	putRun(t, st, "u2", "r2")
+	rec := putRun(t, st, "u1", "p1")
+	rec.Status, rec.End = model.StatusPaused, time.Time{}
+	_, err := runindex.Put(context.Background(), st, &rec)
+	require.NoError(t, err)
+	acts := &fakeActions{}
+	h, err := webui.New(&webui.StoreSource{Store: st}, webui.Options{Base: "/ui", Actions: acts, Tenant: func(r *http.Request) (string, bool) {
+		u := r.Header.Get("X-Test-User")
+		return u, u != ""
+	}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c, tok := formClient(t, srv, "u1")
+
+	page := func(id string) string {
+		req, err := http.NewRequest(http.MethodGet, srv.URL+"/ui/runs/"+id, nil)
+		require.NoError(t, err)
+		req.Header.Set("X-Test-User", "u1")
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		return string(b)
+	}
+	body := page("p1")
+	assert.Contains(t, body, `action="/ui/runs/p1/resume"`)
+	assert.Contains(t, body, `name="csrf" value="`+tok+`"`)
+	assert.NotContains(t, page("r1"), "/resume", "a finished run offers no resume")
+
+	resume := srv.URL + "/ui/runs/p1/resume"
+	code, _ := post(t, c, "u1", resume, srv.URL, url.Values{})
+	assert.Equal(t, http.StatusForbidden, code, "no token")
+	code, _ = post(t, c, "u1", resume, "http://evil.example", url.Values{"csrf": {tok}})
+	assert.Equal(t, http.StatusForbidden, code, "a cross Origin")
+	code, _ = post(t, c, "u1", srv.URL+"/ui/runs/r2/resume", srv.URL, url.Values{"csrf": {tok}})
+	assert.Equal(t, http.StatusNotFound, code, "another tenant's run")
+	acts.mu.Lock()
+	assert.Empty(t, acts.resumed, "nothing was resumed")
+	acts.mu.Unlock()
+
+	code, _ = post(t, c, "u1", resume, srv.URL, url.Values{"csrf": {tok}})
+	assert.Equal(t, http.StatusSeeOther, code)
+	acts.mu.Lock()
+	assert.Equal(t, []string{"p1"}, acts.resumed)
+	acts.mu.Unlock()
 }
