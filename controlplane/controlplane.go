@@ -102,6 +102,7 @@ type Run struct {
 	Task          model.Task      `json:"task"`
 	SessionID     string          `json:"session_id"`
 	PreviousRunID string          `json:"previous_run_id,omitempty"`
+	ParentRunID   string          `json:"parent_run_id,omitempty"` // a fork's parent (Store.Fork)
 	Spec          TaskSpec        `json:"spec"`
 	Status        model.RunStatus `json:"status"`
 	// CreatedAt is when the run was queued; LeasedAt when it was last leased;
@@ -275,8 +276,17 @@ type Store interface {
 	// Resume puts a PAUSED run back in the queue, marked Resume, for a
 	// worker to restore from its checkpoint. It is conditional on the run
 	// being PAUSED: of concurrent resumes exactly one wins, the others (and
-	// a run in any other status) wrap ErrConflict.
+	// a run in any other status) wrap ErrConflict. A resumed run keeps its
+	// place (CreatedAt) in the queue and is not expired by ExpireQueued: it
+	// waits for a worker until one takes it or its owner cancels it.
 	Resume(ctx context.Context, id string, now time.Time) (Run, error)
+	// Fork queues one new run per ID of ids, each a fork of the PAUSED or
+	// ended run parent: a run of the parent's task and session with
+	// ParentRunID set and, when prompt is not empty, that prompt as its
+	// task's. The worker that leases one starts it from the parent's
+	// checkpoint or stored home. A parent queued or running wraps
+	// ErrConflict.
+	Fork(ctx context.Context, parent string, ids []string, prompt string, now time.Time) ([]Run, error)
 	// ExpireLeases finalizes or requeues every run whose lease lapsed before
 	// now.
 	ExpireLeases(ctx context.Context, now time.Time) ([]Expired, error)

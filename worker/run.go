@@ -113,7 +113,18 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 		live.Hook(&spec)
 	}
 	run := w.cfg.Host.Run
-	if a.Resume {
+	if parent := a.Run.ParentRunID; parent != "" {
+		from, err := w.forkFrom(ctx, a)
+		if err != nil {
+			log.Warn("cannot fork the run's parent", "parent", parent, "err", err)
+			w.refuse(ctx, g, a, err)
+			return
+		}
+		run = func(ctx context.Context, spec executor.Spec) (*executor.Outcome, error) {
+			return w.cfg.Host.Fork(ctx, spec, from)
+		}
+		log.Info("forking the run's parent", "parent", parent, "from_checkpoint", from.Checkpoint != nil)
+	} else if a.Resume {
 		m, err := w.checkpointOf(ctx, a)
 		if err != nil {
 			log.Warn("cannot resume the paused run: it stays PAUSED", "err", err)
@@ -183,10 +194,7 @@ func (w *Worker) refuse(ctx context.Context, g *gate, a *workerclient.Assignment
 // checkpointOf finds the checkpoint of the paused run a: the one its
 // latest record in its tenant's run index names.
 func (w *Worker) checkpointOf(ctx context.Context, a *workerclient.Assignment) (checkpoint.Manifest, error) {
-	records := w.cfg.Records
-	if records == nil {
-		records, _ = w.cfg.Host.Store().(*persist.Store)
-	}
+	records := w.records()
 	if records == nil {
 		return checkpoint.Manifest{}, errors.New("this worker has no run index to find the run's checkpoint in")
 	}
@@ -198,6 +206,40 @@ func (w *Worker) checkpointOf(ctx context.Context, a *workerclient.Assignment) (
 		return checkpoint.Manifest{}, fmt.Errorf("the run's latest record is %s with no checkpoint", rec.Status)
 	}
 	return *rec.Checkpoint, nil
+}
+
+// forkFrom is what the fork a starts from: its parent's checkpoint when
+// the parent's latest record names one, else the parent's stored home
+// (its session state), both checked by the fork against the digest the
+// record keeps.
+func (w *Worker) forkFrom(ctx context.Context, a *workerclient.Assignment) (executor.ForkFrom, error) {
+	records := w.records()
+	if records == nil {
+		return executor.ForkFrom{}, errors.New("this worker has no run index to find the parent's checkpoint in")
+	}
+	rec, err := runindex.Find(ctx, records, a.Run.ParentRunID, a.Task.UserID)
+	if err != nil {
+		return executor.ForkFrom{}, fmt.Errorf("find the parent's record: %w", err)
+	}
+	if rec.Checkpoint != nil {
+		m := *rec.Checkpoint
+		return executor.ForkFrom{Checkpoint: &m}, nil
+	}
+	for _, o := range rec.Stored {
+		if o.Key != "" && o.Key == rec.Keys.State {
+			return executor.ForkFrom{State: &executor.ForkState{Object: executor.SessionStateName, SHA256: o.SHA256}}, nil
+		}
+	}
+	return executor.ForkFrom{}, fmt.Errorf("run %s (%s) stored neither a checkpoint nor its home", rec.RunID, rec.Status)
+}
+
+// records is the run index: Config.Records, else the host's store.
+func (w *Worker) records() *persist.Store {
+	if w.cfg.Records != nil {
+		return w.cfg.Records
+	}
+	st, _ := w.cfg.Host.Store().(*persist.Store)
+	return st
 }
 
 // stayPaused reports a run leased to be resumed that could not be PAUSED

@@ -99,6 +99,49 @@ func TestResumePausedRun(t *testing.T) {
 	assert.Equal(t, model.StatusSucceeded, run.Status)
 }
 
+// TestForkPausedRun: the owner forks a PAUSED run through the control
+// plane: N runs of its own, QUEUED, each naming the parent, with the fork's
+// prompt; the worker that leases one is told its parent. Another tenant is
+// told no such run, a bad n is 400, and a run still queued is 409.
+func TestForkPausedRun(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	ctx := context.Background()
+	sub, err := e.user.Submit(ctx, controlplane.SubmitRequest{Prompt: "p"}, nil)
+	require.NoError(t, err)
+	var he *client.HTTPError
+	_, err = e.user.Fork(ctx, sub.RunID, controlplane.ForkRequest{N: 1})
+	require.ErrorAs(t, err, &he)
+	assert.Equal(t, http.StatusConflict, he.StatusCode, "a queued run is not forked")
+	a := e.lease(t, 0)
+	require.NotNil(t, a)
+	require.NoError(t, e.worker.Fenced(a.Lease).UpdateRunStatus(ctx, a.Run.ID, &workerclient.PatchTaskRunRequest{Status: model.StatusPaused}))
+
+	_, err = e.bob.Fork(ctx, sub.RunID, controlplane.ForkRequest{N: 1})
+	require.ErrorIs(t, err, client.ErrNotFound, "another tenant's run is not found")
+	for _, n := range []int{0, controlplane.MaxForks + 1} {
+		_, err = e.user.Fork(ctx, sub.RunID, controlplane.ForkRequest{N: n})
+		require.ErrorAs(t, err, &he)
+		assert.Equal(t, http.StatusBadRequest, he.StatusCode, "n %d", n)
+	}
+	forks, err := e.user.Fork(ctx, sub.RunID, controlplane.ForkRequest{N: 2, Prompt: "other way"})
+	require.NoError(t, err)
+	require.Len(t, forks, 2)
+	assert.NotEqual(t, forks[0].ID, forks[1].ID)
+	for _, f := range forks {
+		assert.NotEqual(t, sub.RunID, f.ID)
+		assert.Equal(t, sub.RunID, f.ParentRunID)
+		assert.Equal(t, model.StatusQueued, f.Status)
+		assert.Equal(t, "other way", f.Task.Prompt)
+	}
+	b := e.lease(t, 0)
+	require.NotNil(t, b)
+	assert.Equal(t, sub.RunID, b.Run.ParentRunID, "the worker is told the fork's parent")
+	assert.Equal(t, "other way", b.Task.Prompt)
+	parent, err := e.user.GetRun(ctx, sub.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusPaused, parent.Status)
+}
+
 func TestRunStatusLive(t *testing.T) {
 	for s, live := range map[model.RunStatus]bool{model.StatusQueued: true, model.StatusRunning: true, model.StatusPaused: false,
 		model.StatusSucceeded: false, model.StatusFailed: false, model.StatusCancelled: false} {

@@ -50,6 +50,7 @@ func Run(t *testing.T, open Opener) {
 		{"CancelledRunWhoseWorkerIsLostEndsCancelled", testCancelThenLost},
 		{"QueuedPastTheTTLEndsFailed", testExpireQueued},
 		{"ResumePausedExactlyOneWins", testResume},
+		{"ForkQueuesRunsNamingTheirParent", testFork},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -750,4 +751,50 @@ func testResume(t *testing.T, s controlplane.Store) {
 	assert.Equal(t, int64(12), next)
 	_, err = s.Resume(ctx, "r1", t0.Add(4*time.Second))
 	assert.ErrorIs(t, err, controlplane.ErrConflict, "a running run is not resumed")
+}
+
+// testFork: forks of a paused (or ended) run are new runs of its task,
+// QUEUED, naming it as their parent, with the fork's prompt when one is
+// given; a parent that is queued or running is refused (ErrConflict), an
+// unknown one is not found, and the parent is unchanged.
+func testFork(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "p", 0, controlplane.TaskSpec{Image: "img"})
+	_, err := s.Fork(ctx, "p", []string{"f0"}, "", t0)
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "a queued run is not forked")
+	_, err = s.Fork(ctx, "nope", []string{"f0"}, "", t0)
+	assert.ErrorIs(t, err, controlplane.ErrNotFound)
+	require.NotNil(t, lease(t, s, "w1", t0))
+	_, err = s.Fork(ctx, "p", []string{"f0"}, "", t0)
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "a running run is not forked")
+	_, _, err = s.Patch(ctx, "p", F(1), t0.Add(time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusPaused})
+	require.NoError(t, err)
+
+	forks, err := s.Fork(ctx, "p", []string{"f1", "f2"}, "try another way", t0.Add(2*time.Second))
+	require.NoError(t, err)
+	require.Len(t, forks, 2)
+	plain, err := s.Fork(ctx, "p", []string{"f3"}, "", t0.Add(3*time.Second))
+	require.NoError(t, err)
+	require.Len(t, plain, 1)
+	for _, f := range append(forks, plain...) {
+		assert.Equal(t, model.StatusQueued, f.Status, f.ID)
+		assert.Equal(t, "p", f.ParentRunID, f.ID)
+		assert.Equal(t, "t-p", f.Task.ID, f.ID)
+		assert.Equal(t, "u1", f.Task.UserID, f.ID)
+		assert.Equal(t, "img", f.Spec.Image, f.ID)
+		assert.False(t, f.Resume, f.ID)
+	}
+	assert.Equal(t, "try another way", forks[0].Task.Prompt)
+	assert.Equal(t, "do p", plain[0].Task.Prompt, "no prompt: the parent's")
+	parent, err := s.GetRun(ctx, "p")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusPaused, parent.Status, "the parent is unchanged")
+	assert.Equal(t, "do p", parent.Task.Prompt)
+	assert.Empty(t, parent.ParentRunID)
+
+	got := lease(t, s, "w2", t0.Add(4*time.Second))
+	require.NotNil(t, got)
+	assert.Equal(t, "f1", got.ID, "forks are leased as any queued run, oldest first")
+	assert.Equal(t, "p", got.ParentRunID)
+	assert.Equal(t, int64(1), got.Epoch)
 }

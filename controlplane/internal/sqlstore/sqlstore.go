@@ -98,10 +98,10 @@ func (s *Store) tx(ctx context.Context, f func(tx *sql.Tx) error) error {
 	return nil
 }
 
-const runCols = `r.id, r.task_id, t.user_id, t.conversation_id, t.prompt, t.spec, r.session_id, r.previous_run_id,
+const runCols = `r.id, r.task_id, t.user_id, t.conversation_id, CASE WHEN r.prompt <> '' THEN r.prompt ELSE t.prompt END, t.spec, r.session_id, r.previous_run_id,
 r.status, r.created_at, r.leased_at, r.started_at, r.ended_at, r.worker_id, r.epoch, r.lease_expires_at, r.lease_state,
 r.cancel_requested, r.attempts, r.exit_code, r.error, r.prompt_tokens, r.completion_tokens, r.output, r.output_truncated,
-r.trace_path, r.artifact, r.changes, r.container, r.stream_next, r.stream_ended, r.lease_holder, r.lease_token_hash, r.resume`
+r.trace_path, r.artifact, r.changes, r.container, r.stream_next, r.stream_ended, r.lease_holder, r.lease_token_hash, r.resume, r.parent_run_id`
 
 const runFrom = ` FROM runs r JOIN tasks t ON t.id = r.task_id `
 
@@ -136,7 +136,7 @@ func scanRun(sc scanner) (row, error) {
 	err := sc.Scan(&r.ID, &r.Task.ID, &r.Task.UserID, &r.Task.ConversationID, &r.Task.Prompt, &spec, &r.SessionID, &r.PreviousRunID,
 		&r.Status, &created, &leased, &started, &ended, &r.WorkerID, &r.Epoch, &expires, &r.leaseState,
 		&cancel, &r.Attempts, &exitC, &r.Error, &r.PromptTokens, &r.CompletionTokens, &r.Output, &truncated,
-		&r.TracePath, &artifact, &changes, &container, &r.StreamNext, &ended2, &r.holder, &r.tokenHash, &resume)
+		&r.TracePath, &artifact, &changes, &container, &r.StreamNext, &ended2, &r.holder, &r.tokenHash, &resume, &r.ParentRunID)
 	if err != nil {
 		return row{}, err
 	}
@@ -717,6 +717,36 @@ WHERE id = ? AND status = ?`), string(model.StatusQueued), id, string(model.Stat
 		return nil
 	})
 	return out, err
+}
+
+// Fork implements controlplane.Store.
+func (s *Store) Fork(ctx context.Context, parent string, ids []string, prompt string, now time.Time) ([]controlplane.Run, error) {
+	var out []controlplane.Run
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		p, err := s.getRow(ctx, tx, parent)
+		if err != nil {
+			return err
+		}
+		if p.Status != model.StatusPaused && !p.Status.Terminal() {
+			return fmt.Errorf("run %s is %s: fork a PAUSED or ended run: %w", parent, p.Status, controlplane.ErrConflict)
+		}
+		for _, id := range ids {
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO runs (id, task_id, session_id, previous_run_id, status, created_at, parent_run_id, prompt)
+VALUES (?, ?, ?, '', ?, ?, ?, ?)`), id, p.Task.ID, p.SessionID, string(model.StatusQueued), ms(now), parent, prompt); err != nil {
+				return fmt.Errorf("%s: insert fork %s of %s: %w", s.d.Name, id, parent, err)
+			}
+			r, err := s.getRow(ctx, tx, id)
+			if err != nil {
+				return err
+			}
+			out = append(out, r.Run)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // ExpireLeases implements controlplane.Store.
