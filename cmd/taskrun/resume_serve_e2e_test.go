@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -62,14 +63,44 @@ func TestResumeAPausedRunThroughServe(t *testing.T) {
 	out, err := c.Output(ctx, id, 0, false)
 	require.NoError(t, err)
 	defer out.Close()
-	var b []byte
-	buf := make([]byte, 4096)
-	for {
-		n, err := out.Read(buf)
-		b = append(b, buf[:n]...)
-		if err != nil {
-			break
-		}
-	}
+	b, err := io.ReadAll(out)
+	require.NoError(t, err)
 	assert.Equal(t, "first\nresumed after first\n", string(b), "the stream goes on after the pause")
+}
+
+// Forks of a run paused by its worker are asked for through `taskrun
+// serve`: each is a run of its own, naming its parent, started by a worker
+// from the parent's kept home (runc: a files-only checkpoint), where it
+// finds what the parent left and ends SUCCEEDED with the fork's prompt;
+// the parent stays PAUSED.
+func TestForkAPausedRunThroughServe(t *testing.T) {
+	env := newCrashEnv(t)
+	serve := startServeProcs(t, env, "sqlite://"+filepath.Join(t.TempDir(), "cp.db"), 1, fleetLeaseTTL())[0]
+	c, err := client.New(serve.url, fleetUserToken, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	sub, err := c.Submit(ctx, controlplane.SubmitRequest{Prompt: "parent", Image: testImage, Runtime: "runc",
+		KeepAlive: true, IdleTimeoutMillis: 2000,
+		Command: []string{"sh", "-c", `cd "$HOME" && if [ -f mark ]; then echo "fork after $(cat mark): $(cat "$TASKRUN_PROMPT_FILE")"; exit 0; fi; echo first > mark; echo first; exec sleep 600`}}, nil)
+	require.NoError(t, err)
+	id := sub.RunID
+
+	newWorkerFleet(t, env, serve.url).startOn(serve.url, "", 2, "--live-listen", freeAddr(t), "--pause-on-idle")
+	paused := awaitRun(t, c, id, testdeadline.Scale(2*time.Minute), func(r controlplane.Run) bool {
+		return r.Status == model.StatusPaused || r.Status.Terminal()
+	}, "never paused")
+	require.Equal(t, model.StatusPaused, paused.Status, paused.Error)
+
+	forks, err := c.Fork(ctx, id, controlplane.ForkRequest{N: 2, Prompt: "fork prompt"})
+	require.NoError(t, err)
+	require.Len(t, forks, 2)
+	for _, f := range forks {
+		done := awaitRun(t, c, f.ID, testdeadline.Scale(2*time.Minute), terminal, "fork did not end")
+		assert.Equal(t, model.StatusSucceeded, done.Status, done.Error)
+		assert.Equal(t, id, done.ParentRunID)
+		assert.Equal(t, "fork after first: fork prompt\n", done.Output, "the fork starts in the parent's kept home, with its own prompt")
+	}
+	parent, err := c.GetRun(ctx, id)
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusPaused, parent.Status, "the parent is only read")
 }
