@@ -2,6 +2,7 @@ package webui_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -27,6 +28,14 @@ type fakeActions struct {
 	submitted []controlplane.SubmitRequest
 	cancelled []string
 	resumed   []string
+	forked    []string
+}
+
+func (f *fakeActions) Fork(_ *http.Request, id string, n int, prompt string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forked = append(f.forked, fmt.Sprintf("%s n=%d prompt=%q", id, n, prompt))
+	return []string{"f1"}, nil
 }
 
 func (f *fakeActions) Resume(_ *http.Request, id string) error {
@@ -191,11 +200,12 @@ func TestReadOnlyWithoutActions(t *testing.T) {
 	assert.Contains(t, []int{http.StatusNotFound, http.StatusMethodNotAllowed}, resp.StatusCode, "no such route")
 }
 
-// A paused run's page offers its owner a resume form carrying the token;
-// the resume is carried out only with the token, from the interface's own
+// A paused run's page offers its owner resume and fork forms carrying the token;
+// each is carried out only with the token, from the interface's own
 // origin, and for the tenant's own run (another's is not found, and the
-// control plane is never asked). A finished run offers no resume.
-func TestResumeOnlyOwnPausedRunsWithTheToken(t *testing.T) {
+// control plane is never asked). A finished run offers neither; a fork shows
+// its first fork, whose page names its parent.
+func TestResumeAndForkOnlyOwnPausedRunsWithTheToken(t *testing.T) {
 	st, _ := storeWithRun(t)
 	putRun(t, st, "u2", "r2")
 	rec := putRun(t, st, "u1", "p1")
@@ -244,4 +254,40 @@ func TestResumeOnlyOwnPausedRunsWithTheToken(t *testing.T) {
 	acts.mu.Lock()
 	assert.Equal(t, []string{"p1"}, acts.resumed)
 	acts.mu.Unlock()
+
+	// The fork form: the same checks, then the first fork is shown.
+	assert.Contains(t, body, `action="/ui/runs/p1/fork"`)
+	assert.NotContains(t, page("r1"), "/fork", "only a paused run's page offers a fork")
+	fork := srv.URL + "/ui/runs/p1/fork"
+	code, _ = post(t, c, "u1", fork, srv.URL, url.Values{"n": {"2"}})
+	assert.Equal(t, http.StatusForbidden, code, "fork without the token")
+	code, _ = post(t, c, "u1", fork, "http://evil.example", url.Values{"csrf": {tok}, "n": {"2"}})
+	assert.Equal(t, http.StatusForbidden, code, "fork from a cross Origin")
+	code, _ = post(t, c, "u1", srv.URL+"/ui/runs/r2/fork", srv.URL, url.Values{"csrf": {tok}, "n": {"2"}})
+	assert.Equal(t, http.StatusNotFound, code, "fork another tenant's run")
+	code, _ = post(t, c, "u1", fork, srv.URL, url.Values{"csrf": {tok}, "n": {"0"}})
+	assert.Equal(t, http.StatusBadRequest, code, "no forks")
+	acts.mu.Lock()
+	assert.Empty(t, acts.forked, "nothing was forked")
+	acts.mu.Unlock()
+	req, err := http.NewRequest(http.MethodPost, fork, strings.NewReader(url.Values{"csrf": {tok}, "n": {"2"}, "prompt": {"again"}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("X-Test-User", "u1")
+	req.Header.Set("Origin", srv.URL)
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	assert.Equal(t, "/ui/runs/f1", resp.Header.Get("Location"), "the first fork is shown")
+	acts.mu.Lock()
+	assert.Equal(t, []string{`p1 n=2 prompt="again"`}, acts.forked)
+	acts.mu.Unlock()
+
+	// A fork's page names its parent.
+	child := putRun(t, st, "u1", "f1")
+	child.ParentRunID = "p1"
+	_, err = runindex.Put(context.Background(), st, &child)
+	require.NoError(t, err)
+	assert.Contains(t, page("f1"), `<dd id="parent"><a href="/ui/runs/p1">p1</a></dd>`)
 }

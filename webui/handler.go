@@ -186,6 +186,7 @@ func New(src Source, opts Options) (*Handler, error) {
 		h.mux.HandleFunc("POST "+b+"/submit", h.submit)
 		h.mux.HandleFunc("POST "+b+"/runs/{id}/cancel", h.cancel)
 		h.mux.HandleFunc("POST "+b+"/runs/{id}/resume", h.resume)
+		h.mux.HandleFunc("POST "+b+"/runs/{id}/fork", h.fork)
 	}
 	return h, nil
 }
