@@ -248,7 +248,8 @@ type Store interface {
 	// ends CANCELLED when its owner asked for that meanwhile. The epoch stays
 	// raised and its lease is dead, so whoever might hold it is fenced. It
 	// reports whether the run was put back; a run the lease no longer holds,
-	// or whose worker already reported, is left as it is.
+	// or whose worker already reported, is left as it is (a resumed run's
+	// reports from before its pause do not count: it goes back, resume kept).
 	ReturnLease(ctx context.Context, id string, epoch int64, now time.Time) (bool, error)
 	// Every write under a fence (Renew, Patch, AppendOutput, EndOutput)
 	// first checks it: an epoch that is not the run's current one wraps

@@ -434,7 +434,11 @@ func (s *Store) ReturnLease(ctx context.Context, id string, epoch int64, now tim
 		if err != nil {
 			return err
 		}
-		if r.Epoch != epoch || r.leaseState != leaseHeld || r.Status != model.StatusRunning || r.StartedAt != nil || r.StreamNext > 0 {
+		// A resumed run started and streamed before its pause: what its
+		// new worker reported cannot be told from that, but an undelivered
+		// lease's worker never had its token to report anything.
+		spoke := !r.Resume && (r.StartedAt != nil || r.StreamNext > 0)
+		if r.Epoch != epoch || r.leaseState != leaseHeld || r.Status != model.StatusRunning || spoke {
 			return nil // not this lease's to return, or its worker already spoke
 		}
 		var res sql.Result
