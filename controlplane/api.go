@@ -58,6 +58,22 @@ type SubmitResponse struct {
 	Workspace *workerclient.StoredObject `json:"workspace,omitempty"`
 }
 
+// MaxForks bounds the forks one ForkRequest asks for.
+const MaxForks = 16
+
+// ForkRequest is the body of POST /v1/runs/{id}/fork: N forks (1 to
+// MaxForks) of a PAUSED or ended run, each with Prompt as its prompt when
+// not empty (else the parent's).
+type ForkRequest struct {
+	N      int    `json:"n"`
+	Prompt string `json:"prompt,omitempty"`
+}
+
+// ForkResponse answers POST /v1/runs/{id}/fork (201): the forks, QUEUED.
+type ForkResponse struct {
+	Runs []Run `json:"runs"`
+}
+
 // RunList answers GET /v1/runs: runs, newest first, without their output
 // and prompt (GET /v1/runs/{id} has them).
 type RunList struct {

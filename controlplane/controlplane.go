@@ -102,6 +102,7 @@ type Run struct {
 	Task          model.Task      `json:"task"`
 	SessionID     string          `json:"session_id"`
 	PreviousRunID string          `json:"previous_run_id,omitempty"`
+	ParentRunID   string          `json:"parent_run_id,omitempty"` // a fork's parent (Store.Fork)
 	Spec          TaskSpec        `json:"spec"`
 	Status        model.RunStatus `json:"status"`
 	// CreatedAt is when the run was queued; LeasedAt when it was last leased;
@@ -120,6 +121,9 @@ type Run struct {
 	// CancelRequested is set when the owner cancelled a leased run: the next
 	// renewal tells the worker to stop it.
 	CancelRequested bool `json:"cancel_requested,omitempty"`
+	// Resume is set once its owner asked to resume the run after it was
+	// PAUSED: the worker that leases it restores it from its checkpoint.
+	Resume bool `json:"resume,omitempty"`
 	// Attempts counts the leases granted.
 	Attempts int `json:"attempts"`
 	// What the worker reported (PATCH).
@@ -244,7 +248,8 @@ type Store interface {
 	// ends CANCELLED when its owner asked for that meanwhile. The epoch stays
 	// raised and its lease is dead, so whoever might hold it is fenced. It
 	// reports whether the run was put back; a run the lease no longer holds,
-	// or whose worker already reported, is left as it is.
+	// or whose worker already reported, is left as it is (a resumed run's
+	// reports from before its pause do not count: it goes back, resume kept).
 	ReturnLease(ctx context.Context, id string, epoch int64, now time.Time) (bool, error)
 	// Every write under a fence (Renew, Patch, AppendOutput, EndOutput)
 	// first checks it: an epoch that is not the run's current one wraps
@@ -269,11 +274,25 @@ type Store interface {
 	// once; a leased one is flagged for its worker. An ended run wraps
 	// ErrFinished.
 	Cancel(ctx context.Context, id string, now time.Time) (Run, error)
+	// Resume puts a PAUSED run back in the queue, marked Resume, for a
+	// worker to restore from its checkpoint. It is conditional on the run
+	// being PAUSED: of concurrent resumes exactly one wins, the others (and
+	// a run in any other status) wrap ErrConflict. A resumed run keeps its
+	// place (CreatedAt) in the queue and is not expired by ExpireQueued: it
+	// waits for a worker until one takes it or its owner cancels it.
+	Resume(ctx context.Context, id string, now time.Time) (Run, error)
+	// Fork queues one new run per ID of ids, each a fork of the PAUSED or
+	// ended run parent: a run of the parent's task and session with
+	// ParentRunID set and, when prompt is not empty, that prompt as its
+	// task's. The worker that leases one starts it from the parent's
+	// checkpoint or stored home. A parent queued or running wraps
+	// ErrConflict.
+	Fork(ctx context.Context, parent string, ids []string, prompt string, now time.Time) ([]Run, error)
 	// ExpireLeases finalizes or requeues every run whose lease lapsed before
 	// now.
 	ExpireLeases(ctx context.Context, now time.Time) ([]Expired, error)
 	// ExpireQueued ends FAILED, at now and with reason as its error, every
-	// run still QUEUED that was submitted before before (a batch at a time),
+	// run still QUEUED, not resumed, that was submitted before before (a batch at a time),
 	// and returns their IDs.
 	ExpireQueued(ctx context.Context, before, now time.Time, reason string) ([]string, error)
 	// CountByStatus counts runs per status: userID's runs, or all runs when

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/taskrun/taskrun/controlplane"
@@ -17,7 +18,7 @@ import (
 )
 
 // Actions carry out what a signed-in user asks of their own runs: submit a
-// task and cancel a run. The interface checks the request (CSRF, and that
+// task, cancel a run and resume a paused one. The interface checks the request (CSRF, and that
 // the run is the tenant's) before it calls them; an implementation checks
 // authorization again (APIActions goes through the user API).
 type Actions interface {
@@ -25,6 +26,11 @@ type Actions interface {
 	Submit(r *http.Request, req controlplane.SubmitRequest) (runID string, err error)
 	// Cancel cancels r's user's run id.
 	Cancel(r *http.Request, id string) error
+	// Resume resumes r's user's PAUSED run id.
+	Resume(r *http.Request, id string) error
+	// Fork asks for n forks of r's user's run id, with prompt (empty: the
+	// parent's), and returns their IDs.
+	Fork(r *http.Request, id string, n int, prompt string) ([]string, error)
 }
 
 // ActionError is an action the control plane refused, with its status and
@@ -65,6 +71,28 @@ func (a *APIActions) Submit(r *http.Request, req controlplane.SubmitRequest) (st
 // Cancel posts to /v1/runs/{id}/cancel.
 func (a *APIActions) Cancel(r *http.Request, id string) error {
 	return a.call(r, "/v1/runs/"+url.PathEscape(id)+"/cancel", nil, nil)
+}
+
+// Resume posts to /v1/runs/{id}/resume.
+func (a *APIActions) Resume(r *http.Request, id string) error {
+	return a.call(r, "/v1/runs/"+url.PathEscape(id)+"/resume", nil, nil)
+}
+
+// Fork posts to /v1/runs/{id}/fork.
+func (a *APIActions) Fork(r *http.Request, id string, n int, prompt string) ([]string, error) {
+	body, err := json.Marshal(controlplane.ForkRequest{N: n, Prompt: prompt})
+	if err != nil {
+		return nil, err
+	}
+	var resp controlplane.ForkResponse
+	if err := a.call(r, "/v1/runs/"+url.PathEscape(id)+"/fork", body, &resp); err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(resp.Runs))
+	for i, run := range resp.Runs {
+		ids[i] = run.ID
+	}
+	return ids, nil
 }
 
 // call makes one user API request as r's user and decodes its answer.
@@ -256,6 +284,38 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
+	h.runAction(w, r, h.actions.Cancel)
+}
+
+func (h *Handler) resume(w http.ResponseWriter, r *http.Request) {
+	h.runAction(w, r, h.actions.Resume)
+}
+
+// fork asks for the form's forks of the run and shows the first fork.
+func (h *Handler) fork(w http.ResponseWriter, r *http.Request) {
+	var first string
+	h.runAction(w, r, func(r *http.Request, id string) error {
+		n, err := strconv.Atoi(strings.TrimSpace(r.PostForm.Get("n")))
+		if err != nil || n < 1 || n > controlplane.MaxForks {
+			return &ActionError{Status: http.StatusBadRequest, Message: fmt.Sprintf("forks: give a number from 1 to %d", controlplane.MaxForks)}
+		}
+		ids, err := h.actions.Fork(r, id, n, r.PostForm.Get("prompt"))
+		if err == nil && len(ids) > 0 {
+			first = ids[0]
+		}
+		return err
+	}, func(id string) string {
+		if first != "" {
+			return first
+		}
+		return id
+	})
+}
+
+// runAction carries out act on the run of the form's path, once the form
+// is checked and the run found the tenant's, and shows the run again.
+// next, when not nil, names the run to show after it.
+func (h *Handler) runAction(w http.ResponseWriter, r *http.Request, act func(*http.Request, string) error, next ...func(string) string) {
 	if err := h.checkForm(w, r); err != nil {
 		h.refuse(w, err)
 		return
@@ -270,7 +330,7 @@ func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if err := h.actions.Cancel(r, id); err != nil {
+	if err := act(r, id); err != nil {
 		if ae := (*ActionError)(nil); errors.As(err, &ae) {
 			h.render(w, ae.Status, "error.html", map[string]any{"Title": http.StatusText(ae.Status), "Message": ae.Message})
 			return
@@ -278,5 +338,9 @@ func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	http.Redirect(w, r, h.base+"/runs/"+url.PathEscape(id), http.StatusSeeOther)
+	show := id
+	for _, f := range next {
+		show = f(id)
+	}
+	http.Redirect(w, r, h.base+"/runs/"+url.PathEscape(show), http.StatusSeeOther)
 }

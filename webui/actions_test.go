@@ -1,6 +1,8 @@
 package webui_test
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -9,11 +11,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrun/taskrun/controlplane"
+	"github.com/taskrun/taskrun/model"
+	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/webui"
 )
 
@@ -22,6 +27,22 @@ type fakeActions struct {
 	mu        sync.Mutex
 	submitted []controlplane.SubmitRequest
 	cancelled []string
+	resumed   []string
+	forked    []string
+}
+
+func (f *fakeActions) Fork(_ *http.Request, id string, n int, prompt string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forked = append(f.forked, fmt.Sprintf("%s n=%d prompt=%q", id, n, prompt))
+	return []string{"f1"}, nil
+}
+
+func (f *fakeActions) Resume(_ *http.Request, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resumed = append(f.resumed, id)
+	return nil
 }
 
 func (f *fakeActions) Submit(_ *http.Request, req controlplane.SubmitRequest) (string, error) {
@@ -177,4 +198,96 @@ func TestReadOnlyWithoutActions(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Contains(t, []int{http.StatusNotFound, http.StatusMethodNotAllowed}, resp.StatusCode, "no such route")
+}
+
+// A paused run's page offers its owner resume and fork forms carrying the token;
+// each is carried out only with the token, from the interface's own
+// origin, and for the tenant's own run (another's is not found, and the
+// control plane is never asked). A finished run offers neither; a fork shows
+// its first fork, whose page names its parent.
+func TestResumeAndForkOnlyOwnPausedRunsWithTheToken(t *testing.T) {
+	st, _ := storeWithRun(t)
+	putRun(t, st, "u2", "r2")
+	rec := putRun(t, st, "u1", "p1")
+	rec.Status, rec.End = model.StatusPaused, time.Time{}
+	_, err := runindex.Put(context.Background(), st, &rec)
+	require.NoError(t, err)
+	acts := &fakeActions{}
+	h, err := webui.New(&webui.StoreSource{Store: st}, webui.Options{Base: "/ui", Actions: acts, Tenant: func(r *http.Request) (string, bool) {
+		u := r.Header.Get("X-Test-User")
+		return u, u != ""
+	}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c, tok := formClient(t, srv, "u1")
+
+	page := func(id string) string {
+		req, err := http.NewRequest(http.MethodGet, srv.URL+"/ui/runs/"+id, nil)
+		require.NoError(t, err)
+		req.Header.Set("X-Test-User", "u1")
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		return string(b)
+	}
+	body := page("p1")
+	assert.Contains(t, body, `action="/ui/runs/p1/resume"`)
+	assert.Contains(t, body, `name="csrf" value="`+tok+`"`)
+	assert.NotContains(t, page("r1"), "/resume", "a finished run offers no resume")
+
+	resume := srv.URL + "/ui/runs/p1/resume"
+	code, _ := post(t, c, "u1", resume, srv.URL, url.Values{})
+	assert.Equal(t, http.StatusForbidden, code, "no token")
+	code, _ = post(t, c, "u1", resume, "http://evil.example", url.Values{"csrf": {tok}})
+	assert.Equal(t, http.StatusForbidden, code, "a cross Origin")
+	code, _ = post(t, c, "u1", srv.URL+"/ui/runs/r2/resume", srv.URL, url.Values{"csrf": {tok}})
+	assert.Equal(t, http.StatusNotFound, code, "another tenant's run")
+	acts.mu.Lock()
+	assert.Empty(t, acts.resumed, "nothing was resumed")
+	acts.mu.Unlock()
+
+	code, _ = post(t, c, "u1", resume, srv.URL, url.Values{"csrf": {tok}})
+	assert.Equal(t, http.StatusSeeOther, code)
+	acts.mu.Lock()
+	assert.Equal(t, []string{"p1"}, acts.resumed)
+	acts.mu.Unlock()
+
+	// The fork form: the same checks, then the first fork is shown.
+	assert.Contains(t, body, `action="/ui/runs/p1/fork"`)
+	assert.NotContains(t, page("r1"), "/fork", "only a paused run's page offers a fork")
+	fork := srv.URL + "/ui/runs/p1/fork"
+	code, _ = post(t, c, "u1", fork, srv.URL, url.Values{"n": {"2"}})
+	assert.Equal(t, http.StatusForbidden, code, "fork without the token")
+	code, _ = post(t, c, "u1", fork, "http://evil.example", url.Values{"csrf": {tok}, "n": {"2"}})
+	assert.Equal(t, http.StatusForbidden, code, "fork from a cross Origin")
+	code, _ = post(t, c, "u1", srv.URL+"/ui/runs/r2/fork", srv.URL, url.Values{"csrf": {tok}, "n": {"2"}})
+	assert.Equal(t, http.StatusNotFound, code, "fork another tenant's run")
+	code, _ = post(t, c, "u1", fork, srv.URL, url.Values{"csrf": {tok}, "n": {"0"}})
+	assert.Equal(t, http.StatusBadRequest, code, "no forks")
+	acts.mu.Lock()
+	assert.Empty(t, acts.forked, "nothing was forked")
+	acts.mu.Unlock()
+	req, err := http.NewRequest(http.MethodPost, fork, strings.NewReader(url.Values{"csrf": {tok}, "n": {"2"}, "prompt": {"again"}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("X-Test-User", "u1")
+	req.Header.Set("Origin", srv.URL)
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	assert.Equal(t, "/ui/runs/f1", resp.Header.Get("Location"), "the first fork is shown")
+	acts.mu.Lock()
+	assert.Equal(t, []string{`p1 n=2 prompt="again"`}, acts.forked)
+	acts.mu.Unlock()
+
+	// A fork's page names its parent.
+	child := putRun(t, st, "u1", "f1")
+	child.ParentRunID = "p1"
+	_, err = runindex.Put(context.Background(), st, &child)
+	require.NoError(t, err)
+	assert.Contains(t, page("f1"), `<dd id="parent"><a href="/ui/runs/p1">p1</a></dd>`)
 }

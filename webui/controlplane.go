@@ -92,6 +92,7 @@ func fromControlPlane(r controlplane.Run) Run {
 		ConversationID: r.Task.ConversationID,
 		TaskID:         r.Task.ID,
 		SessionID:      r.SessionID,
+		ParentRunID:    r.ParentRunID,
 		Status:         r.Status,
 		Reason:         r.Error,
 		Start:          r.CreatedAt,

@@ -81,7 +81,7 @@ type Options struct {
 	// its page, when the Source is a BlobSource. None: the page names the
 	// envelope's signer and says it is not checked.
 	AttestKeys []*attest.Verifier
-	// Actions, when set, let a signed-in user submit tasks and cancel
+	// Actions, when set, let a signed-in user submit tasks, resume and cancel
 	// their own runs from the interface (forms protected against CSRF);
 	// nil: the interface is read-only.
 	Actions Actions
@@ -185,6 +185,8 @@ func New(src Source, opts Options) (*Handler, error) {
 		h.mux.HandleFunc("GET "+b+"/submit", h.submitForm)
 		h.mux.HandleFunc("POST "+b+"/submit", h.submit)
 		h.mux.HandleFunc("POST "+b+"/runs/{id}/cancel", h.cancel)
+		h.mux.HandleFunc("POST "+b+"/runs/{id}/resume", h.resume)
+		h.mux.HandleFunc("POST "+b+"/runs/{id}/fork", h.fork)
 	}
 	return h, nil
 }
@@ -602,8 +604,10 @@ type runPage struct {
 	EgressRecord   *audit.EgressRecord
 	Attestation    *attestationView
 	Problems       []string
-	// CSRF is the form token when the run can be cancelled from the page.
-	CSRF string
+	// CSRF is the form token when the run can be cancelled (or, Paused,
+	// resumed) from the page.
+	CSRF   string
+	Paused bool
 }
 
 func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
@@ -667,7 +671,8 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	pg.Attestation = h.attestation(ctx, run)
-	if h.actions != nil && pg.Running {
+	pg.Paused = run.Status == model.StatusPaused
+	if h.actions != nil && (pg.Running || pg.Paused) {
 		pg.CSRF = h.csrfToken(w, r)
 	}
 	h.render(w, http.StatusOK, "run.html", pg)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/taskrun/taskrun/checkpoint"
 	"github.com/taskrun/taskrun/config"
 	"github.com/taskrun/taskrun/daemon"
 	"github.com/taskrun/taskrun/egress"
@@ -17,6 +18,7 @@ import (
 	"github.com/taskrun/taskrun/fencedstore"
 	"github.com/taskrun/taskrun/model"
 	"github.com/taskrun/taskrun/persist"
+	"github.com/taskrun/taskrun/runindex"
 	"github.com/taskrun/taskrun/sandbox"
 	"github.com/taskrun/taskrun/workerclient"
 )
@@ -110,7 +112,37 @@ func (w *Worker) execute(ctx context.Context, cancel context.CancelCauseFunc, a 
 		defer live.Detach()
 		live.Hook(&spec)
 	}
-	out, err := w.cfg.Host.Run(ctx, spec)
+	run := w.cfg.Host.Run
+	if parent := a.Run.ParentRunID; parent != "" {
+		from, err := w.forkFrom(ctx, a)
+		if err != nil {
+			log.Warn("cannot fork the run's parent", "parent", parent, "err", err)
+			w.refuse(ctx, g, a, err)
+			return
+		}
+		run = func(ctx context.Context, spec executor.Spec) (*executor.Outcome, error) {
+			return w.cfg.Host.Fork(ctx, spec, from)
+		}
+		log.Info("forking the run's parent", "parent", parent, "from_checkpoint", from.Checkpoint != nil)
+	} else if a.Resume {
+		m, err := w.checkpointOf(ctx, a)
+		if err != nil {
+			log.Warn("cannot resume the paused run: it stays PAUSED", "err", err)
+			w.stayPaused(ctx, g, a, err)
+			return
+		}
+		run = func(ctx context.Context, spec executor.Spec) (*executor.Outcome, error) {
+			out, err := w.cfg.Host.Resume(ctx, spec, m)
+			if out == nil && err != nil {
+				// Refused before it ran (a changed or foreign checkpoint, a
+				// looser policy): nothing was reported, it stays PAUSED.
+				w.stayPaused(ctx, g, a, err)
+			}
+			return out, err
+		}
+		log.Info("resuming the paused run from its checkpoint", "kind", m.Kind, "digest", m.Digest)
+	}
+	out, err := run(ctx, spec)
 	status := model.StatusFailed
 	if out != nil {
 		status = out.Status
@@ -157,6 +189,70 @@ func (w *Worker) refuse(ctx context.Context, g *gate, a *workerclient.Assignment
 		w.log.Warn("report a run the worker cannot place", "run", a.Lease.RunID, "err", err)
 	}
 	w.metrics.runs.WithLabelValues(string(model.StatusFailed)).Inc()
+}
+
+// checkpointOf finds the checkpoint of the paused run a: the one its
+// latest record in its tenant's run index names.
+func (w *Worker) checkpointOf(ctx context.Context, a *workerclient.Assignment) (checkpoint.Manifest, error) {
+	records := w.records()
+	if records == nil {
+		return checkpoint.Manifest{}, errors.New("this worker has no run index to find the run's checkpoint in")
+	}
+	rec, err := runindex.Find(ctx, records, a.Lease.RunID, a.Task.UserID)
+	switch {
+	case err != nil:
+		return checkpoint.Manifest{}, fmt.Errorf("find the paused run's record: %w", err)
+	case rec.Status != model.StatusPaused || rec.Checkpoint == nil:
+		return checkpoint.Manifest{}, fmt.Errorf("the run's latest record is %s with no checkpoint", rec.Status)
+	}
+	return *rec.Checkpoint, nil
+}
+
+// forkFrom is what the fork a starts from: its parent's checkpoint when
+// the parent's latest record names one, else the parent's stored home
+// (its session state), both checked by the fork against the digest the
+// record keeps.
+func (w *Worker) forkFrom(ctx context.Context, a *workerclient.Assignment) (executor.ForkFrom, error) {
+	records := w.records()
+	if records == nil {
+		return executor.ForkFrom{}, errors.New("this worker has no run index to find the parent's checkpoint in")
+	}
+	rec, err := runindex.Find(ctx, records, a.Run.ParentRunID, a.Task.UserID)
+	if err != nil {
+		return executor.ForkFrom{}, fmt.Errorf("find the parent's record: %w", err)
+	}
+	if rec.Checkpoint != nil {
+		m := *rec.Checkpoint
+		return executor.ForkFrom{Checkpoint: &m}, nil
+	}
+	for _, o := range rec.Stored {
+		if o.Key != "" && o.Key == rec.Keys.State {
+			return executor.ForkFrom{State: &executor.ForkState{Object: executor.SessionStateName, SHA256: o.SHA256}}, nil
+		}
+	}
+	return executor.ForkFrom{}, fmt.Errorf("run %s (%s) stored neither a checkpoint nor its home", rec.RunID, rec.Status)
+}
+
+// records is the run index: Config.Records, else the host's store.
+func (w *Worker) records() *persist.Store {
+	if w.cfg.Records != nil {
+		return w.cfg.Records
+	}
+	st, _ := w.cfg.Host.Store().(*persist.Store)
+	return st
+}
+
+// stayPaused reports a run leased to be resumed that could not be PAUSED
+// again, with why: its lease ends and its owner may resume it again.
+func (w *Worker) stayPaused(ctx context.Context, g *gate, a *workerclient.Assignment, cause error) {
+	msg := "resume refused: " + cause.Error()
+	hard, stop := graceContext(ctx, w.cfg.Host.ShutdownGrace())
+	defer stop()
+	rctx, cancel := context.WithTimeout(hard, executor.DefaultReportTimeout)
+	defer cancel()
+	if err := g.UpdateRunStatus(rctx, a.Lease.RunID, &workerclient.PatchTaskRunRequest{Status: model.StatusPaused, Error: &msg}); err != nil {
+		w.log.Warn("report a run that stays paused", "run", a.Lease.RunID, "err", err)
+	}
 }
 
 // graceContext is ctx without its cancellation, ended grace after ctx is

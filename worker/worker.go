@@ -62,6 +62,7 @@ import (
 	"github.com/taskrun/taskrun/egress"
 	"github.com/taskrun/taskrun/executor"
 	"github.com/taskrun/taskrun/internal/backoff"
+	"github.com/taskrun/taskrun/persist"
 	"github.com/taskrun/taskrun/recovery"
 	"github.com/taskrun/taskrun/runlimits"
 	"github.com/taskrun/taskrun/warmpool"
@@ -120,6 +121,11 @@ type Config struct {
 	// Workspaces is the shared store workspace tars are read from; an
 	// assignment with a workspace fails without it.
 	Workspaces WorkspaceStore
+	// Records is the shared store's run index, where the checkpoint of a
+	// run leased to be resumed is found (its record's Checkpoint); the
+	// host's store when nil and it is a *persist.Store. A worker without
+	// one reports a resumed run PAUSED again, with the reason.
+	Records *persist.Store
 	// MaxWorkspaceBytes caps a workspace tar; DefaultMaxWorkspaceBytes when 0.
 	MaxWorkspaceBytes int64
 	// Models resolves an assignment's model name to the host's entry (with

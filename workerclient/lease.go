@@ -125,6 +125,10 @@ type Assignment struct {
 	KeepAlive         bool  `json:"keep_alive,omitempty"`
 	IdleTimeoutMillis int64 `json:"idle_timeout_ms,omitempty"`
 	Ports             []int `json:"ports,omitempty"`
+	// Resume says the run was PAUSED and its owner asked to resume it: the
+	// worker restores it from the checkpoint its record names
+	// (executor.Host.Resume) instead of starting it afresh.
+	Resume bool `json:"resume,omitempty"`
 }
 
 // StoredObject names an object in the shared blob store.

@@ -274,6 +274,7 @@ func executeWorker(ctx context.Context, a *app, o workerOptions) (int, error) {
 		Images:      o.images,
 		MemoryBytes: o.memory,
 		Workspaces:  host.store,
+		Records:     host.store,
 		Models:      o.models,
 		Egress:      o.egress,
 		RunMaxima:   o.maxima,

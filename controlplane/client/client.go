@@ -202,6 +202,34 @@ func (c *Client) Cancel(ctx context.Context, id string) (controlplane.Run, error
 	return out, c.doJSON(ctx, http.MethodPost, "/v1/runs/"+id+"/cancel", nil, nil, "", http.StatusOK, &out)
 }
 
+// Resume asks for the PAUSED run id to be resumed: it goes back to the
+// queue and a worker restores it from its checkpoint. A run that is not
+// (or no longer) PAUSED is refused (409).
+func (c *Client) Resume(ctx context.Context, id string) (controlplane.Run, error) {
+	var out controlplane.Run
+	if err := model.ValidateID("run", id); err != nil {
+		return out, err
+	}
+	return out, c.doJSON(ctx, http.MethodPost, "/v1/runs/"+id+"/resume", nil, nil, "", http.StatusOK, &out)
+}
+
+// Fork asks for req.N forks of the PAUSED or ended run id and returns
+// them, QUEUED.
+func (c *Client) Fork(ctx context.Context, id string, req controlplane.ForkRequest) ([]controlplane.Run, error) {
+	if err := model.ValidateID("run", id); err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	var out controlplane.ForkResponse
+	if err := c.doJSON(ctx, http.MethodPost, "/v1/runs/"+id+"/fork", nil, bytes.NewReader(body), "application/json", http.StatusCreated, &out); err != nil {
+		return nil, err
+	}
+	return out.Runs, nil
+}
+
 // Output opens the run's output from offset; with follow the body goes on as
 // the output arrives and ends when the stream ends. The caller closes it.
 func (c *Client) Output(ctx context.Context, id string, offset int64, follow bool) (io.ReadCloser, error) {

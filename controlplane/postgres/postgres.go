@@ -24,7 +24,7 @@ var dialect = sqlstore.Dialect{
 	Numbered:      true,
 	LockRows:      "FOR UPDATE OF r",
 	SkipLocked:    "FOR UPDATE OF r SKIP LOCKED",
-	SchemaVersion: 3,
+	SchemaVersion: 5,
 }
 
 // migrationLock is the advisory lock key that serializes replicas applying

@@ -181,6 +181,8 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /v1/runs/{id}/changes", s.requireUser(http.HandlerFunc(s.handleChanges)))
 	mux.Handle("GET /v1/runs/{id}/files/{path...}", s.requireUser(http.HandlerFunc(s.handleFile)))
 	mux.Handle("POST /v1/runs/{id}/cancel", s.requireUser(http.HandlerFunc(s.handleCancel)))
+	mux.Handle("POST /v1/runs/{id}/resume", s.requireUser(http.HandlerFunc(s.handleResume)))
+	mux.Handle("POST /v1/runs/{id}/fork", s.requireUser(http.HandlerFunc(s.handleFork)))
 	mux.Handle("GET /v1/workers", s.requireUser(http.HandlerFunc(s.handleWorkers)))
 	for _, p := range liveRoutes {
 		mux.Handle(p, s.requireUser(http.HandlerFunc(s.handleLive)))

@@ -358,6 +358,66 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, run)
 }
 
+// handleResume puts the owner's PAUSED run back in the queue for a worker
+// to restore from its checkpoint. Of concurrent resumes one wins; the
+// others, and a run that is not PAUSED, are answered 409.
+func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
+	run, ok := s.ownRun(w, r)
+	if !ok {
+		return
+	}
+	run, err := s.cfg.Store.Resume(r.Context(), run.ID, s.cfg.Now())
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	s.runs.notify(run.ID)
+	s.runs.notify(queueKey)
+	s.cfg.Log.Info("paused run resumed by its owner: queued", "run", run.ID)
+	writeJSON(w, http.StatusOK, run)
+}
+
+// handleFork queues forks of the owner's PAUSED or ended run: new runs of
+// its task, each naming it as its parent, for workers to start from its
+// checkpoint or stored home.
+func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
+	run, ok := s.ownRun(w, r)
+	if !ok {
+		return
+	}
+	var req controlplane.ForkRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, int64(s.cfg.Limits.MaxPromptBytes)+1024)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "fork request: "+err.Error())
+		return
+	}
+	if req.N < 1 || req.N > controlplane.MaxForks {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("fork request: n %d: ask for 1 to %d forks", req.N, controlplane.MaxForks))
+		return
+	}
+	counts, err := s.cfg.Store.CountByStatus(r.Context(), user(r))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	if counts[model.StatusQueued]+req.N > s.cfg.Limits.MaxQueuedPerUser {
+		w.Header().Set("Retry-After", "30")
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("you have %d runs queued; %d more would pass the most this control plane holds per user", counts[model.StatusQueued], req.N))
+		return
+	}
+	ids := make([]string, req.N)
+	for i := range ids {
+		ids[i] = newID("r")
+	}
+	runs, err := s.cfg.Store.Fork(r.Context(), run.ID, ids, req.Prompt, s.cfg.Now())
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	s.runs.notify(queueKey)
+	s.cfg.Log.Info("run forked by its owner", "run", run.ID, "forks", ids)
+	writeJSON(w, http.StatusCreated, controlplane.ForkResponse{Runs: runs})
+}
+
 // follow admits one more reader of run id, or returns false at the limits.
 func (s *Server) follow(id string) (release func(), ok bool) {
 	s.fmu.Lock()

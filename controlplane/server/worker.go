@@ -160,7 +160,7 @@ func (s *Server) assignment(r controlplane.Run, token string, waited time.Durati
 		Lease: workerclient.Lease{RunID: r.ID, Epoch: r.Epoch, Token: token, ExpiresAt: r.LeaseExpiresAt.UnixMilli(),
 			TTLMillis: ttl.Milliseconds(), RenewMillis: (ttl / 3).Milliseconds(), WaitedMillis: waited.Milliseconds()},
 		Task:      r.Task,
-		Run:       model.TaskRun{ID: r.ID, TaskID: r.Task.ID, PreviousRunID: r.PreviousRunID, Status: r.Status},
+		Run:       model.TaskRun{ID: r.ID, TaskID: r.Task.ID, PreviousRunID: r.PreviousRunID, ParentRunID: r.ParentRunID, Status: r.Status},
 		SessionID: r.SessionID,
 		Workspace: r.Spec.Workspace,
 		Model:     r.Spec.Model,
@@ -172,6 +172,7 @@ func (s *Server) assignment(r controlplane.Run, token string, waited time.Durati
 		Egress:    r.Spec.Egress,
 		Retryable: r.Spec.Retryable,
 		KeepAlive: r.Spec.KeepAlive, IdleTimeoutMillis: r.Spec.IdleTimeoutMillis, Ports: r.Spec.Ports,
+		Resume: r.Resume,
 	}
 }
 

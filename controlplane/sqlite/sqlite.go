@@ -23,7 +23,7 @@ var migrations embed.FS
 
 // dialect: one connection, so every transaction runs alone; BEGIN IMMEDIATE
 // takes the write lock up front against other processes on the same file.
-var dialect = sqlstore.Dialect{Name: "sqlite", SchemaVersion: 3}
+var dialect = sqlstore.Dialect{Name: "sqlite", SchemaVersion: 5}
 
 // Store is a controlplane.Store on one SQLite file.
 type Store struct {

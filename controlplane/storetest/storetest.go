@@ -7,6 +7,7 @@ package storetest
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -48,6 +49,8 @@ func Run(t *testing.T, open Opener) {
 		{"WorkerHeartbeats", testWorkers},
 		{"CancelledRunWhoseWorkerIsLostEndsCancelled", testCancelThenLost},
 		{"QueuedPastTheTTLEndsFailed", testExpireQueued},
+		{"ResumePausedExactlyOneWins", testResume},
+		{"ForkQueuesRunsNamingTheirParent", testFork},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -671,4 +674,132 @@ func testExpireQueued(t *testing.T, s controlplane.Store) {
 	ids, err = s.ExpireQueued(ctx, t0.Add(5*time.Second), now, "again")
 	require.NoError(t, err)
 	assert.Empty(t, ids, "an expired run is not expired twice")
+}
+
+// testResume: a paused run is resumed back into the queue, marked Resume,
+// by exactly one of many concurrent resumes (the others: ErrConflict), and
+// is leased again with a higher epoch; it is not expired from the queue.
+// Resuming a run that is not PAUSED, or does not exist, is refused.
+func testResume(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "r1", 0, controlplane.TaskSpec{})
+	_, err := s.Resume(ctx, "r1", t0)
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "a queued run is not resumed")
+	_, err = s.Resume(ctx, "nope", t0)
+	assert.ErrorIs(t, err, controlplane.ErrNotFound)
+
+	require.NotNil(t, lease(t, s, "w1", t0))
+	_, err = s.AppendOutput(ctx, "r1", F(1), t0.Add(time.Second), 0, []byte("before"), 0)
+	require.NoError(t, err)
+	_, err = s.EndOutput(ctx, "r1", F(1), t0.Add(time.Second), 6)
+	require.NoError(t, err)
+	_, _, err = s.Patch(ctx, "r1", F(1), t0.Add(time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusPaused})
+	require.NoError(t, err)
+
+	const callers = 16
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		won      int
+		conflict int
+		other    []error
+	)
+	start := make(chan struct{})
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			r, err := s.Resume(ctx, "r1", t0.Add(2*time.Second))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				won++
+				assert.Equal(t, model.StatusQueued, r.Status)
+				assert.True(t, r.Resume)
+			case errors.Is(err, controlplane.ErrConflict):
+				conflict++
+			default:
+				other = append(other, err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	require.Empty(t, other)
+	assert.Equal(t, 1, won, "exactly one resume wins")
+	assert.Equal(t, callers-1, conflict, "the others are told it is no longer paused")
+
+	r, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusQueued, r.Status)
+	assert.True(t, r.Resume)
+	assert.False(t, r.StreamEnded, "the resumed run's stream goes on")
+	assert.Equal(t, int64(6), r.StreamNext, "from where it stopped")
+	ids, err := s.ExpireQueued(ctx, t0.Add(time.Hour), t0.Add(time.Hour), "expired")
+	require.NoError(t, err)
+	assert.Empty(t, ids, "a resumed run is not expired from the queue")
+
+	got := lease(t, s, "w2", t0.Add(3*time.Second))
+	require.NotNil(t, got)
+	back, err := s.ReturnLease(ctx, "r1", got.Epoch, t0.Add(3*time.Second))
+	require.NoError(t, err)
+	assert.True(t, back, "an undelivered lease of a resumed run (started and streamed before its pause) goes back")
+	got = lease(t, s, "w2", t0.Add(3*time.Second))
+	require.NotNil(t, got)
+	assert.Equal(t, "r1", got.ID)
+	assert.True(t, got.Resume, "the worker is told to resume it")
+	assert.Equal(t, int64(3), got.Epoch)
+	next, err := s.AppendOutput(ctx, "r1", F(3), t0.Add(4*time.Second), 6, []byte(" after"), 0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(12), next)
+	_, err = s.Resume(ctx, "r1", t0.Add(4*time.Second))
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "a running run is not resumed")
+}
+
+// testFork: forks of a paused (or ended) run are new runs of its task,
+// QUEUED, naming it as their parent, with the fork's prompt when one is
+// given; a parent that is queued or running is refused (ErrConflict), an
+// unknown one is not found, and the parent is unchanged.
+func testFork(t *testing.T, s controlplane.Store) {
+	ctx := context.Background()
+	Submit(t, s, "p", 0, controlplane.TaskSpec{Image: "img"})
+	_, err := s.Fork(ctx, "p", []string{"f0"}, "", t0)
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "a queued run is not forked")
+	_, err = s.Fork(ctx, "nope", []string{"f0"}, "", t0)
+	assert.ErrorIs(t, err, controlplane.ErrNotFound)
+	require.NotNil(t, lease(t, s, "w1", t0))
+	_, err = s.Fork(ctx, "p", []string{"f0"}, "", t0)
+	assert.ErrorIs(t, err, controlplane.ErrConflict, "a running run is not forked")
+	_, _, err = s.Patch(ctx, "p", F(1), t0.Add(time.Second), workerclient.PatchTaskRunRequest{Status: model.StatusPaused})
+	require.NoError(t, err)
+
+	forks, err := s.Fork(ctx, "p", []string{"f1", "f2"}, "try another way", t0.Add(2*time.Second))
+	require.NoError(t, err)
+	require.Len(t, forks, 2)
+	plain, err := s.Fork(ctx, "p", []string{"f3"}, "", t0.Add(3*time.Second))
+	require.NoError(t, err)
+	require.Len(t, plain, 1)
+	for _, f := range append(forks, plain...) {
+		assert.Equal(t, model.StatusQueued, f.Status, f.ID)
+		assert.Equal(t, "p", f.ParentRunID, f.ID)
+		assert.Equal(t, "t-p", f.Task.ID, f.ID)
+		assert.Equal(t, "u1", f.Task.UserID, f.ID)
+		assert.Equal(t, "img", f.Spec.Image, f.ID)
+		assert.False(t, f.Resume, f.ID)
+	}
+	assert.Equal(t, "try another way", forks[0].Task.Prompt)
+	assert.Equal(t, "do p", plain[0].Task.Prompt, "no prompt: the parent's")
+	parent, err := s.GetRun(ctx, "p")
+	require.NoError(t, err)
+	assert.Equal(t, model.StatusPaused, parent.Status, "the parent is unchanged")
+	assert.Equal(t, "do p", parent.Task.Prompt)
+	assert.Empty(t, parent.ParentRunID)
+
+	got := lease(t, s, "w2", t0.Add(4*time.Second))
+	require.NotNil(t, got)
+	assert.Equal(t, "f1", got.ID, "forks are leased as any queued run, oldest first")
+	assert.Equal(t, "p", got.ParentRunID)
+	assert.Equal(t, int64(1), got.Epoch)
 }

@@ -98,10 +98,10 @@ func (s *Store) tx(ctx context.Context, f func(tx *sql.Tx) error) error {
 	return nil
 }
 
-const runCols = `r.id, r.task_id, t.user_id, t.conversation_id, t.prompt, t.spec, r.session_id, r.previous_run_id,
+const runCols = `r.id, r.task_id, t.user_id, t.conversation_id, CASE WHEN r.prompt <> '' THEN r.prompt ELSE t.prompt END, t.spec, r.session_id, r.previous_run_id,
 r.status, r.created_at, r.leased_at, r.started_at, r.ended_at, r.worker_id, r.epoch, r.lease_expires_at, r.lease_state,
 r.cancel_requested, r.attempts, r.exit_code, r.error, r.prompt_tokens, r.completion_tokens, r.output, r.output_truncated,
-r.trace_path, r.artifact, r.changes, r.container, r.stream_next, r.stream_ended, r.lease_holder, r.lease_token_hash`
+r.trace_path, r.artifact, r.changes, r.container, r.stream_next, r.stream_ended, r.lease_holder, r.lease_token_hash, r.resume, r.parent_run_id`
 
 const runFrom = ` FROM runs r JOIN tasks t ON t.id = r.task_id `
 
@@ -131,18 +131,18 @@ func scanRun(sc scanner) (row, error) {
 		spec, artifact, changes, container     string
 		created                                int64
 		leased, started, ended, expires, exitC sql.NullInt64
-		cancel, truncated, ended2              int
+		cancel, truncated, ended2, resume      int
 	)
 	err := sc.Scan(&r.ID, &r.Task.ID, &r.Task.UserID, &r.Task.ConversationID, &r.Task.Prompt, &spec, &r.SessionID, &r.PreviousRunID,
 		&r.Status, &created, &leased, &started, &ended, &r.WorkerID, &r.Epoch, &expires, &r.leaseState,
 		&cancel, &r.Attempts, &exitC, &r.Error, &r.PromptTokens, &r.CompletionTokens, &r.Output, &truncated,
-		&r.TracePath, &artifact, &changes, &container, &r.StreamNext, &ended2, &r.holder, &r.tokenHash)
+		&r.TracePath, &artifact, &changes, &container, &r.StreamNext, &ended2, &r.holder, &r.tokenHash, &resume, &r.ParentRunID)
 	if err != nil {
 		return row{}, err
 	}
 	r.CreatedAt = time.UnixMilli(created).UTC()
 	r.LeasedAt, r.StartedAt, r.EndedAt, r.LeaseExpiresAt = tptr(leased), tptr(started), tptr(ended), tptr(expires)
-	r.CancelRequested, r.OutputTruncated, r.StreamEnded = cancel != 0, truncated != 0, ended2 != 0
+	r.CancelRequested, r.OutputTruncated, r.StreamEnded, r.Resume = cancel != 0, truncated != 0, ended2 != 0, resume != 0
 	if exitC.Valid {
 		c := int(exitC.Int64)
 		r.ExitCode = &c
@@ -434,7 +434,11 @@ func (s *Store) ReturnLease(ctx context.Context, id string, epoch int64, now tim
 		if err != nil {
 			return err
 		}
-		if r.Epoch != epoch || r.leaseState != leaseHeld || r.Status != model.StatusRunning || r.StartedAt != nil || r.StreamNext > 0 {
+		// A resumed run started and streamed before its pause: what its
+		// new worker reported cannot be told from that, but an undelivered
+		// lease's worker never had its token to report anything.
+		spoke := !r.Resume && (r.StartedAt != nil || r.StreamNext > 0)
+		if r.Epoch != epoch || r.leaseState != leaseHeld || r.Status != model.StatusRunning || spoke {
 			return nil // not this lease's to return, or its worker already spoke
 		}
 		var res sql.Result
@@ -692,6 +696,63 @@ func (s *Store) Cancel(ctx context.Context, id string, now time.Time) (controlpl
 	return out, err
 }
 
+// Resume implements controlplane.Store: one conditional UPDATE, so of
+// concurrent resumes of a paused run exactly one finds it PAUSED.
+func (s *Store) Resume(ctx context.Context, id string, _ time.Time) (controlplane.Run, error) {
+	var out controlplane.Run
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET status = ?, resume = 1, stream_ended = 0, cancel_requested = 0
+WHERE id = ? AND status = ?`), string(model.StatusQueued), id, string(model.StatusPaused))
+		if err != nil {
+			return fmt.Errorf("%s: resume %s: %w", s.d.Name, id, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return fmt.Errorf("%s: resume %s: %w", s.d.Name, id, err)
+		}
+		r, err := s.getRow(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("run %s is %s, not PAUSED: %w", id, r.Status, controlplane.ErrConflict)
+		}
+		out = r.Run
+		return nil
+	})
+	return out, err
+}
+
+// Fork implements controlplane.Store.
+func (s *Store) Fork(ctx context.Context, parent string, ids []string, prompt string, now time.Time) ([]controlplane.Run, error) {
+	var out []controlplane.Run
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		p, err := s.getRow(ctx, tx, parent)
+		if err != nil {
+			return err
+		}
+		if p.Status != model.StatusPaused && !p.Status.Terminal() {
+			return fmt.Errorf("run %s is %s: fork a PAUSED or ended run: %w", parent, p.Status, controlplane.ErrConflict)
+		}
+		for _, id := range ids {
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO runs (id, task_id, session_id, previous_run_id, status, created_at, parent_run_id, prompt)
+VALUES (?, ?, ?, '', ?, ?, ?, ?)`), id, p.Task.ID, p.SessionID, string(model.StatusQueued), ms(now), parent, prompt); err != nil {
+				return fmt.Errorf("%s: insert fork %s of %s: %w", s.d.Name, id, parent, err)
+			}
+			r, err := s.getRow(ctx, tx, id)
+			if err != nil {
+				return err
+			}
+			out = append(out, r.Run)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExpireLeases implements controlplane.Store.
 func (s *Store) ExpireLeases(ctx context.Context, now time.Time) ([]controlplane.Expired, error) {
 	var out []controlplane.Expired
@@ -755,7 +816,7 @@ stream_next = 0, stream_ended = 0, container = '', output = '', output_truncated
 func (s *Store) ExpireQueued(ctx context.Context, before, now time.Time, reason string) ([]string, error) {
 	var ids []string
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, s.q("SELECT r.id FROM runs r WHERE r.status = ? AND r.created_at < ? ORDER BY r.created_at LIMIT 256 "+s.d.SkipLocked),
+		rows, err := tx.QueryContext(ctx, s.q("SELECT r.id FROM runs r WHERE r.status = ? AND r.resume = 0 AND r.created_at < ? ORDER BY r.created_at LIMIT 256 "+s.d.SkipLocked),
 			string(model.StatusQueued), ms(before))
 		if err != nil {
 			return fmt.Errorf("%s: find expired queued runs: %w", s.d.Name, err)
