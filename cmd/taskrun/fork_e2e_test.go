@@ -50,6 +50,13 @@ func TestDaemonForksALiveAndAPausedRun(t *testing.T) {
 			status = rec.Status
 			return rec.Status == model.StatusCancelled && rec.ParentRunID == runID
 		}, testdeadline.Scale(time.Minute), 200*time.Millisecond, "fork %s ends CANCELLED once stopped, naming its parent (%s)", id, status)
+	}
+	// The forks share the runs root: each is checked once all are released,
+	// so that one's mounts are not taken for another's.
+	for _, id := range forks {
+		e.awaitJournalEnd(t, id)
+	}
+	for _, id := range forks {
 		e.requireNothingLeft(t, id)
 	}
 	assert.Equal(t, model.StatusPaused, e.endedRecord(t, runID).Status, "forking a paused run leaves it paused")

@@ -249,7 +249,7 @@ func TestDaemonStopsAnIdleLiveRun(t *testing.T) {
 	rec := e.endedRecord(t, runID)
 	assert.Equal(t, model.StatusCancelled, rec.Status)
 	assert.Less(t, time.Since(start), testdeadline.Scale(45*time.Second))
-	assert.Contains(t, d.log.String(), "live run stopped: idle")
+	assert.Contains(t, d.log.String(), "live run idle")
 	e.requireNothingLeft(t, runID)
 }
 

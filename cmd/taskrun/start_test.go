@@ -36,7 +36,8 @@ func initialisedPackages(t *testing.T, args ...string) []string {
 // TestStartInitialisesNoKubernetesScheme checks what every command pays at
 // start: the Kubernetes backend is linked, but not client-go's clientset,
 // whose scheme registers every API group of Kubernetes at package init. Only
-// the two API groups the backend uses (core/v1, networking/v1) initialise.
+// the three API groups the backend uses (core/v1, networking/v1, and
+// coordination/v1 for each run's Lease) initialise.
 func TestStartInitialisesNoKubernetesScheme(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the taskrun binary")
@@ -49,7 +50,7 @@ func TestStartInitialisesNoKubernetesScheme(t *testing.T) {
 			assert.NotEqual(t, "k8s.io/client-go/kubernetes/scheme", p, "taskrun %v initialises client-go's scheme of every API group", args)
 			assert.False(t, strings.HasPrefix(p, "sigs.k8s.io/structured-merge-diff/v6/typed"), "taskrun %v initialises %s", args, p)
 			if g, ok := strings.CutPrefix(p, "k8s.io/api/"); ok {
-				assert.Contains(t, []string{"core/v1", "networking/v1"}, g, "taskrun %v initialises the API group %s", args, p)
+				assert.Contains(t, []string{"core/v1", "networking/v1", "coordination/v1"}, g, "taskrun %v initialises the API group %s", args, p)
 			}
 		}
 	}
