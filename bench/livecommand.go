@@ -46,6 +46,21 @@ func liveCommand(ctx context.Context, e *env) ([]row, error) {
 		return nil, err
 	}
 	defer func() { _ = c.Stop(context.WithoutCancel(ctx), runID) }()
+	return execAgainstDocker(ctx, e, runID, fmt.Sprintf("`true` in a live run through the daemon's process API (%d interleaved pairs)", liveCommands),
+		func(ctx context.Context, _ *env, _ int) (time.Duration, error) {
+			start := time.Now()
+			res, err := c.Exec(ctx, runID, daemon.ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard)
+			if err == nil && res.Exit != 0 {
+				err = fmt.Errorf("exit %d %s", res.Exit, res.Error)
+			}
+			return time.Since(start), err
+		})
+}
+
+// execAgainstDocker times api, a command round trip into the live run
+// runID, against `docker exec` of `true` in the same container as the same
+// user, in interleaved pairs after one warm-up each, as one row.
+func execAgainstDocker(ctx context.Context, e *env, runID, what string, api variant) ([]row, error) {
 	out, err := exec.CommandContext(ctx, "docker", "ps", "-q", "--filter", "label=dev.taskrun.run="+runID).Output()
 	if err != nil {
 		return nil, fmt.Errorf("the live run's container: %w", err)
@@ -54,14 +69,6 @@ func liveCommand(ctx context.Context, e *env) ([]row, error) {
 	user, err := exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.Config.User}}", id).Output()
 	if err != nil || id == "" {
 		return nil, fmt.Errorf("the live run's container %q: %v", id, err)
-	}
-	api := func(ctx context.Context, _ *env, _ int) (time.Duration, error) {
-		start := time.Now()
-		res, err := c.Exec(ctx, runID, daemon.ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard)
-		if err == nil && res.Exit != 0 {
-			err = fmt.Errorf("exit %d %s", res.Exit, res.Error)
-		}
-		return time.Since(start), err
 	}
 	dockerExec := func(ctx context.Context, _ *env, _ int) (time.Duration, error) {
 		start := time.Now()
@@ -84,7 +91,7 @@ func liveCommand(ctx context.Context, e *env) ([]row, error) {
 		return fmt.Sprintf("median %s, p95 %s", fmtDuration(median(d)), fmtDuration(p95(d)))
 	}
 	return []row{{
-		what:     fmt.Sprintf("`true` in a live run through the daemon's process API (%d interleaved pairs)", liveCommands),
+		what:     what,
 		taskrun:  dist(ds[1]),
 		baseline: "docker exec, same container and user: " + dist(ds[0]),
 		ratio:    fmt.Sprintf("%.2f×", pairRatio(ds[1], ds[0])),

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -55,46 +54,12 @@ func liveCommandControlPlane(ctx context.Context, e *env) ([]row, error) {
 	if err := cp.waitRunning(ctx, runID); err != nil {
 		return nil, err
 	}
-	out, err := exec.CommandContext(ctx, "docker", "ps", "-q", "--filter", "label=dev.taskrun.run="+runID).Output()
-	if err != nil {
-		return nil, fmt.Errorf("the live run's container: %w", err)
-	}
-	id := strings.TrimSpace(string(out))
-	user, err := exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.Config.User}}", id).Output()
-	if err != nil || id == "" {
-		return nil, fmt.Errorf("the live run's container %q: %v", id, err)
-	}
-	api := func(ctx context.Context, _ *env, _ int) (time.Duration, error) {
-		start := time.Now()
-		err := cp.exec(ctx, runID, daemon.ExecRequest{Argv: []string{"true"}})
-		return time.Since(start), err
-	}
-	dockerExec := func(ctx context.Context, _ *env, _ int) (time.Duration, error) {
-		start := time.Now()
-		out, err := exec.CommandContext(ctx, "docker", "exec", "-u", strings.TrimSpace(string(user)), id, "true").CombinedOutput()
-		if err != nil {
-			return 0, fmt.Errorf("docker exec: %w: %s", err, out)
-		}
-		return time.Since(start), nil
-	}
-	for _, v := range []variant{dockerExec, api} {
-		if _, err := v(ctx, e, -1); err != nil {
-			return nil, err
-		}
-	}
-	ds, err := alternate(ctx, e, liveCommands, dockerExec, api)
-	if err != nil {
-		return nil, err
-	}
-	dist := func(d []time.Duration) string {
-		return fmt.Sprintf("median %s, p95 %s", fmtDuration(median(d)), fmtDuration(p95(d)))
-	}
-	return []row{{
-		what:     fmt.Sprintf("`true` in a live run through the control plane's live API, serve → worker (%d interleaved pairs)", liveCommands),
-		taskrun:  dist(ds[1]),
-		baseline: "docker exec, same container and user: " + dist(ds[0]),
-		ratio:    fmt.Sprintf("%.2f×", pairRatio(ds[1], ds[0])),
-	}}, nil
+	return execAgainstDocker(ctx, e, runID, fmt.Sprintf("`true` in a live run through the control plane's live API, serve → worker (%d interleaved pairs)", liveCommands),
+		func(ctx context.Context, _ *env, _ int) (time.Duration, error) {
+			start := time.Now()
+			err := cp.exec(ctx, runID, daemon.ExecRequest{Argv: []string{"true"}})
+			return time.Since(start), err
+		})
 }
 
 // serveAndWorker is a `taskrun serve` (SQLite, a file store) and one
